@@ -1,0 +1,51 @@
+# One set of targets for people, pre-commit and CI (.ci/run).
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install format lint typecheck test test-unit test-integration test-e2e all demo bench chaos clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 1; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP)
+	$(BIN)/pytest -q tests
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+test-integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+test-e2e: $(STAMP)
+	$(BIN)/pytest -q tests/e2e
+
+all: lint typecheck test
+
+demo: $(STAMP)
+	$(BIN)/unstuck demo
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.overhead
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Thin Celery adapters: each task parses, calls domain code, and persists."""

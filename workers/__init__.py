@@ -1,0 +1,1 @@
+"""unstuck: every tool call of an agent gets exactly one result, on time."""

@@ -1,0 +1,1 @@
+"""The ``unstuck`` command line."""

@@ -1,0 +1,125 @@
+"""Value types shared by the gateway, the workers and the pure domain code."""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["CallState", "SyntheticReason", "TextBlock", "ToolCall", "ToolResult"]
+
+
+class SyntheticReason(enum.StrEnum):
+    """Why a result was written by unstuck instead of by the tool."""
+
+    TIMEOUT_SOFT = "timeout_soft"
+    TIMEOUT_HARD = "timeout_hard"
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    WORKER_LOST = "worker_lost"
+    CRASHED = "crashed"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNKNOWN_TOOL = "unknown_tool"
+    DISPATCH_FAILED = "dispatch_failed"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CANCELLED = "cancelled"
+    TOOL_ERROR = "tool_error"
+    LOOP_BLOCKED = "loop_blocked"
+    RUN_ABORTED = "run_aborted"
+
+
+class CallState(enum.StrEnum):
+    """Life cycle of one call in the result ledger."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class ToolCall(BaseModel):
+    """One tool call emitted by the model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=256)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class TextBlock(BaseModel):
+    """A text content block of a tool result."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolResult(BaseModel):
+    """One tool result in the neutral transcript form (spec transcript-repair §1).
+
+    Synthetic results carry ``details["synthetic"] is True`` and a ``details["reason"]``.
+    """
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    role: Literal["toolResult"] = "toolResult"
+    tool_call_id: str = Field(alias="toolCallId")
+    tool_name: str = Field(alias="toolName")
+    content: tuple[TextBlock, ...]
+    is_error: bool = Field(alias="isError")
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """All text blocks joined by newlines."""
+        return "\n".join(block.text for block in self.content)
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether unstuck wrote this result in place of the tool."""
+        return bool(self.details.get("synthetic"))
+
+    @property
+    def reason(self) -> str | None:
+        """The synthetic reason, or None for a result the tool produced."""
+        reason = self.details.get("reason")
+        return str(reason) if reason is not None else None
+
+    def to_neutral(self) -> dict[str, Any]:
+        """The neutral JSON form with camelCase keys."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_json(self) -> str:
+        """Compact JSON of the neutral form (what the ledger stores)."""
+        return json.dumps(self.to_neutral(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ToolResult:
+        """Parse the ledger's JSON form."""
+        return cls.model_validate_json(raw)
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """An Anthropic Messages ``tool_result`` content block."""
+        return {
+            "type": "tool_result",
+            "tool_use_id": self.tool_call_id,
+            "content": [{"type": "text", "text": block.text} for block in self.content],
+            "is_error": self.is_error,
+        }
+
+    def to_openai(self) -> dict[str, Any]:
+        """An OpenAI Chat Completions ``role: tool`` message."""
+        return {"role": "tool", "tool_call_id": self.tool_call_id, "content": self.text}
+
+    def to_gemini(self) -> dict[str, Any]:
+        """A Gemini ``functionResponse`` part."""
+        key = "error" if self.is_error else "output"
+        return {
+            "functionResponse": {
+                "id": self.tool_call_id,
+                "name": self.tool_name,
+                "response": {key: self.text},
+            }
+        }

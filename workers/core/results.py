@@ -1,0 +1,139 @@
+"""Build the results unstuck writes on the tool's behalf: the one place errors become data."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from workers.core.models import SyntheticReason, TextBlock, ToolCall, ToolResult
+
+__all__ = ["fallback_result", "render_value", "success_result", "synthetic_result", "tool_error_result"]
+
+_R = SyntheticReason
+
+# Each text says what happened and what the model should do next, in one or two sentences.
+_TEXTS: dict[SyntheticReason, str] = {
+    _R.TIMEOUT_SOFT: "Tool '{tool}' was stopped after its time limit of {limit}. "
+    "Try a smaller or faster request, or a different approach.",
+    _R.TIMEOUT_HARD: "Tool '{tool}' did not respond to its time limit of {limit} and was killed. "
+    "Do not retry it unchanged; try a smaller request or another tool.",
+    _R.HEARTBEAT_TIMEOUT: "Tool '{tool}' stopped reporting progress for {limit} and was stopped. "
+    "It may be hung; try again later or use another approach.",
+    _R.WORKER_LOST: "The worker running tool '{tool}' was lost (host died or was cut off) "
+    "before it answered. Its effects are unknown: check before retrying.",
+    _R.CRASHED: "Tool '{tool}' crashed (its process died{detail}). "
+    "Its effects are unknown: check before retrying, or use a lighter request.",
+    _R.INVALID_ARGUMENTS: "The arguments for tool '{tool}' are invalid: {detail}. "
+    "Fix the arguments and call it again.",
+    _R.UNKNOWN_TOOL: "There is no tool named '{tool}'{detail}. Use one of the available tools.",
+    _R.DISPATCH_FAILED: "Tool '{tool}' could not be started because the task queue is unavailable"
+    "{detail}. It did not run; you may retry later.",
+    _R.DEADLINE_EXCEEDED: "Tool '{tool}' did not finish before its deadline of {limit}{detail}. "
+    "Its effects are unknown: check before retrying.",
+    _R.CANCELLED: "Tool '{tool}' was cancelled{detail}. It may not have run; do not assume it did.",
+    _R.LOOP_BLOCKED: "{detail}",
+    _R.RUN_ABORTED: "This run was aborted{detail}; tool '{tool}' was not run.",
+}
+
+
+def _fmt_limit(limit_s: float | None) -> str:
+    if limit_s is None:
+        return "its limit"
+    return f"{limit_s:g}s"
+
+
+def synthetic_result(
+    call: ToolCall,
+    reason: SyntheticReason,
+    *,
+    elapsed_ms: int,
+    attempt: int,
+    limit_s: float | None = None,
+    detail: str = "",
+    extra: dict[str, Any] | None = None,
+) -> ToolResult:
+    """A synthetic error result for ``call`` that tells the model what happened.
+
+    Args:
+        call: the call being answered.
+        reason: why unstuck answers instead of the tool.
+        elapsed_ms: time since the call was submitted.
+        attempt: how many times the tool was started (0 if never).
+        limit_s: the limit that expired, for timeout-like reasons.
+        detail: a short clause merged into the text (already phrased for the model).
+        extra: more structured ``details`` fields.
+    """
+    text = _TEXTS.get(reason, "Tool '{tool}' failed: {detail}.").format(
+        tool=call.name, limit=_fmt_limit(limit_s), detail=detail
+    )
+    details: dict[str, Any] = {
+        "synthetic": True,
+        "reason": reason.value,
+        "elapsed_ms": int(elapsed_ms),
+        "attempt": int(attempt),
+    }
+    details.update(extra or {})
+    return ToolResult(
+        toolCallId=call.id,
+        toolName=call.name,
+        content=(TextBlock(text=text),),
+        isError=True,
+        details=details,
+    )
+
+
+def tool_error_result(
+    call: ToolCall, error_type: str, message: str, *, elapsed_ms: int, attempt: int
+) -> ToolResult:
+    """The result of a tool that raised: type and message, never a traceback."""
+    text = f"Tool '{call.name}' failed with {error_type}: {message}"
+    return ToolResult(
+        toolCallId=call.id,
+        toolName=call.name,
+        content=(TextBlock(text=text[:4000]),),
+        isError=True,
+        details={
+            "synthetic": False,
+            "reason": SyntheticReason.TOOL_ERROR.value,
+            "error_type": error_type,
+            "elapsed_ms": int(elapsed_ms),
+            "attempt": int(attempt),
+        },
+    )
+
+
+def render_value(value: object) -> str:
+    """The text the model sees for a tool's return value."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def success_result(call: ToolCall, value: object, *, elapsed_ms: int, attempt: int) -> ToolResult:
+    """The result of a tool that returned normally."""
+    return ToolResult(
+        toolCallId=call.id,
+        toolName=call.name,
+        content=(TextBlock(text=render_value(value)),),
+        isError=False,
+        details={"synthetic": False, "elapsed_ms": int(elapsed_ms), "attempt": int(attempt)},
+    )
+
+
+def fallback_result(
+    call: ToolCall, value: object, reason: SyntheticReason, *, elapsed_ms: int, attempt: int
+) -> ToolResult:
+    """A non-critical tool's declared fallback, returned as a normal result after it failed."""
+    return ToolResult(
+        toolCallId=call.id,
+        toolName=call.name,
+        content=(TextBlock(text=render_value(value)),),
+        isError=False,
+        details={
+            "synthetic": True,
+            "fallback": True,
+            "reason": reason.value,
+            "elapsed_ms": int(elapsed_ms),
+            "attempt": int(attempt),
+        },
+    )

@@ -1,0 +1,166 @@
+"""The one exception hierarchy of unstuck.
+
+Every error raised on purpose by unstuck derives from :class:`UnstuckError`. Retry
+decisions read the typed ``retryable`` field, never the message text::
+
+    UnstuckError
+     ├── ConfigError                 invalid settings or config file (names the key path)
+     ├── ToolCallError               one tool call went wrong
+     │    ├── ToolNotFound           no tool of that name is registered
+     │    ├── InvalidArguments       arguments failed the tool's schema (R5)
+     │    ├── ToolExecutionError     the tool raised; ``retryable`` says if a retry may help
+     │    └── ToolTimeout            a limit expired; ``kind`` is a LimitKind
+     ├── LoopDetected                the loop detector blocked a call or aborted a run
+     │    └── CompactionLoopPersisted  a loop survived context compaction: the run is aborted
+     ├── TranscriptError
+     │    └── TranscriptRepairError  a transcript cannot be read or repaired
+     ├── StoreError                  Redis unreachable or returned something unexpected
+     ├── DispatchError               the broker refused or could not take a message
+     ├── WorkerConfigError           a worker was started in a way that cannot keep the promise
+     └── StreamIdleTimeout           a model stream sent nothing for too long
+
+Interrupts that must never be swallowed by ``except Exception`` derive from
+``BaseException`` instead and live here too (:class:`HeartbeatInterrupt`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "CompactionLoopPersisted",
+    "ConfigError",
+    "DispatchError",
+    "HeartbeatInterrupt",
+    "InvalidArguments",
+    "LimitKind",
+    "LoopDetected",
+    "StoreError",
+    "StreamIdleTimeout",
+    "ToolCallError",
+    "ToolExecutionError",
+    "ToolNotFound",
+    "ToolTimeout",
+    "TranscriptError",
+    "TranscriptRepairError",
+    "UnstuckError",
+    "WorkerConfigError",
+]
+
+
+class LimitKind(enum.Enum):
+    """Which limit expired."""
+
+    SOFT = "soft"
+    HARD = "hard"
+    HEARTBEAT = "heartbeat"
+    DEADLINE = "deadline"
+
+
+class UnstuckError(Exception):
+    """Base of every error unstuck raises on purpose."""
+
+    retryable: bool = False
+
+
+class ConfigError(UnstuckError):
+    """Raised when settings or the config file are invalid; the message names each key path."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        lines = [f"{path or '<root>'}: {reason}" for path, reason in problems]
+        super().__init__("invalid configuration:\n  " + "\n  ".join(lines))
+
+
+class ToolCallError(UnstuckError):
+    """Base for errors of one tool call."""
+
+
+class ToolNotFound(ToolCallError):
+    """Raised when a call names a tool that is not registered."""
+
+    def __init__(self, name: str, closest: list[str]) -> None:
+        self.name = name
+        self.closest = closest
+        super().__init__(f"unknown tool {name!r}")
+
+
+class InvalidArguments(ToolCallError):
+    """Raised when a call's arguments fail the tool's schema; ``problems`` lists each one."""
+
+    def __init__(self, tool: str, problems: list[str]) -> None:
+        self.tool = tool
+        self.problems = problems
+        super().__init__(f"invalid arguments for {tool!r}: " + "; ".join(problems))
+
+
+class ToolExecutionError(ToolCallError):
+    """Raised by a tool (or on its behalf) when it fails; ``retryable`` drives the retry policy."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        self.retryable = retryable
+        super().__init__(message)
+
+
+class ToolTimeout(ToolCallError):
+    """Raised when a limit of a call expires."""
+
+    def __init__(self, kind: LimitKind, elapsed_s: float) -> None:
+        self.kind = kind
+        self.elapsed_s = elapsed_s
+        super().__init__(f"{kind.value} limit expired after {elapsed_s:.1f}s")
+
+
+class LoopDetected(UnstuckError):
+    """Raised when the loop detector blocks a call or aborts a run."""
+
+    def __init__(self, detector: str, count: int, message: str) -> None:
+        self.detector = detector
+        self.count = count
+        super().__init__(message)
+
+
+class CompactionLoopPersisted(LoopDetected):
+    """Raised by the gateway when a loop survived context compaction and the run was aborted."""
+
+
+class TranscriptError(UnstuckError):
+    """Base for transcript problems."""
+
+
+class TranscriptRepairError(TranscriptError):
+    """Raised when a transcript cannot be parsed or repaired; ``path`` is a JSON path."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class StoreError(UnstuckError):
+    """Raised when Redis is unreachable or answers unexpectedly."""
+
+    retryable = True
+
+
+class DispatchError(UnstuckError):
+    """Raised when a task message could not be handed to the broker."""
+
+    retryable = True
+
+
+class WorkerConfigError(UnstuckError):
+    """Raised when a worker is started with a pool or setting that cannot enforce limits."""
+
+
+class StreamIdleTimeout(UnstuckError):
+    """Raised when a model stream yields nothing within its idle timeout."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.kind = LimitKind.HEARTBEAT
+        self.idle_s = idle_s
+        super().__init__(f"model stream sent nothing for {idle_s:.1f}s")
+
+
+class HeartbeatInterrupt(BaseException):
+    """Raised inside a tool whose heartbeat went stale; BaseException so tools cannot swallow it."""
