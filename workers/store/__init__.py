@@ -1,0 +1,1 @@
+"""The store layer: the only code that talks to Redis."""
