@@ -74,10 +74,10 @@ def synthetic_result(
     }
     details.update(extra or {})
     return ToolResult(
-        toolCallId=call.id,
-        toolName=call.name,
+        tool_call_id=call.id,
+        tool_name=call.name,
         content=(TextBlock(text=text),),
-        isError=True,
+        is_error=True,
         details=details,
     )
 
@@ -88,10 +88,10 @@ def tool_error_result(
     """The result of a tool that raised: type and message, never a traceback."""
     text = f"Tool '{call.name}' failed with {error_type}: {message}"
     return ToolResult(
-        toolCallId=call.id,
-        toolName=call.name,
+        tool_call_id=call.id,
+        tool_name=call.name,
         content=(TextBlock(text=text[:4000]),),
-        isError=True,
+        is_error=True,
         details={
             "synthetic": False,
             "reason": SyntheticReason.TOOL_ERROR.value,
@@ -112,10 +112,10 @@ def render_value(value: object) -> str:
 def success_result(call: ToolCall, value: object, *, elapsed_ms: int, attempt: int) -> ToolResult:
     """The result of a tool that returned normally."""
     return ToolResult(
-        toolCallId=call.id,
-        toolName=call.name,
+        tool_call_id=call.id,
+        tool_name=call.name,
         content=(TextBlock(text=render_value(value)),),
-        isError=False,
+        is_error=False,
         details={"synthetic": False, "elapsed_ms": int(elapsed_ms), "attempt": int(attempt)},
     )
 
@@ -125,10 +125,10 @@ def fallback_result(
 ) -> ToolResult:
     """A non-critical tool's declared fallback, returned as a normal result after it failed."""
     return ToolResult(
-        toolCallId=call.id,
-        toolName=call.name,
+        tool_call_id=call.id,
+        tool_name=call.name,
         content=(TextBlock(text=render_value(value)),),
-        isError=False,
+        is_error=False,
         details={
             "synthetic": True,
             "fallback": True,
