@@ -1,0 +1,112 @@
+"""Every Redis key unstuck uses is built here. No other module spells a key.
+
+All keys of one run share the hash tag ``{<session>/<run>}`` so that every multi-key
+script touches one slot and the store can run on Redis Cluster. Session keys, run ids
+and call ids are percent-quoted, so a ``{``, ``}``, ``:`` or ``/`` in them cannot
+break the tag or collide.
+
+=================================  ======  ===============  ==================  ======================
+key                                type    TTL              written by          read by
+=================================  ======  ===============  ==================  ======================
+``P:{tag}:call:<call>``            HASH    ledger.ttl_s     gateway (register), gateway, collect,
+                                                            worker (claim,      watchdog, CLI
+                                                            heartbeat, finish)
+``P:{tag}:late:<call>``            LIST    ledger.ttl_s     finish script       audit / CLI
+``P:{tag}:lease:<call>``           STRING  lease.ttl_s      worker child        gateway, watchdog
+                                                            (claim), worker
+                                                            main (renew)
+``P:{tag}:calls``                  ZSET    ledger.ttl_s     register script     collect, CLI
+``P:{tag}:open``                   ZSET    ledger.ttl_s     register / finish   gateway, watchdog
+``P:{tag}:done``                   LIST    ledger.ttl_s     finish script       gateway (BLPOP wake-up)
+``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
+``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog   gateway, watchdog, CLI
+``P:due``                          ZSET    none (members    register (hint),    watchdog
+                                           removed when     watchdog
+                                           answered)
+=================================  ======  ===============  ==================  ======================
+
+``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` is the only key
+outside a run's slot; it is an index that the watchdog re-checks against the ledger,
+so it never needs to change atomically with a run's keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+__all__ = ["RunKeys", "due_index_key", "parse_due_member", "quote_part"]
+
+
+def quote_part(value: str) -> str:
+    """Percent-quote one user-supplied key part so it cannot break the key grammar."""
+    return quote(value, safe="-_.~@")
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """Key builders for one run (session key + run id)."""
+
+    prefix: str
+    session_key: str
+    run_id: str
+
+    @property
+    def tag(self) -> str:
+        """The cluster hash tag shared by every key of the run."""
+        return "{" + quote_part(self.session_key) + "/" + quote_part(self.run_id) + "}"
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.prefix, self.tag, *parts))
+
+    def call(self, call_id: str) -> str:
+        """The call record hash."""
+        return self._key("call", quote_part(call_id))
+
+    def late(self, call_id: str) -> str:
+        """Results that lost the first-writer race, kept for audit."""
+        return self._key("late", quote_part(call_id))
+
+    def lease(self, call_id: str) -> str:
+        """The worker's lease on a running call."""
+        return self._key("lease", quote_part(call_id))
+
+    @property
+    def calls(self) -> str:
+        """Every call of the run, scored by submission time (ms)."""
+        return self._key("calls")
+
+    @property
+    def open(self) -> str:
+        """Unanswered calls of the run, scored by deadline (ms)."""
+        return self._key("open")
+
+    @property
+    def done(self) -> str:
+        """Wake-up list: ids of calls answered, for the waiting gateway."""
+        return self._key("done")
+
+    @property
+    def history(self) -> str:
+        """Rolling loop-detection history of the run."""
+        return self._key("history")
+
+    @property
+    def run(self) -> str:
+        """The run record (status, deadline, guard state)."""
+        return self._key("run")
+
+    def due_member(self, call_id: str) -> str:
+        """This call's member in the global due index."""
+        return "/".join((quote_part(self.session_key), quote_part(self.run_id), quote_part(call_id)))
+
+
+def due_index_key(prefix: str) -> str:
+    """Global index of unanswered calls by deadline (ms), across all runs."""
+    return f"{prefix}:due"
+
+
+def parse_due_member(prefix: str, member: str) -> tuple[RunKeys, str]:
+    """Split a due-index member back into the run's keys and the call id."""
+    session, run, call = (unquote(part) for part in member.split("/"))
+    return RunKeys(prefix, session, run), call
