@@ -1,0 +1,208 @@
+"""The optional config file (``UNSTUCK_CONFIG``): JSON or TOML in the reference system's shape.
+
+Users bring their existing config. These camelCase blocks are read::
+
+    agents.defaults.timeoutSeconds               whole run (default 1800)
+    agents.defaults.llm.idleTimeoutSeconds       model stream idle limit (default 90)
+    agents.defaults.tools.timeoutSeconds         per-tool default (default 300)
+    agents.defaults.tools.loopDetection          per-agent loop detection defaults
+    agents.list[].id + the same blocks            per-agent overrides, field by field
+    tools.timeouts.<toolName>                    per-tool soft limit in seconds
+    tools.loopDetection                          global loop detection block
+
+and an ``unstuck`` block holding our own settings in their snake_case names (``redis``,
+``lease``, ...). Other top-level blocks of the reference config are ignored. Inside the
+blocks above, a key that looks like a misspelt known key is an error ("did you mean");
+any other unknown key is logged as ignored. Invalid values raise ``ConfigError`` naming
+the key path as written in the file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+from pydantic.alias_generators import to_camel
+from pydantic_settings import PydanticBaseSettingsSource
+
+from workers.errors import ConfigError
+
+__all__ = ["ConfigFileSource", "read_config_file", "translate_reference_config"]
+
+log = logging.getLogger(__name__)
+
+_CAMEL = ConfigDict(extra="allow", alias_generator=AliasGenerator(validation_alias=to_camel))
+
+
+class _Llm(BaseModel):
+    model_config = _CAMEL
+    idle_timeout_seconds: PositiveFloat | None = None
+
+
+class _Tools(BaseModel):
+    model_config = _CAMEL
+    timeout_seconds: PositiveFloat | None = None
+    loop_detection: dict[str, Any] | None = None
+
+
+class _AgentBlock(BaseModel):
+    model_config = _CAMEL
+    timeout_seconds: PositiveFloat | None = None
+    llm: _Llm | None = None
+    tools: _Tools | None = None
+
+
+class _AgentEntry(_AgentBlock):
+    id: str = Field(min_length=1)
+
+
+class _Agents(BaseModel):
+    model_config = _CAMEL
+    defaults: _AgentBlock | None = None
+    entries: list[_AgentEntry] | None = Field(None, validation_alias="list")
+
+
+class _GlobalTools(BaseModel):
+    model_config = _CAMEL
+    timeouts: dict[str, PositiveFloat] | None = None
+    loop_detection: dict[str, Any] | None = None
+
+
+class _Reference(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    agents: _Agents | None = None
+    tools: _GlobalTools | None = None
+    unstuck: dict[str, Any] | None = None
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _alias(model: type[BaseModel], name: str) -> str:
+    alias = model.model_fields[name].validation_alias
+    return alias if isinstance(alias, str) else to_camel(name)
+
+
+def _unknown_keys(model: BaseModel, loc: tuple[int | str, ...]) -> list[tuple[tuple[int | str, ...], str]]:
+    """Every extra key under ``model`` with the known keys it could have meant."""
+    found: list[tuple[tuple[int | str, ...], str]] = []
+    known = [_alias(type(model), name) for name in type(model).model_fields]
+    for key in model.model_extra or {}:
+        found.append(((*loc, key), ", ".join(difflib.get_close_matches(key, known, n=1, cutoff=0.75))))
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for index, item in items:
+            if isinstance(item, BaseModel) and item.model_config.get("extra") == "allow":
+                key = _alias(type(model), name)
+                sub = (*loc, key) if index is None else (*loc, key, index)
+                found.extend(_unknown_keys(item, sub))
+    return found
+
+
+def _check_unknown(reference: _Reference, raw: dict[str, Any]) -> None:
+    problems: list[tuple[str, str]] = []
+    for top in raw:
+        near = difflib.get_close_matches(top, ["agents", "tools", "unstuck"], n=1, cutoff=0.8)
+        if top not in ("agents", "tools", "unstuck") and near:
+            problems.append((top, f"unknown block; did you mean {near[0]!r}?"))
+    for block in (reference.agents, reference.tools):
+        if block is None:
+            continue
+        name = "agents" if block is reference.agents else "tools"
+        for loc, meant in _unknown_keys(block, (name,)):
+            if meant:
+                problems.append((_path(loc), f"unknown key; did you mean {meant!r}?"))
+            else:
+                log.info("config: ignoring %s (not used by unstuck)", _path(loc))
+    if problems:
+        raise ConfigError(problems)
+
+
+def _agent_fields(block: _AgentBlock, *, flat: bool) -> dict[str, Any]:
+    llm_idle = block.llm.idle_timeout_seconds if block.llm else None
+    tool_timeout = block.tools.timeout_seconds if block.tools else None
+    loops = block.tools.loop_detection if block.tools else None
+    if flat:
+        out = {
+            "run_timeout_s": block.timeout_seconds,
+            "llm_idle_timeout_s": llm_idle,
+            "tool_timeout_s": tool_timeout,
+            "loop_detection": loops,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+    nested: dict[str, Any] = {}
+    if block.timeout_seconds is not None:
+        nested["run_timeout_s"] = block.timeout_seconds
+    if llm_idle is not None:
+        nested["llm"] = {"idle_timeout_s": llm_idle}
+    tools = {"timeout_s": tool_timeout, "loop_detection": loops}
+    tools = {k: v for k, v in tools.items() if v is not None}
+    if tools:
+        nested["tools"] = tools
+    return nested
+
+
+def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Validate a reference-shaped config and map it onto ``Settings`` field names."""
+    try:
+        reference = _Reference.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError([(_path(err["loc"]), err["msg"]) for err in exc.errors()]) from None
+    _check_unknown(reference, raw)
+    out: dict[str, Any] = dict(reference.unstuck or {})
+    agents: dict[str, Any] = {}
+    if reference.agents and reference.agents.defaults:
+        agents["defaults"] = _agent_fields(reference.agents.defaults, flat=False)
+    if reference.agents and reference.agents.entries is not None:
+        agents["list"] = [{"id": e.id, **_agent_fields(e, flat=True)} for e in reference.agents.entries]
+    if agents:
+        out["agents"] = agents
+    tools: dict[str, Any] = {}
+    if reference.tools and reference.tools.timeouts is not None:
+        tools["timeouts_s"] = reference.tools.timeouts
+    if reference.tools and reference.tools.loop_detection is not None:
+        tools["loop_detection"] = reference.tools.loop_detection
+    if tools:
+        out["tools"] = tools
+    return out
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """Parse a JSON or TOML file into a dict; raises ``ConfigError`` on any problem."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([("UNSTUCK_CONFIG", f"cannot read {path}: {exc.strerror}")]) from None
+    try:
+        data: Any = tomllib.loads(text) if file.suffix.lower() == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError([(path, f"not valid {file.suffix.lstrip('.') or 'JSON'}: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([(path, "the top level must be an object")])
+    return data
+
+
+class ConfigFileSource(PydanticBaseSettingsSource):
+    """pydantic-settings source reading the file named by the ``config`` setting."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        """Unused: the whole file is mapped at once in ``__call__``."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        """The file's settings mapped onto ``Settings`` field names ({} without a file)."""
+        path = self.current_state.get("config")
+        if not path:
+            return {}
+        return translate_reference_config(read_config_file(str(path)))

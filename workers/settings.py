@@ -1,0 +1,291 @@
+"""All configuration: one pydantic-settings ``Settings`` with nested models.
+
+Sources, highest priority first: keyword arguments, environment (``UNSTUCK_*``, nested
+with ``__``, e.g. ``UNSTUCK_LEASE__TTL_S=5``), the config file named by
+``UNSTUCK_CONFIG`` (JSON or TOML, see :mod:`workers.config_file`), defaults.
+
+Every duration's name ends in ``_s`` or ``_ms``. The model is frozen.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from workers.config_file import ConfigFileSource
+from workers.errors import ConfigError
+
+__all__ = [
+    "AgentOverride",
+    "AgentProfile",
+    "AgentsSettings",
+    "BrokerSettings",
+    "GatewaySettings",
+    "LeaseSettings",
+    "LedgerSettings",
+    "LimitSettings",
+    "LlmSettings",
+    "RedisSettings",
+    "Settings",
+    "ToolDefaults",
+    "ToolsSettings",
+    "WatchdogSettings",
+    "WorkerSettings",
+    "load_settings",
+]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class RedisSettings(BaseModel):
+    """The Redis that holds the ledger, histories and leases."""
+
+    model_config = _FROZEN
+
+    url: str = Field("", description="redis:// or rediss:// URL; empty starts an embedded redis-server")
+    key_prefix: str = Field("unstuck", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    socket_timeout_s: PositiveFloat = 2.0
+    socket_connect_timeout_s: PositiveFloat = 1.0
+
+
+class BrokerSettings(BaseModel):
+    """The Celery broker; defaults to the ledger's Redis."""
+
+    model_config = _FROZEN
+
+    url: str = Field("", description="broker URL (redis://, rediss://, amqp://); empty means redis.url")
+    queue: str = "unstuck.tools"
+    publish_timeout_s: PositiveFloat = 1.0
+
+
+class LlmSettings(BaseModel):
+    """Limits for the agent loop's own model calls."""
+
+    model_config = _FROZEN
+
+    idle_timeout_s: PositiveFloat = 90.0
+
+
+class ToolDefaults(BaseModel):
+    """Per-agent tool defaults."""
+
+    model_config = _FROZEN
+
+    timeout_s: PositiveFloat = 300.0
+    loop_detection: dict[str, Any] | None = None
+
+
+class AgentProfile(BaseModel):
+    """The effective settings of one agent (defaults merged with its own block)."""
+
+    model_config = _FROZEN
+
+    run_timeout_s: PositiveFloat = 1800.0
+    llm: LlmSettings = LlmSettings()
+    tools: ToolDefaults = ToolDefaults()
+
+
+class AgentOverride(BaseModel):
+    """One ``agents.list[]`` entry: only the fields it sets override the defaults."""
+
+    model_config = _FROZEN
+
+    id: str = Field(min_length=1)
+    run_timeout_s: PositiveFloat | None = None
+    llm_idle_timeout_s: PositiveFloat | None = None
+    tool_timeout_s: PositiveFloat | None = None
+    loop_detection: dict[str, Any] | None = None
+
+
+class AgentsSettings(BaseModel):
+    """Agent defaults and per-agent overrides."""
+
+    model_config = _FROZEN
+
+    defaults: AgentProfile = AgentProfile()
+    list: tuple[AgentOverride, ...] = ()
+
+    @field_validator("list")
+    @classmethod
+    def _unique_ids(cls, entries: tuple[AgentOverride, ...]) -> tuple[AgentOverride, ...]:
+        seen: set[str] = set()
+        for entry in entries:
+            if entry.id in seen:
+                raise ValueError(f"agent id {entry.id!r} appears more than once")
+            seen.add(entry.id)
+        return entries
+
+    def for_agent(self, agent_id: str) -> AgentProfile:
+        """The defaults overridden field by field by ``agent_id``'s own entry, if any."""
+        entry = next((e for e in self.list if e.id == agent_id), None)
+        base = self.defaults
+        if entry is None:
+            return base
+        return AgentProfile(
+            run_timeout_s=entry.run_timeout_s or base.run_timeout_s,
+            llm=LlmSettings(idle_timeout_s=entry.llm_idle_timeout_s or base.llm.idle_timeout_s),
+            tools=ToolDefaults(
+                timeout_s=entry.tool_timeout_s or base.tools.timeout_s,
+                loop_detection=(
+                    entry.loop_detection if entry.loop_detection is not None else base.tools.loop_detection
+                ),
+            ),
+        )
+
+
+class ToolsSettings(BaseModel):
+    """Tool loading and per-tool overrides."""
+
+    model_config = _FROZEN
+
+    timeouts_s: dict[str, PositiveFloat] = Field(default_factory=dict)
+    loop_detection: dict[str, Any] | None = None
+
+
+class LimitSettings(BaseModel):
+    """How call limits derive from the configured timeouts."""
+
+    model_config = _FROZEN
+
+    hard_grace_s: PositiveFloat = Field(5.0, description="hard limit = soft limit + this, unless declared")
+    queue_allowance_s: PositiveFloat = Field(5.0, description="time a call may wait in the queue")
+    max_argument_bytes: PositiveInt = 256 * 1024
+    max_result_bytes: PositiveInt = 256 * 1024
+
+
+class LeaseSettings(BaseModel):
+    """Worker leases on running calls: how fast a dead host is noticed."""
+
+    model_config = _FROZEN
+
+    ttl_s: PositiveFloat = 10.0
+    renew_interval_s: PositiveFloat = 2.0
+
+    @model_validator(mode="after")
+    def _renew_before_expiry(self) -> LeaseSettings:
+        if self.renew_interval_s * 2 > self.ttl_s:
+            raise ValueError("renew_interval_s must be at most half of ttl_s, or live leases expire")
+        return self
+
+
+class GatewaySettings(BaseModel):
+    """The client side: how late past a deadline an answer may come."""
+
+    model_config = _FROZEN
+
+    grace_s: PositiveFloat = 2.0
+    check_interval_s: PositiveFloat = 0.5
+
+
+class LedgerSettings(BaseModel):
+    """How long call records and results are kept."""
+
+    model_config = _FROZEN
+
+    ttl_s: PositiveInt = 24 * 3600
+
+
+class WatchdogSettings(BaseModel):
+    """The beat-driven stuck-session watchdog."""
+
+    model_config = _FROZEN
+
+    interval_s: PositiveFloat = 15.0
+    stalled_after_s: PositiveFloat = 120.0
+    auto_recover: bool = False
+    webhook_url: str = ""
+
+
+class WorkerSettings(BaseModel):
+    """Worker processes."""
+
+    model_config = _FROZEN
+
+    concurrency: PositiveInt = 2
+    pool: str = "prefork"
+    prefetch_multiplier: PositiveInt = 1
+    max_memory_per_child_kb: PositiveInt | None = None
+
+
+def _split_modules(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything unstuck reads from its environment and config file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="UNSTUCK_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    redis: RedisSettings = RedisSettings()
+    broker: BrokerSettings = BrokerSettings()
+    agents: AgentsSettings = AgentsSettings()
+    tools: ToolsSettings = ToolsSettings()
+    limits: LimitSettings = LimitSettings()
+    lease: LeaseSettings = LeaseSettings()
+    gateway: GatewaySettings = GatewaySettings()
+    ledger: LedgerSettings = LedgerSettings()
+    watchdog: WatchdogSettings = WatchdogSettings()
+    worker: WorkerSettings = WorkerSettings()
+    tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
+    config: str = Field("", description="path of a JSON or TOML config file (UNSTUCK_CONFIG)")
+
+    _split = field_validator("tool_modules", mode="before")(_split_modules)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments, then environment, then the config file."""
+        return init_settings, env_settings, ConfigFileSource(settings_cls)
+
+    @property
+    def broker_url(self) -> str:
+        """The effective broker URL."""
+        return self.broker.url or self.redis.url
+
+    def tool_timeout_s(self, agent_id: str, tool_name: str, declared_s: float | None) -> float:
+        """Soft limit of a tool: config per tool, else the tool's own, else the agent's default."""
+        if tool_name in self.tools.timeouts_s:
+            return self.tools.timeouts_s[tool_name]
+        if declared_s is not None:
+            return declared_s
+        return self.agents.for_agent(agent_id).tools.timeout_s
+
+
+def _env_name(loc: tuple[int | str, ...]) -> str:
+    return "UNSTUCK_" + "__".join(str(part).upper() for part in loc)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build and validate ``Settings``; raises ``ConfigError`` naming every bad key path."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = [
+            (f"{'.'.join(str(p) for p in err['loc'])} ({_env_name(err['loc'])})", err["msg"])
+            for err in exc.errors()
+        ]
+        raise ConfigError(problems) from None
