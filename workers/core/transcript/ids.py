@@ -1,0 +1,158 @@
+"""Tool-call id sanitisation for providers with strict id rules (spec §2.5).
+
+Ids are rewritten per occurrence: a raw id repeated across calls gets a distinct new id each
+time, and results take the new ids of their raw id first-in first-out, so pairs stay pairs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from workers.core.transcript.model import CALL_BLOCK_TYPES, Message, result_id_key
+from workers.core.transcript.report import IdReport
+
+__all__ = ["IdMode", "SanitizedIds", "sanitize_tool_call_id", "sanitize_tool_call_ids"]
+
+IdMode = Literal["strict", "strict9"]
+
+_NON_ALNUM: Final = re.compile(r"[^A-Za-z0-9]")
+_KIMI_NATIVE: Final = re.compile(r"^functions\.[A-Za-z0-9_-]+:\d+$")
+_KIMI_MANGLED: Final = re.compile(r"^functions\s+([A-Za-z0-9_-]+):(\d+)$")
+_ANTHROPIC_NATIVE: Final = re.compile(r"^toolu_[A-Za-z0-9_]+$")
+_STRICT_MAX: Final = 40
+_STRICT_HASHED_BASE: Final = 32
+
+
+@dataclass(frozen=True)
+class SanitizedIds:
+    """The rewritten messages (the input list itself when nothing changed) and the counts."""
+
+    messages: list[Any]
+    report: IdReport
+
+
+def sanitize_tool_call_id(raw: object, mode: IdMode) -> str:
+    """One id in the form ``mode`` demands, ignoring collisions."""
+    if mode == "strict9":
+        return _strict9(raw)
+    if not isinstance(raw, str):
+        return "defaulttoolid"
+    kimi = _KIMI_MANGLED.sub(r"functions.\1:\2", raw)
+    if _KIMI_NATIVE.match(kimi):
+        return kimi
+    return _NON_ALNUM.sub("", raw)[:_STRICT_MAX] or "sanitizedtoolid"
+
+
+def sanitize_tool_call_ids(
+    messages: list[Any], mode: IdMode = "strict", *, preserve_anthropic_ids: bool = False
+) -> SanitizedIds:
+    """Rewrite every call id into ``mode`` without collisions, and every result to its call's new id."""
+    rewriter = _Rewriter(mode, preserve_anthropic_ids)
+    output = [rewriter.message(message) for message in messages]
+    report = IdReport(rewriter.calls_rewritten, rewriter.results_rewritten, tuple(rewriter.mapping))
+    changed = any(a is not b for a, b in zip(output, messages, strict=True))
+    return SanitizedIds(output if changed else messages, report)
+
+
+def _strict9(raw: object) -> str:
+    if not isinstance(raw, str):
+        return "defaultid"
+    alnum = _NON_ALNUM.sub("", raw)
+    if len(alnum) >= 9:
+        return alnum[:9]
+    return _sha(alnum or "sanitized")[:9]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class _Rewriter:
+    def __init__(self, mode: IdMode, preserve_anthropic_ids: bool) -> None:
+        self.mode: IdMode = mode
+        self.preserve_anthropic_ids = preserve_anthropic_ids
+        self.used: set[str] = set()
+        self.seen_calls: dict[str, int] = {}
+        self.orphan_results: dict[str, int] = {}
+        self.pending: dict[str, deque[str]] = {}
+        self.mapping: list[tuple[str, str]] = []
+        self.calls_rewritten = 0
+        self.results_rewritten = 0
+
+    def message(self, message: Any) -> Any:
+        if not isinstance(message, dict):
+            return message
+        if message.get("role") == "assistant" and isinstance(message.get("content"), list):
+            content = [self.block(block) for block in message["content"]]
+            if any(a is not b for a, b in zip(content, message["content"], strict=True)):
+                return {**message, "content": content}
+        elif message.get("role") == "toolResult":
+            return self.result(message)
+        return message
+
+    def block(self, block: Any) -> Any:
+        if not isinstance(block, dict) or block.get("type") not in CALL_BLOCK_TYPES:
+            return block
+        raw = block.get("id")
+        occurrence = self.seen_calls.get(str(raw), 0)
+        self.seen_calls[str(raw)] = occurrence + 1
+        if self._keeps_native(raw, occurrence):
+            new_id = str(raw)
+            self.used.add(new_id)
+        else:
+            new_id = self._unique(raw if occurrence == 0 else f"{raw}:{occurrence}")
+        self.pending.setdefault(str(raw), deque()).append(new_id)
+        self.mapping.append((str(raw), new_id))
+        if new_id == raw:
+            return block
+        self.calls_rewritten += 1
+        return {**block, "id": new_id}
+
+    def result(self, message: Message) -> Message:
+        key = result_id_key(message)
+        if key is None:
+            return message
+        raw = message[key]
+        queue = self.pending.get(str(raw))
+        if queue:
+            new_id = queue.popleft()
+        else:
+            count = self.orphan_results.get(str(raw), 0) + 1
+            self.orphan_results[str(raw)] = count
+            new_id = self._unique(f"{raw}:tool_result:{count}")
+        if new_id == raw:
+            return message
+        self.results_rewritten += 1
+        return {**message, key: new_id}
+
+    def _keeps_native(self, raw: object, occurrence: int) -> bool:
+        if not self.preserve_anthropic_ids or occurrence or not isinstance(raw, str):
+            return False
+        return bool(_ANTHROPIC_NATIVE.match(raw)) and raw not in self.used
+
+    def _unique(self, seed: object) -> str:
+        base = sanitize_tool_call_id(seed, self.mode)
+        new_id = next(c for c in self._candidates(base, str(seed)) if c not in self.used)
+        self.used.add(new_id)
+        return new_id
+
+    def _candidates(self, base: str, seed: str) -> Iterator[str]:
+        yield base
+        if self.mode == "strict9":
+            for i in range(1000):
+                yield _sha(f"{seed}:{i}")[:9]
+        else:
+            yield base[:_STRICT_HASHED_BASE] + _sha(seed)[:8]
+            for i in range(2, 1000):
+                suffix = f"x{i}"
+                yield base[: _STRICT_MAX - len(suffix)] + suffix
+        # Past a thousand collisions, keep hashing: ids stay unique with no clock reading.
+        i = 1000
+        while True:
+            yield _sha(f"{seed}:{i}")[: 9 if self.mode == "strict9" else _STRICT_MAX]
+            i += 1

@@ -1,0 +1,102 @@
+"""The neutral transcript form (spec transcript-repair §1.2) and the helpers every step shares.
+
+Messages are plain JSON objects so that repair keeps every field it does not understand, and so
+that "nothing changed" can be answered by object identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+__all__ = [
+    "CALL_BLOCK_TYPES",
+    "CALL_ID_KEYS",
+    "DEFAULT_MISSING_TEXT",
+    "FAILED_STOP_REASONS",
+    "MISSING_RESULT_REASON",
+    "RESULT_ID_KEYS",
+    "SNAKE_CALL_BLOCK_TYPES",
+    "Block",
+    "Message",
+    "ResultLookup",
+    "call_blocks",
+    "is_failed_turn",
+    "is_synthetic",
+    "make_synthetic_result",
+    "result_id",
+    "result_id_key",
+]
+
+Message = dict[str, Any]
+Block = dict[str, Any]
+ResultLookup = Callable[[str, str], "Mapping[str, Any] | None"]
+"""``lookup(call_id, tool_name)``: a real or ledger-written result for the call, or None."""
+
+CALL_BLOCK_TYPES: Final = frozenset({"toolCall", "toolUse", "functionCall"})
+SNAKE_CALL_BLOCK_TYPES: Final = frozenset({"tool_call", "tool_use", "function_call"})
+RESULT_ID_KEYS: Final = ("toolCallId", "toolUseId", "tool_call_id", "tool_use_id", "callId", "call_id")
+CALL_ID_KEYS: Final = ("id", "call_id", "toolCallId", "toolUseId", "tool_call_id", "tool_use_id")
+FAILED_STOP_REASONS: Final = frozenset({"error", "aborted"})
+MISSING_RESULT_REASON: Final = "missing_tool_result"
+DEFAULT_MISSING_TEXT: Final = (
+    "[unstuck] missing tool result in session history; inserted synthetic error result for transcript repair."
+)
+
+
+def call_blocks(message: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """The pairable calls of an assistant message as ``(id, name)``, in content order, repeats kept."""
+    if message.get("role") != "assistant":
+        return []
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    calls: list[tuple[str, str | None]] = []
+    for block in content:
+        if not isinstance(block, dict) or block.get("type") not in CALL_BLOCK_TYPES:
+            continue
+        call_id = block.get("id")
+        if isinstance(call_id, str) and call_id:
+            name = block.get("name")
+            calls.append((call_id, name if isinstance(name, str) else None))
+    return calls
+
+
+def result_id_key(message: Mapping[str, Any]) -> str | None:
+    """The key holding a tool result's call id: the first alias with a non-blank string."""
+    for key in RESULT_ID_KEYS:
+        value = message.get(key)
+        if isinstance(value, str) and value.strip():
+            return key
+    return None
+
+
+def result_id(message: Mapping[str, Any]) -> str | None:
+    """The trimmed call id a tool result answers, or None when it names none."""
+    key = result_id_key(message)
+    return None if key is None else str(message[key]).strip()
+
+
+def is_failed_turn(message: Mapping[str, Any]) -> bool:
+    """Whether an assistant turn ended in ``error`` or ``aborted``."""
+    return message.get("stopReason") in FAILED_STOP_REASONS
+
+
+def is_synthetic(message: Mapping[str, Any]) -> bool:
+    """Whether a tool result was written by repair or the watchdog; decided by markers, never by text."""
+    details = message.get("details")
+    if message.get("isError") is not True or not isinstance(details, dict):
+        return False
+    return details.get("synthetic") is True or details.get("openclawSyntheticMissingToolResult") is True
+
+
+def make_synthetic_result(call_id: str, tool_name: str | None, text: str) -> Message:
+    """A structurally marked error result standing in for a call that has no result."""
+    return {
+        "role": "toolResult",
+        "toolCallId": call_id,
+        "toolName": tool_name.strip() if tool_name and tool_name.strip() else "unknown",
+        "content": [{"type": "text", "text": text}],
+        "isError": True,
+        "details": {"synthetic": True, "reason": MISSING_RESULT_REASON},
+    }
