@@ -1,0 +1,170 @@
+"""The Redis :class:`~workers.core.loops.LoopHistory`: one sorted set per run, one Lua call per step.
+
+Layout (keys from :mod:`workers.store.keys`, every key written here gets a TTL of ``ttl_s``):
+
+* ``RunKeys.history`` (ZSET): member ``"<seq>|<entry json>"`` scored by ``seq``, a per-run
+  counter (the highest score + 1). Holds at most ``historySize + 1`` records; every read looks
+  at the newest ``historySize`` only (see :mod:`workers.core.loops.history`). Written and read
+  only by the ``loop_*.lua`` scripts, plus one ``ZREMRANGEBYSCORE`` to discard a blocked call.
+* ``RunKeys.run`` (HASH, shared with the gateway; its TTL is only ever extended here):
+  ``guard_remaining`` (outcomes the armed post-compaction guard still watches),
+  ``guard_window`` (observed ``[tool, argsHash, resultHash]`` triples, one JSON array a line),
+  ``guard_armed_ms``; and for warning de-duplication ``loop_warn:<key>`` =
+  ``"<insertion seq>:<last bucket>"``, ``loop_warn_seq``, ``loop_warn_count``.
+
+Timestamps come in as script arguments; no script reads the server clock.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import redis
+
+from workers.core.loops.guard import GuardTriple
+from workers.core.loops.history import WARNING_KEY_LIMIT, HistoryEntry, RunScope
+from workers.errors import StoreError
+from workers.store.keys import RunKeys
+
+__all__ = ["RedisLoopHistory"]
+
+
+def _script(client: redis.Redis, name: str) -> Any:
+    text = resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
+    return client.register_script(text)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _entry_body(entry: HistoryEntry, now_ms: int) -> str:
+    """The stored json of an entry; the seq lives in the member prefix and the score."""
+    data = json.loads(entry.to_json())
+    del data["s"]
+    data["ts"] = now_ms
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _parse_member(member: Any) -> HistoryEntry:
+    seq, _, body = _text(member).partition("|")
+    data = json.loads(body)
+    data["s"] = int(seq)
+    return HistoryEntry.from_json(json.dumps(data))
+
+
+class RedisLoopHistory:
+    """Loop history in Redis; each protocol method is one atomic round trip."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str, ttl_s: int) -> None:
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be positive: every key must expire")
+        self._client = client
+        self._prefix = prefix
+        self._ttl_s = ttl_s
+        self._record_call = _script(client, "loop_record_call.lua")
+        self._record_outcome = _script(client, "loop_record_outcome.lua")
+        self._arm = _script(client, "loop_guard_arm.lua")
+        self._warning = _script(client, "loop_warning.lua")
+        self._touched: set[RunScope] = set()
+
+    def _keys(self, scope: RunScope) -> RunKeys:
+        self._touched.add(scope)
+        return RunKeys(self._prefix, scope.session_key, scope.run_id)
+
+    def record_call(
+        self, scope: RunScope, entry: HistoryEntry, history_size: int, now_ms: int
+    ) -> tuple[list[HistoryEntry], int]:
+        """Append a pending call; return the window it is judged against and its assigned seq."""
+        keys = self._keys(scope)
+        args = [history_size, _entry_body(entry, now_ms), self._ttl_s, now_ms]
+        try:
+            seq, members = self._record_call(keys=[keys.history], args=args)
+        except redis.RedisError as exc:
+            raise StoreError(f"loop history append failed: {exc}") from exc
+        return [_parse_member(member) for member in members], int(seq)
+
+    def discard_call(self, scope: RunScope, seq: int) -> None:
+        """Remove a call appended by :meth:`record_call` that was then blocked."""
+        try:
+            self._client.zremrangebyscore(self._keys(scope).history, seq, seq)
+        except redis.RedisError as exc:
+            raise StoreError(f"loop history discard failed: {exc}") from exc
+
+    def record_outcome(
+        self,
+        scope: RunScope,
+        entry: HistoryEntry,
+        history_size: int | None,
+        observe: GuardTriple | None,
+        now_ms: int,
+    ) -> tuple[GuardTriple, ...] | None:
+        """Attach an outcome hash and feed the guard; return the guard window, or None if dormant."""
+        keys = self._keys(scope)
+        args = [
+            "" if history_size is None else history_size,
+            entry.tool_name,
+            entry.args_hash,
+            entry.tool_call_id or "",
+            entry.result_hash or "",
+            entry.unknown_tool_name or "",
+            _entry_body(entry, now_ms),
+            "" if observe is None else json.dumps(list(observe)),
+            self._ttl_s,
+            now_ms,
+        ]
+        try:
+            window = self._record_outcome(keys=[keys.history, keys.run], args=args)
+        except redis.RedisError as exc:
+            raise StoreError(f"loop outcome record failed: {exc}") from exc
+        if not window:
+            return None
+        return tuple(_triple(line) for line in _text(window).split("\n"))
+
+    def arm_guard(self, scope: RunScope, window_size: int, now_ms: int) -> None:
+        """Arm (or re-arm) the post-compaction guard of a run for ``window_size`` outcomes."""
+        try:
+            self._arm(keys=[self._keys(scope).run], args=[window_size, self._ttl_s, now_ms])
+        except redis.RedisError as exc:
+            raise StoreError(f"guard arm failed: {exc}") from exc
+
+    def disarm_guard(self, scope: RunScope) -> None:
+        """Disarm the post-compaction guard of a run."""
+        try:
+            self._client.hdel(self._keys(scope).run, "guard_remaining", "guard_window", "guard_armed_ms")
+        except redis.RedisError as exc:
+            raise StoreError(f"guard disarm failed: {exc}") from exc
+
+    def note_warning(self, scope: RunScope, key: str, bucket: int, now_ms: int) -> bool:
+        """Record a warning's bucket; True when it exceeds the last bucket (the warning is emitted)."""
+        args = [key, bucket, WARNING_KEY_LIMIT, self._ttl_s]
+        try:
+            return bool(self._warning(keys=[self._keys(scope).run], args=args))
+        except redis.RedisError as exc:
+            raise StoreError(f"warning de-duplication failed: {exc}") from exc
+
+    def written_keys(self) -> list[str]:
+        """Every key this instance may have written (for clean-up and TTL checks)."""
+        keys = (RunKeys(self._prefix, scope.session_key, scope.run_id) for scope in self._touched)
+        return sorted({name for run in keys for name in (run.history, run.run)})
+
+    def delete_session(self, session_key: str) -> None:
+        """Delete the keys this instance wrote for a throwaway session (the replay CLI, tests)."""
+        names = [
+            name
+            for scope in self._touched
+            if scope.session_key == session_key
+            for name in (
+                RunKeys(self._prefix, scope.session_key, scope.run_id).history,
+                RunKeys(self._prefix, scope.session_key, scope.run_id).run,
+            )
+        ]
+        if names:
+            self._client.delete(*names)
+
+
+def _triple(line: str) -> GuardTriple:
+    tool, args_hash, result_hash = json.loads(line)
+    return (str(tool), str(args_hash), str(result_hash))
