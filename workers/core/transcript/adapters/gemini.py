@@ -1,0 +1,201 @@
+"""Gemini ``contents`` <-> neutral transcript (spec §1.3).
+
+Gemini pairs a ``functionResponse`` with its ``functionCall`` by name and position; ids are
+optional. A call without an id gets ``gemini-<turn>-<part>`` in the neutral form (marked
+``geminiImplicitId`` so the id is not sent back), and an id-less response takes the oldest
+unanswered call of the same name.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Final
+
+from workers.core.transcript.adapters.wire import pick, require_dict, require_list, require_str
+from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, result_id
+from workers.errors import TranscriptRepairError
+
+__all__ = ["from_neutral", "to_neutral"]
+
+_IMPLICIT: Final = "geminiImplicitId"
+_PART: Final = "geminiPart"
+_RESPONSE: Final = "geminiResponse"
+_SIGNATURE: Final = ("thoughtSignature",)
+
+
+class _Pending:
+    def __init__(self) -> None:
+        self.by_name: dict[str, deque[str]] = {}
+        self.names: dict[str, str] = {}
+
+    def add(self, call_id: str, name: str) -> None:
+        self.by_name.setdefault(name, deque()).append(call_id)
+        self.names[call_id] = name
+
+    def claim(self, name: str, call_id: str | None) -> str | None:
+        queue = self.by_name.get(name, deque())
+        if call_id is None:
+            return queue.popleft() if queue else None
+        if call_id in queue:
+            queue.remove(call_id)
+        return call_id
+
+
+def to_neutral(contents: list[Any], path: str = "$") -> list[Message]:
+    """Neutral messages for a Gemini ``contents`` array."""
+    pending = _Pending()
+    output: list[Message] = []
+    for index, raw in enumerate(contents):
+        where = f"{path}[{index}]"
+        content = require_dict(raw, where)
+        parts = require_list(content.get("parts"), f"{where}.parts")
+        role = content.get("role", "user")
+        if role == "model":
+            blocks = [
+                _model_part_in(part, f"{where}.parts[{i}]", index, i, pending) for i, part in enumerate(parts)
+            ]
+            output.append({"role": "assistant", "content": blocks})
+        elif role == "user":
+            output.extend(_user_in(parts, f"{where}.parts", pending))
+        else:
+            raise TranscriptRepairError(f"{where}.role", 'expected "user" or "model"')
+    return output
+
+
+def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
+    """A Gemini ``contents`` array; consecutive function responses share one user turn."""
+    output: list[dict[str, Any]] = []
+    names = {
+        b.get("id"): b.get("name") for m in messages for b in _blocks(m) if b.get("type") in CALL_BLOCK_TYPES
+    }
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        role = message.get("role")
+        index += 1
+        if role == "assistant":
+            output.append({"role": "model", "parts": [_model_part_out(b) for b in _blocks(message)]})
+        elif role == "user":
+            output.append({"role": "user", "parts": _user_parts_out(message.get("content"))})
+        elif role == "toolResult":
+            parts = [_response_out(message, names)]
+            while index < len(messages) and messages[index].get("role") == "toolResult":
+                parts.append(_response_out(messages[index], names))
+                index += 1
+            if index < len(messages) and messages[index].get("role") == "user":
+                parts.extend(_user_parts_out(messages[index].get("content")))
+                index += 1
+            output.append({"role": "user", "parts": parts})
+    return output
+
+
+def _model_part_in(raw: object, where: str, turn: int, position: int, pending: _Pending) -> Block:
+    part = require_dict(raw, where)
+    if "functionCall" in part:
+        call = require_dict(part["functionCall"], f"{where}.functionCall")
+        name = require_str(call.get("name"), f"{where}.functionCall.name")
+        explicit = call.get("id")
+        call_id = require_str(explicit, f"{where}.functionCall.id") if explicit is not None else None
+        block: Block = {"type": "toolCall", "id": call_id or f"gemini-{turn}-{position}", "name": name}
+        block["arguments"] = call.get("args", {})
+        pending.add(block["id"], name)
+        return block | ({_IMPLICIT: True} if call_id is None else {}) | pick(part, _SIGNATURE)
+    if isinstance(part.get("text"), str) and part.keys() <= {"text", "thought", "thoughtSignature"}:
+        if part.get("thought") is True:
+            thinking: Block = {"type": "thinking", "thinking": part["text"]}
+            return thinking | (
+                {"thinkingSignature": part["thoughtSignature"]} if "thoughtSignature" in part else {}
+            )
+        if "thought" not in part:
+            return {"type": "text", "text": part["text"]} | pick(part, _SIGNATURE)
+    return {"type": _PART, "part": part}
+
+
+def _user_in(parts: list[Any], where: str, pending: _Pending) -> list[Message]:
+    results: list[Message] = []
+    rest: list[Block] = []
+    for i, raw in enumerate(parts):
+        part = require_dict(raw, f"{where}[{i}]")
+        if "functionResponse" in part:
+            results.append(_response_in(part["functionResponse"], f"{where}[{i}].functionResponse", pending))
+        elif isinstance(part.get("text"), str) and part.keys() == {"text"}:
+            rest.append({"type": "text", "text": part["text"]})
+        else:
+            rest.append({"type": _PART, "part": part})
+    if rest or not results:
+        results.append({"role": "user", "content": rest})
+    return results
+
+
+def _response_in(raw: object, where: str, pending: _Pending) -> Message:
+    response = require_dict(raw, where)
+    name = require_str(response.get("name"), f"{where}.name")
+    explicit = response.get("id")
+    call_id = pending.claim(name, require_str(explicit, f"{where}.id") if explicit is not None else None)
+    result: Message = {"role": "toolResult"}
+    if call_id is not None:
+        result["toolCallId"] = call_id
+    result["toolName"] = name
+    body = response.get("response")
+    if isinstance(body, dict) and len(body) == 1 and isinstance(next(iter(body.values())), str):
+        key, text = next(iter(body.items()))
+        if key in ("output", "error"):
+            result |= {"content": [{"type": "text", "text": text}], "isError": key == "error"}
+            return result | ({_IMPLICIT: True} if explicit is None and call_id else {})
+    result |= {"content": [{"type": _RESPONSE, "response": body}], "isError": False}
+    return result | ({_IMPLICIT: True} if explicit is None and call_id else {})
+
+
+def _blocks(message: Message) -> list[Block]:
+    content = message.get("content")
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _model_part_out(block: Block) -> dict[str, Any]:
+    kind = block.get("type")
+    if kind in CALL_BLOCK_TYPES:
+        arguments = block.get("arguments", block.get("input"))
+        call = {"name": block.get("name"), "args": {} if arguments is None else arguments}
+        call |= {} if block.get(_IMPLICIT) else {"id": block.get("id")}
+        return {"functionCall": call} | pick(block, _SIGNATURE)
+    if kind == "thinking":
+        part = {"text": block.get("thinking", ""), "thought": True}
+        return part | (
+            {"thoughtSignature": block["thinkingSignature"]} if "thinkingSignature" in block else {}
+        )
+    return _plain_part_out(block) | pick(block, _SIGNATURE)
+
+
+def _plain_part_out(block: Block) -> dict[str, Any]:
+    kind = block.get("type")
+    if kind == _PART:
+        return dict(block["part"])
+    if kind == "image":
+        return {"inlineData": {"mimeType": block.get("mimeType"), "data": block.get("data")}}
+    return {"text": block.get("text", "")}
+
+
+def _user_parts_out(content: object) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"text": content}]
+    return [_plain_part_out(b) for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _response_out(message: Message, names: dict[Any, Any]) -> dict[str, Any]:
+    call_id = result_id(message)
+    content = message.get("content")
+    if isinstance(content, list) and len(content) == 1 and _is_response_block(content[0]):
+        body = content[0]["response"]
+    else:
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": str(content or "")}]
+        text = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        body = {"error" if message.get("isError") else "output": text}
+    name = message.get("toolName") or names.get(call_id) or "unknown"
+    response = {"name": name, "response": body}
+    return {
+        "functionResponse": response | ({} if message.get(_IMPLICIT) or call_id is None else {"id": call_id})
+    }
+
+
+def _is_response_block(block: object) -> bool:
+    return isinstance(block, dict) and block.get("type") == _RESPONSE
