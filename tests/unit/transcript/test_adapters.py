@@ -39,7 +39,7 @@ NEUTRAL: list[dict[str, Any]] = [
     {"role": "user", "content": [{"type": "text", "text": "thanks"}]},
 ]
 
-ANTHROPIC = [
+ANTHROPIC: list[dict[str, Any]] = [
     {"role": "user", "content": "read it"},
     {
         "role": "assistant",
