@@ -57,6 +57,13 @@ CASES: list[tuple[str, list[Any], list[Any], int, int]] = [
         0,
         1,
     ),
+    (
+        "real result with its id beats an adopted id-less one",
+        [asst("c1"), res(None, "legacy"), R1],
+        [asst("c1"), R1],
+        1,
+        0,
+    ),
     ("real replaces synthetic in frame", [asst("c1"), syn("c1"), R1], [asst("c1"), R1], 1, 0),
     ("synthetic never replaces real", [asst("c1"), R1, syn("c1")], [asst("c1"), R1], 1, 0),
     (

@@ -27,6 +27,10 @@ __all__ = ["ErroredTurns", "PairingResult", "repair_pairing"]
 
 ErroredTurns = Literal["preserve", "drop"]
 
+# How much a held result is worth: a real result with its id beats an id-less one adopted by
+# guess, which beats a synthetic stand-in; only a better result may replace a held one.
+_NONE, _SYNTHETIC, _ADOPTED, _REAL = range(4)
+
 
 @dataclass(frozen=True)
 class PairingResult:
@@ -42,10 +46,7 @@ class _Occurrence:
     name: str | None
     result: Message | None = None
     source: int | None = None
-
-    @property
-    def synthetic(self) -> bool:
-        return self.result is not None and is_synthetic(self.result)
+    rank: int = _NONE
 
 
 @dataclass
@@ -152,11 +153,12 @@ def _claim_locally(frame: _Frame, tally: _Tally) -> None:
         if call_id is None or call_id not in frame_ids:
             frame.set_aside.append((index, result))
             continue
+        rank = _ADOPTED if result is not message else _rank(result)
         free = next((o for o in frame.occurrences if o.call_id == call_id and o.result is None), None)
         if free is not None:
-            _attach(free, index, result)
+            _attach(free, index, result, rank)
         else:
-            _resolve_duplicate(frame, index, result, tally)
+            _resolve_duplicate(frame, index, result, rank, tally)
 
 
 def _adopt_legacy_id(frame: _Frame, message: Message) -> Message:
@@ -171,23 +173,22 @@ def _adopt_legacy_id(frame: _Frame, message: Message) -> Message:
     return {**message, "toolCallId": occurrence.call_id, "isError": True}
 
 
-def _resolve_duplicate(frame: _Frame, index: int, result: Message, tally: _Tally) -> None:
+def _resolve_duplicate(frame: _Frame, index: int, result: Message, rank: int, tally: _Tally) -> None:
     tally.duplicates += 1
     call_id = result_id(result)
-    if not is_synthetic(result):
-        holder = next((o for o in frame.occurrences if o.call_id == call_id and o.synthetic), None)
-        if holder is not None:
-            tally.discard(holder.source, holder.result)
-            _attach(holder, index, result)
-            return
-    tally.discard(index, result)
+    holder = next((o for o in frame.occurrences if o.call_id == call_id and o.rank < rank), None)
+    if holder is None:
+        tally.discard(index, result)
+        return
+    tally.discard(holder.source, holder.result)
+    _attach(holder, index, result, rank)
 
 
 def _recover_across_frames(frames: list[_Frame], tally: _Tally) -> None:
     unresolved: dict[str, list[_Occurrence]] = {}
     for frame in frames:
         for occurrence in frame.occurrences:
-            if occurrence.result is None or occurrence.synthetic:
+            if occurrence.rank < _REAL:
                 unresolved.setdefault(occurrence.call_id, []).append(occurrence)
         for index, result in frame.set_aside:
             _recover_one(unresolved, index, result, tally)
@@ -198,9 +199,9 @@ def _recover_one(
     unresolved: dict[str, list[_Occurrence]], index: int, result: Message, tally: _Tally
 ) -> None:
     call_id = result_id(result)
-    real = not is_synthetic(result)
+    rank = _rank(result)
     owners = unresolved.get(call_id, []) if call_id is not None else []
-    candidates = [o for o in owners if o.result is None or (real and o.synthetic)]
+    candidates = [o for o in owners if o.rank < rank]
     if len(candidates) != 1:
         tally.orphans += 1
         tally.discard(index, result)
@@ -209,14 +210,19 @@ def _recover_one(
     if owner.result is not None:
         tally.duplicates += 1
         tally.discard(owner.source, owner.result)
-    _attach(owner, index, result)
-    if real:
+    _attach(owner, index, result, rank)
+    if rank == _REAL:
         owners.remove(owner)
 
 
-def _attach(occurrence: _Occurrence, index: int | None, result: Message) -> None:
+def _rank(result: Message) -> int:
+    return _SYNTHETIC if is_synthetic(result) else _REAL
+
+
+def _attach(occurrence: _Occurrence, index: int | None, result: Message, rank: int) -> None:
     occurrence.result = _normalize_name(result, occurrence.name)
     occurrence.source = index
+    occurrence.rank = rank
 
 
 def _fill_missing(
