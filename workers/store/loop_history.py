@@ -52,7 +52,7 @@ def _parse_member(member: Any) -> HistoryEntry:
     seq, _, body = _text(member).partition("|")
     data = json.loads(body)
     data["s"] = int(seq)
-    return HistoryEntry.from_json(json.dumps(data))
+    return HistoryEntry.from_dict(data)
 
 
 class RedisLoopHistory:

@@ -69,7 +69,11 @@ class HistoryEntry:
     @classmethod
     def from_json(cls, raw: str | bytes) -> HistoryEntry:
         """Parse the stored JSON form."""
-        data: dict[str, Any] = json.loads(raw)
+        return cls.from_dict(json.loads(raw))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HistoryEntry:
+        """Build from the decoded short-key form of :meth:`to_json`."""
         return cls(
             seq=int(data["s"]),
             tool_name=str(data["t"]),

@@ -1,0 +1,128 @@
+"""Loop-detection cost: detector CPU per call, and the Redis round trip it adds (``python -m bench.loops``).
+
+Starts its own redis-server on a free loopback port (never the shared one) and stops it at
+the end. The window is kept full, with a mix of tools, args and outcomes, so every detector
+walks the whole history.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import redis
+
+from workers.core.loops import (
+    HistoryEntry,
+    InMemoryLoopHistory,
+    LoopGuard,
+    RunScope,
+    evaluate,
+    resolve_loop_config,
+)
+from workers.store.loop_history import RedisLoopHistory
+
+SIZES = (30, 300)
+
+
+def _window(size: int) -> list[HistoryEntry]:
+    tools = ("read", "exec", "write", "command_status")
+    return [
+        HistoryEntry(i, tools[i % 4], f"{tools[i % 4]}:{i % 7}", f"c{i}", None, f"h{i % 5}", None, i)
+        for i in range(size)
+    ]
+
+
+def detector_cpu_us(size: int, iterations: int = 2000) -> float:
+    """Mean CPU microseconds of one ``evaluate`` against a full window of ``size`` records."""
+    config = resolve_loop_config({"enabled": True, "historySize": size}, None)
+    window = _window(size)
+    start = time.process_time()
+    for _ in range(iterations):
+        evaluate(window, tool="read", args={"path": "/a"}, args_hash="read:3", run_id=None, config=config)
+    return (time.process_time() - start) / iterations * 1e6
+
+
+def guard_cpu_us(size: int, iterations: int = 2000) -> float:
+    """Mean CPU microseconds of before_call + after_call (hashing included) on the memory store."""
+    guard = LoopGuard(
+        InMemoryLoopHistory(), resolve_loop_config({"enabled": True, "historySize": size}, None)
+    )
+    scope = RunScope("bench", "run")
+    result = {"content": [{"type": "text", "text": "ok"}], "details": {"status": "done"}}
+    start = time.process_time()
+    for n in range(iterations):
+        pending = guard.before_call(scope, "read", {"path": f"/f{n % 13}"}, now_ms=n)
+        guard.after_call(pending, result, now_ms=n)
+    return (time.process_time() - start) / iterations * 1e6
+
+
+def _median_us(operation: Callable[[], object], iterations: int) -> float:
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        operation()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
+
+
+@contextmanager
+def _redis_server() -> Iterator[redis.Redis]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "Ready to accept connections" in line:
+                break
+        client = redis.Redis(host="127.0.0.1", port=port)
+        yield client
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def redis_round_trips_us(
+    client: redis.Redis, size: int, iterations: int = 2000
+) -> tuple[float, float, float]:
+    """Median µs of PING, of the append + window script, and of the outcome script, at a full window."""
+    store = RedisLoopHistory(client, prefix="bench", ttl_s=60)
+    scope = RunScope(f"bench-{size}", "run")
+    for n in range(size + 1):
+        store.record_call(scope, HistoryEntry(0, "read", f"read:{n % 7}", f"c{n}"), size, now_ms=n)
+    ping = _median_us(client.ping, iterations)
+    entry = HistoryEntry(0, "read", "read:3", "cX")
+    call = _median_us(lambda: store.record_call(scope, entry, size, now_ms=1), iterations)
+    done = HistoryEntry(0, "read", "read:3", "cX", result_hash="h")
+    outcome = _median_us(lambda: store.record_outcome(scope, done, size, None, 1), iterations)
+    store.delete_session(scope.session_key)
+    return ping, call, outcome
+
+
+def main() -> None:
+    for size in SIZES:
+        evaluate_us, guard_us = detector_cpu_us(size), guard_cpu_us(size)
+        print(f"historySize={size}: evaluate CPU {evaluate_us:.1f} us/call; ", end="")
+        print(f"before+after on the memory store {guard_us:.1f} us/call")
+    with _redis_server() as client:
+        for size in SIZES:
+            ping, call, outcome = redis_round_trips_us(client, size)
+            print(
+                f"historySize={size}: PING {ping:.1f} us, append+window script {call:.1f} us "
+                f"(x{call / ping:.2f} PING, +{call - ping:.1f} us), outcome script {outcome:.1f} us "
+                f"(x{outcome / ping:.2f} PING, +{outcome - ping:.1f} us)"
+            )
+
+
+if __name__ == "__main__":
+    main()
