@@ -51,7 +51,9 @@ def agent_path(index: int | None = None) -> str:
 
 
 class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=True
+    )
 
 
 class DetectorToggles(_Camel):
@@ -78,7 +80,7 @@ class LoopDetectionBlock(_Camel):
     global_circuit_breaker_threshold: PositiveInt | None = None
     unknown_tool_threshold: PositiveInt | None = None
     run_circuit_breaker_threshold: PositiveInt | None = None
-    known_poll_tools: tuple[str, ...] | None = None
+    known_poll_tools: list[str] | None = None
     detectors: DetectorToggles | None = None
     post_compaction_guard: PostCompactionGuardBlock | None = None
 
