@@ -304,3 +304,12 @@ def test_malformed_input_names_the_path(fmt: str, document: Any, path: str) -> N
     with pytest.raises(TranscriptRepairError) as raised:
         decode(fmt, document)
     assert raised.value.path == path
+
+
+def test_gemini_synthetic_result_for_id_less_call_sends_no_id() -> None:
+    # Given a Gemini call without an id that never got a response
+    document = [{"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]}]
+    # When
+    repaired = encode("gemini", repair_pairing(decode("gemini", document)).messages, document)
+    # Then the inserted response pairs by name, as Gemini does, and invents no id
+    assert repaired[1]["parts"][0]["functionResponse"].keys() == {"name", "response"}

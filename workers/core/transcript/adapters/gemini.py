@@ -65,9 +65,10 @@ def to_neutral(contents: list[Any], path: str = "$") -> list[Message]:
 def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
     """A Gemini ``contents`` array; consecutive function responses share one user turn."""
     output: list[dict[str, Any]] = []
-    names = {
-        b.get("id"): b.get("name") for m in messages for b in _blocks(m) if b.get("type") in CALL_BLOCK_TYPES
-    }
+    calls = [b for m in messages for b in _blocks(m) if b.get("type") in CALL_BLOCK_TYPES]
+    names = {b.get("id"): b.get("name") for b in calls}
+    # Results repair invented carry no marker of their own, so id-less calls are looked up here.
+    implicit = {b.get("id") for b in calls if b.get(_IMPLICIT)}
     index = 0
     while index < len(messages):
         message = messages[index]
@@ -78,9 +79,9 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
         elif role == "user":
             output.append({"role": "user", "parts": _user_parts_out(message.get("content"))})
         elif role == "toolResult":
-            parts = [_response_out(message, names)]
+            parts = [_response_out(message, names, implicit)]
             while index < len(messages) and messages[index].get("role") == "toolResult":
-                parts.append(_response_out(messages[index], names))
+                parts.append(_response_out(messages[index], names, implicit))
                 index += 1
             if index < len(messages) and messages[index].get("role") == "user":
                 parts.extend(_user_parts_out(messages[index].get("content")))
@@ -181,7 +182,7 @@ def _user_parts_out(content: object) -> list[dict[str, Any]]:
     return [_plain_part_out(b) for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
-def _response_out(message: Message, names: dict[Any, Any]) -> dict[str, Any]:
+def _response_out(message: Message, names: dict[Any, Any], implicit: set[Any]) -> dict[str, Any]:
     call_id = result_id(message)
     content = message.get("content")
     if isinstance(content, list) and len(content) == 1 and _is_response_block(content[0]):
@@ -192,9 +193,8 @@ def _response_out(message: Message, names: dict[Any, Any]) -> dict[str, Any]:
         body = {"error" if message.get("isError") else "output": text}
     name = message.get("toolName") or names.get(call_id) or "unknown"
     response = {"name": name, "response": body}
-    return {
-        "functionResponse": response | ({} if message.get(_IMPLICIT) or call_id is None else {"id": call_id})
-    }
+    hide_id = message.get(_IMPLICIT) or call_id is None or call_id in implicit
+    return {"functionResponse": response | ({} if hide_id else {"id": call_id})}
 
 
 def _is_response_block(block: object) -> bool:
