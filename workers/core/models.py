@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CallState", "SyntheticReason", "TextBlock", "ToolCall", "ToolResult"]
+__all__ = ["CallJob", "CallState", "SyntheticReason", "TextBlock", "ToolCall", "ToolResult"]
 
 
 class SyntheticReason(enum.StrEnum):
@@ -123,3 +123,19 @@ class ToolResult(BaseModel):
                 "response": {key: self.text},
             }
         }
+
+
+class CallJob(BaseModel):
+    """The body of one invoke task message (JSON). Unknown fields are refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_key: str = Field(min_length=1, max_length=512)
+    run_id: str = Field(min_length=1, max_length=512)
+    agent_id: str = Field(default="main", max_length=256)
+    call: ToolCall
+    submitted_ms: int
+    deadline_ms: int
+    soft_s: float = Field(gt=0)
+    hard_s: float = Field(gt=0)
+    heartbeat_s: float | None = None

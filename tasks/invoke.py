@@ -1,0 +1,70 @@
+"""The invoke task: claim the call, run the tool under its limits, store exactly one result."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
+
+from workers.celery_app import INVOKE_TASK, app
+from workers.core.models import CallJob, SyntheticReason, ToolResult
+from workers.execution import interrupted_result, run_tool
+from workers.runtime import Runtime, now_ms, runtime, worker_id
+from workers.tools.context import ToolContext
+from workers.tools.registry import registered_tools
+
+__all__ = ["invoke"]
+
+log = logging.getLogger(__name__)
+
+
+@app.task(name=INVOKE_TASK, bind=True, ignore_result=True, Request="tasks.requests:GuardedRequest")
+def invoke(self: Any, job: dict[str, Any]) -> str:
+    """Run one tool call; returns what happened to the claim (for logs and Flower)."""
+    try:
+        parsed = CallJob.model_validate(job)
+    except ValidationError as exc:
+        # A forged or corrupt message: nothing to run and no call to answer.
+        log.error("refused invoke message %s: %s", self.request.id, exc.errors()[:3])
+        return "refused"
+    rt = runtime()
+    keys = rt.ledger.keys(parsed.session_key, parsed.run_id)
+    claim = rt.ledger.claim(keys, parsed.call.id, worker_id=worker_id(), now_ms=now_ms())
+    if claim.status != "claimed":
+        return claim.status
+    result = _execute(rt, parsed, claim.attempt)
+    won = rt.ledger.finish(keys, result, now_ms=now_ms(), writer=worker_id())
+    return "answered" if won else "late"
+
+
+def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:
+    ctx = _context(rt, job, attempt)
+    try:
+        return run_tool(job, ctx, clock_ms=now_ms, sleep=time.sleep, interrupts=(SoftTimeLimitExceeded,))
+    except SoftTimeLimitExceeded:
+        # Caught first: billiard derives it from Exception, so a broad handler would hide it.
+        return interrupted_result(
+            job,
+            registered_tools().get(job.call.name),
+            SyntheticReason.TIMEOUT_SOFT,
+            elapsed_ms=now_ms() - job.submitted_ms,
+            attempt=attempt,
+        )
+
+
+def _context(rt: Runtime, job: CallJob, attempt: int) -> ToolContext:
+    keys = rt.ledger.keys(job.session_key, job.run_id)
+    call_id = job.call.id
+    return ToolContext(
+        session_key=job.session_key,
+        run_id=job.run_id,
+        call_id=call_id,
+        attempt=attempt,
+        deadline_ms=job.deadline_ms,
+        clock=time.monotonic,
+        on_heartbeat=lambda details: rt.ledger.heartbeat(keys, call_id, now_ms=now_ms(), details=details),
+        on_process_group=lambda pgid: rt.ledger.add_process_group(keys, call_id, pgid),
+    )

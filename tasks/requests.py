@@ -1,0 +1,79 @@
+"""Main-process handlers: answer a call whose pool child was killed or hit its hard limit.
+
+The task's own code never runs again after a hard kill, so the result is written here, in
+the worker's main process, right after the pool reports the loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from typing import Any
+
+from billiard.exceptions import TimeLimitExceeded
+from celery.worker.request import Request
+from pydantic import ValidationError
+
+from workers.core.models import CallJob, SyntheticReason
+from workers.errors import StoreError
+from workers.execution import interrupted_result
+from workers.runtime import now_ms, runtime, worker_id
+
+__all__ = ["GuardedRequest", "answer_from_main_process"]
+
+log = logging.getLogger(__name__)
+
+
+def _job(kwargs: dict[str, Any]) -> CallJob | None:
+    try:
+        return CallJob.model_validate(kwargs.get("job", {}))
+    except ValidationError:
+        return None
+
+
+def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, detail: str = "") -> None:
+    """Write the synthetic result for a call whose child died, and kill its process groups."""
+    job = _job(kwargs)
+    if job is None:
+        return
+    rt = runtime()
+    keys = rt.ledger.keys(job.session_key, job.run_id)
+    try:
+        for pgid in rt.ledger.process_groups(keys, job.call.id):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        record = rt.ledger.record(keys, job.call.id)
+        attempt = int(record.fields.get("attempt", "1")) if record else 1
+        result = interrupted_result(
+            job, rt.tools.get(job.call.name), reason, elapsed_ms=now_ms() - job.submitted_ms, attempt=attempt
+        )
+        if detail:
+            result = result.model_copy(update={"details": {**result.details, "detail": detail}})
+        rt.ledger.finish(keys, result, now_ms=now_ms(), writer=f"{worker_id()}/main")
+    except StoreError as exc:
+        # The gateway and watchdog still answer this call by its lease or deadline.
+        log.warning("could not record %s for call %s: %s", reason.value, job.call.id, exc)
+
+
+class GuardedRequest(Request):
+    """A Celery request whose hard-limit and lost-child paths still answer the call."""
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """Hard limit: the child is being killed; answer ``timeout_hard`` before Celery's own handling."""
+        if not soft:
+            answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
+        super().on_timeout(soft, timeout)
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
+        """A child that died (OOM, SIGKILL, segfault) surfaces as WorkerLostError here."""
+        exc = getattr(exc_info, "exception", None)
+        exc = getattr(exc, "exc", exc)  # billiard wraps pool errors in ExceptionWithTraceback
+        if isinstance(exc, TimeLimitExceeded):
+            answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
+        elif exc is not None:
+            # A lost child, or the task body itself failed (e.g. the store vanished mid-call).
+            detail = f"{type(exc).__name__}: {exc}"
+            answer_from_main_process(self.kwargs, SyntheticReason.CRASHED, detail=detail)
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)

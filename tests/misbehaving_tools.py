@@ -1,0 +1,104 @@
+"""Tools that misbehave in every way the backbone must survive (loaded by test workers)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from typing import Any
+
+from workers.core.limits import RetryPolicy
+from workers.errors import ToolExecutionError
+from workers.tools import ToolContext, tool
+
+_ATTEMPTS: dict[str, int] = {}
+
+
+@tool(soft_timeout_s=5.0, idempotent=True)
+def echo(text: str, times: int = 1) -> str:
+    """Healthy tool."""
+    return text * times
+
+
+@tool(soft_timeout_s=5.0)
+def noop() -> str:
+    """Does nothing (benchmarks)."""
+    return "ok"
+
+
+@tool(soft_timeout_s=1.0, hard_timeout_s=3.0)
+def sleepy(seconds: float) -> str:
+    """Sleeps (interruptible by the soft limit)."""
+    time.sleep(seconds)
+    return "slept"
+
+
+@tool(soft_timeout_s=1.0, hard_timeout_s=2.0)
+def stubborn(seconds: float) -> str:
+    """Ignores the soft limit: swallows every interrupt, so only the hard kill stops it (R2)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # noqa: BLE001, S110 - deliberately misbehaving
+            continue
+    return "never"
+
+
+@tool(soft_timeout_s=5.0)
+def crash(how: str = "sigkill") -> str:
+    """Kills its own process (R1): ``sigkill`` (like the OOM killer), ``segv`` or ``exit``."""
+    if how == "segv":
+        ctypes.string_at(0)
+    if how == "exit":
+        os._exit(3)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+@tool(soft_timeout_s=5.0)
+def boom(message: str = "broken") -> str:
+    """Raises."""
+    raise ValueError(message)
+
+
+@tool(soft_timeout_s=5.0, retry=RetryPolicy(attempts=3, backoff_s=0.05))
+def flaky(key: str, failures: int) -> str:
+    """Fails ``failures`` times with a retryable error, then succeeds."""
+    _ATTEMPTS[key] = _ATTEMPTS.get(key, 0) + 1
+    if _ATTEMPTS[key] <= failures:
+        raise ToolExecutionError("transient", retryable=True)
+    return f"ok after {_ATTEMPTS[key]}"
+
+
+@tool(soft_timeout_s=1.0, hard_timeout_s=2.0, fallback={"status": "unknown"})
+def optional_lookup(seconds: float) -> dict[str, Any]:
+    """Non-critical: answers with its fallback when it times out."""
+    time.sleep(seconds)
+    return {"status": "fresh"}
+
+
+@tool(soft_timeout_s=20.0, hard_timeout_s=25.0, heartbeat_timeout_s=1.5)
+def beating(seconds: float, stop_beating_after: float, ctx: ToolContext) -> str:
+    """Heartbeats for a while, then goes silent."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if time.monotonic() - start < stop_beating_after:
+            ctx.heartbeat({"progress": round(time.monotonic() - start, 1)})
+        time.sleep(0.05)
+    return "finished"
+
+
+@tool(soft_timeout_s=30.0, hard_timeout_s=40.0, idempotent=False)
+def slow(seconds: float) -> str:
+    """Takes a while (used to kill its worker mid-call)."""
+    time.sleep(seconds)
+    return "slow done"
+
+
+@tool(soft_timeout_s=30.0, hard_timeout_s=40.0, idempotent=True)
+def slow_idempotent(seconds: float) -> str:
+    """Takes a while; safe to re-run on another worker."""
+    time.sleep(seconds)
+    return "idempotent done"

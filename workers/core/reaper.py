@@ -1,0 +1,85 @@
+"""Decide what happens to unanswered calls: the pure half of the gateway's and watchdog's checks."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from workers.core.models import CallState, SyntheticReason
+
+__all__ = ["Action", "ActionKind", "OpenCall", "decide"]
+
+
+@dataclass(frozen=True)
+class OpenCall:
+    """What the ledger knows about one unanswered call."""
+
+    call_id: str
+    tool: str
+    state: CallState
+    deadline_ms: int
+    attempt: int
+    lease_alive: bool
+    idempotent: bool
+    dispatched: bool
+    submitted_ms: int
+
+
+class ActionKind(enum.Enum):
+    """What to do with a call."""
+
+    ANSWER = "answer"
+    REQUEUE = "requeue"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One decision: answer ``call_id`` with ``reason``, or hand it to another worker."""
+
+    call_id: str
+    kind: ActionKind
+    reason: SyntheticReason | None
+    elapsed_ms: int
+    attempt: int
+
+
+def _decide_one(
+    call: OpenCall, now_ms: int, min_rerun_ms: int, undispatched_after_ms: int | None
+) -> Action | None:
+    elapsed = max(0, now_ms - call.submitted_ms)
+    if now_ms >= call.deadline_ms:
+        return Action(
+            call.call_id, ActionKind.ANSWER, SyntheticReason.DEADLINE_EXCEEDED, elapsed, call.attempt
+        )
+    if call.state is CallState.RUNNING and not call.lease_alive:
+        if call.idempotent and call.deadline_ms - now_ms >= min_rerun_ms:
+            return Action(call.call_id, ActionKind.REQUEUE, None, elapsed, call.attempt)
+        return Action(call.call_id, ActionKind.ANSWER, SyntheticReason.WORKER_LOST, elapsed, call.attempt)
+    if (
+        undispatched_after_ms is not None
+        and call.state is CallState.PENDING
+        and not call.dispatched
+        and elapsed >= undispatched_after_ms
+    ):
+        return Action(call.call_id, ActionKind.ANSWER, SyntheticReason.DISPATCH_FAILED, elapsed, call.attempt)
+    return None
+
+
+def decide(
+    calls: Iterable[OpenCall],
+    *,
+    now_ms: int,
+    min_rerun_ms: int,
+    undispatched_after_ms: int | None = None,
+) -> list[Action]:
+    """Actions for every call that cannot be left alone.
+
+    * past its deadline → answered ``deadline_exceeded``;
+    * running with its worker's lease expired → re-run elsewhere when the tool is idempotent
+      and at least ``min_rerun_ms`` remain, else answered ``worker_lost``;
+    * never handed to the broker (the gateway died in between) for ``undispatched_after_ms``
+      → answered ``dispatch_failed``; ``None`` disables this rule for a live gateway.
+    """
+    actions = (_decide_one(call, now_ms, min_rerun_ms, undispatched_after_ms) for call in calls)
+    return [action for action in actions if action is not None]

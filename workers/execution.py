@@ -1,0 +1,97 @@
+"""Run one tool with its retry policy and turn the outcome into a result (no Celery here).
+
+The soft time limit arrives as an exception class this module does not know; callers
+catch it before calling :func:`interrupted_result`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from workers.core.models import CallJob, SyntheticReason, ToolResult
+from workers.core.results import fallback_result, success_result, synthetic_result, tool_error_result
+from workers.errors import InvalidArguments, ToolNotFound
+from workers.tools.context import ToolContext
+from workers.tools.registry import ToolSpec, get_tool, validate_arguments
+
+__all__ = ["interrupted_result", "rejected_result", "run_tool"]
+
+
+def rejected_result(job: CallJob, error: ToolNotFound | InvalidArguments, elapsed_ms: int) -> ToolResult:
+    """The answer to a call that must not run: unknown tool or invalid arguments (R5)."""
+    if isinstance(error, ToolNotFound):
+        hint = f"; closest: {', '.join(error.closest)}" if error.closest else ""
+        return synthetic_result(
+            job.call, SyntheticReason.UNKNOWN_TOOL, elapsed_ms=elapsed_ms, attempt=0, detail=hint
+        )
+    return synthetic_result(
+        job.call,
+        SyntheticReason.INVALID_ARGUMENTS,
+        elapsed_ms=elapsed_ms,
+        attempt=0,
+        detail="; ".join(error.problems),
+        extra={"problems": error.problems},
+    )
+
+
+def interrupted_result(
+    job: CallJob, spec: ToolSpec | None, reason: SyntheticReason, *, elapsed_ms: int, attempt: int
+) -> ToolResult:
+    """A call stopped by a limit: the tool's fallback if it has one, else a synthetic error."""
+    if spec is not None and spec.has_fallback:
+        return fallback_result(job.call, spec.fallback, reason, elapsed_ms=elapsed_ms, attempt=attempt)
+    limit = {
+        SyntheticReason.TIMEOUT_SOFT: job.soft_s,
+        SyntheticReason.TIMEOUT_HARD: job.hard_s,
+        SyntheticReason.HEARTBEAT_TIMEOUT: job.heartbeat_s,
+    }.get(reason)
+    return synthetic_result(job.call, reason, elapsed_ms=elapsed_ms, attempt=attempt, limit_s=limit)
+
+
+def run_tool(
+    job: CallJob,
+    ctx: ToolContext,
+    *,
+    clock_ms: Callable[[], int],
+    sleep: Callable[[float], None],
+    interrupts: tuple[type[BaseException], ...] = (),
+) -> ToolResult:
+    """Validate, run with retries, and build the result.
+
+    ``interrupts`` (the pool's soft-limit exception) propagate untouched even when they
+    derive from ``Exception``.
+    """
+    started = job.submitted_ms
+    try:
+        spec = get_tool(job.call.name)
+        arguments = validate_arguments(spec, job.call.arguments)
+    except (ToolNotFound, InvalidArguments) as exc:
+        return rejected_result(job, exc, clock_ms() - started)
+    soft_end_ms = clock_ms() + int(job.soft_s * 1000)
+    attempt = 1
+    while True:
+        try:
+            value = spec.invoke(arguments, ctx)
+            return success_result(job.call, value, elapsed_ms=clock_ms() - started, attempt=attempt)
+        except interrupts:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every tool failure becomes a result
+            if _retry_fits(spec, exc, attempt, soft_end_ms, clock_ms()):
+                sleep(spec.retry.delay_s(attempt))
+                attempt += 1
+                continue
+            return _failure_result(job, spec, exc, clock_ms() - started, attempt)
+
+
+def _retry_fits(spec: ToolSpec, exc: Exception, attempt: int, soft_end_ms: int, now_ms: int) -> bool:
+    return spec.retry.should_retry(exc, attempt) and now_ms + spec.retry.delay_s(attempt) * 1000 < soft_end_ms
+
+
+def _failure_result(
+    job: CallJob, spec: ToolSpec, exc: Exception, elapsed_ms: int, attempt: int
+) -> ToolResult:
+    if spec.has_fallback:
+        return fallback_result(
+            job.call, spec.fallback, SyntheticReason.TOOL_ERROR, elapsed_ms=elapsed_ms, attempt=attempt
+        )
+    return tool_error_result(job.call, type(exc).__name__, str(exc), elapsed_ms=elapsed_ms, attempt=attempt)

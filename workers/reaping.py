@@ -1,0 +1,52 @@
+"""Apply the reaper's decisions to the ledger: answer lost or overdue calls, re-run idempotent ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from workers.core.models import SyntheticReason, ToolCall
+from workers.core.reaper import ActionKind, decide
+from workers.core.results import synthetic_result
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
+
+__all__ = ["reap"]
+
+
+def reap(
+    ledger: Ledger,
+    keys: RunKeys,
+    call_ids: Sequence[str],
+    *,
+    now_ms: int,
+    min_rerun_ms: int,
+    writer: str,
+    redispatch: Callable[[RunKeys, str], None] | None,
+    undispatched_after_ms: int | None = None,
+) -> int:
+    """Check ``call_ids`` of one run and act; returns how many calls were answered here.
+
+    Without ``redispatch`` (nobody can send tasks) lost calls are answered ``worker_lost``.
+    """
+    snapshot = ledger.open_calls(keys, call_ids)
+    actions = decide(
+        snapshot, now_ms=now_ms, min_rerun_ms=min_rerun_ms, undispatched_after_ms=undispatched_after_ms
+    )
+    by_id = {call.call_id: call for call in snapshot}
+    answered = 0
+    for action in actions:
+        call = by_id[action.call_id]
+        if action.kind is ActionKind.REQUEUE and redispatch is not None:
+            if ledger.requeue(keys, call.call_id, expected_attempt=call.attempt):
+                redispatch(keys, call.call_id)
+            continue
+        reason = action.reason or SyntheticReason.WORKER_LOST
+        result = synthetic_result(
+            ToolCall(id=call.call_id, name=call.tool or "unknown"),
+            reason,
+            elapsed_ms=action.elapsed_ms,
+            attempt=action.attempt,
+            limit_s=(call.deadline_ms - call.submitted_ms) / 1000,
+        )
+        answered += ledger.finish(keys, result, now_ms=now_ms, writer=writer)
+    return answered

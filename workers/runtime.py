@@ -1,0 +1,57 @@
+"""Per-process collaborators built once from Settings: the ledger client and the tool registry."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from functools import cache
+
+from workers.settings import Settings, load_settings
+from workers.store.ledger import Ledger, connect
+from workers.tools.loader import load_tools
+from workers.tools.registry import ToolSpec
+
+__all__ = ["Runtime", "build_runtime", "now_ms", "runtime", "worker_id"]
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds: shared across hosts, so deadlines mean the same everywhere."""
+    return int(time.time() * 1000)
+
+
+def worker_id() -> str:
+    """This process's identity in leases and ``writer`` fields."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What tasks, request handlers and the gateway need."""
+
+    settings: Settings
+    ledger: Ledger
+    tools: dict[str, ToolSpec]
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    """Connect to Redis and load every tool module."""
+    client = connect(
+        settings.redis.url,
+        socket_timeout_s=settings.redis.socket_timeout_s,
+        socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
+    )
+    ledger = Ledger(
+        client,
+        prefix=settings.redis.key_prefix,
+        ttl_s=settings.ledger.ttl_s,
+        lease_ttl_ms=int(settings.lease.ttl_s * 1000),
+    )
+    return Runtime(settings=settings, ledger=ledger, tools=load_tools(settings.tool_modules))
+
+
+@cache
+def runtime() -> Runtime:
+    """The process-wide runtime from the environment (built on first use)."""
+    return build_runtime(load_settings())

@@ -1,0 +1,248 @@
+"""The result ledger: one record per tool call, first-writer-wins results, leases, heartbeats.
+
+Every multi-step change is one Lua script over the keys of a single run (see
+:mod:`workers.store.keys`). Times come in as arguments; nothing here reads the clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from workers.core.models import CallState, ToolResult
+from workers.core.reaper import OpenCall
+from workers.errors import StoreError
+from workers.store.keys import RunKeys, due_index_key
+
+__all__ = ["CallRecord", "Claim", "Ledger", "connect", "ensure_run", "store_errors"]
+
+
+def _script_text(name: str) -> str:
+    return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """Turn redis-py connection and protocol errors into ``StoreError``."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+
+
+def connect(url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float) -> redis.Redis:
+    """A client for ``url`` with bounded timeouts, so no store call can hang a caller."""
+    if not url:
+        raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_connect_timeout_s,
+        health_check_interval=5,
+        decode_responses=True,
+    )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Outcome of a worker's claim: ``claimed`` (run it), ``done`` or ``busy`` (do not)."""
+
+    status: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A call as the ledger holds it."""
+
+    call_id: str
+    tool: str
+    state: CallState
+    result: ToolResult | None
+    fields: dict[str, str]
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+class Ledger:
+    """Redis access for call records. All methods raise ``StoreError`` when Redis fails."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str, ttl_s: int, lease_ttl_ms: int) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self.lease_ttl_ms = lease_ttl_ms
+        self._register = client.register_script(_script_text("ledger_register.lua"))
+        self._claim = client.register_script(_script_text("ledger_claim.lua"))
+        self._finish = client.register_script(_script_text("ledger_finish.lua"))
+        self._requeue = client.register_script(_script_text("ledger_requeue.lua"))
+        self._open = client.register_script(_script_text("ledger_open.lua"))
+
+    def keys(self, session_key: str, run_id: str) -> RunKeys:
+        """The key builder for one run."""
+        return RunKeys(self.prefix, session_key, run_id)
+
+    def register(
+        self, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, fields: dict[str, str]
+    ) -> bool:
+        """Record a new call; False when the id was already registered (do not dispatch again)."""
+        flat = [item for pair in {**fields, "call_id": call_id}.items() for item in pair]
+        with store_errors():
+            created = self._register(
+                keys=[keys.call(call_id), keys.calls, keys.open],
+                args=[call_id, now_ms, deadline_ms, self.ttl_s, *flat],
+            )
+            if created:
+                self.client.zadd(due_index_key(self.prefix), {keys.due_member(call_id): deadline_ms})
+        return bool(created)
+
+    def mark_dispatched(self, keys: RunKeys, call_id: str, task_id: str) -> None:
+        """Note that the broker accepted the call's message."""
+        with store_errors():
+            self.client.hset(keys.call(call_id), mapping={"dispatched": "1", "task_id": task_id})
+
+    def claim(self, keys: RunKeys, call_id: str, *, worker_id: str, now_ms: int) -> Claim:
+        """Claim a call for running; a finished call is never claimed again."""
+        with store_errors():
+            status, attempt = self._claim(
+                keys=[keys.call(call_id), keys.lease(call_id)],
+                args=[now_ms, worker_id, self.lease_ttl_ms, self.ttl_s],
+            )
+        return Claim(str(status), int(attempt))
+
+    def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
+        """Store ``result`` if it is the first; otherwise keep it as late. True when it won."""
+        call_id = result.tool_call_id
+        with store_errors():
+            won = self._finish(
+                keys=[keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id)],
+                args=[call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
+            )
+            self.client.zrem(due_index_key(self.prefix), keys.due_member(call_id))
+        return bool(won)
+
+    def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int) -> bool:
+        """Make a lost idempotent call pending again; True when this caller should re-dispatch."""
+        with store_errors():
+            return bool(
+                self._requeue(keys=[keys.call(call_id), keys.lease(call_id)], args=[expected_attempt])
+            )
+
+    def heartbeat(self, keys: RunKeys, call_id: str, *, now_ms: int, details: Any) -> None:
+        """Record a tool's progress report."""
+        progress = json.dumps(details, default=str)[:2000]
+        with store_errors():
+            self.client.hset(keys.call(call_id), mapping={"hb_ms": now_ms, "progress": progress})
+
+    def add_process_group(self, keys: RunKeys, call_id: str, pgid: int) -> None:
+        """Remember a process group the tool started (killed by the main process on a hard end)."""
+        with store_errors():
+            self.client.hset(keys.call(call_id), f"pgid:{pgid}", "1")
+
+    def process_groups(self, keys: RunKeys, call_id: str) -> list[int]:
+        """Process groups recorded for a call."""
+        with store_errors():
+            fields = [str(f) for f in self.client.hkeys(keys.call(call_id))]
+        return [int(f.split(":", 1)[1]) for f in fields if f.startswith("pgid:")]
+
+    def renew_leases(self, lease_keys: Sequence[str], worker_id: str) -> None:
+        """Extend live leases (``XX``: a finished call's lease is never brought back)."""
+        if not lease_keys:
+            return
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for key in lease_keys:
+                pipe.set(key, worker_id, px=self.lease_ttl_ms, xx=True)
+            pipe.execute()
+
+    def results(self, keys: RunKeys, call_ids: Sequence[str]) -> dict[str, ToolResult]:
+        """The delivered results among ``call_ids``."""
+        if not call_ids:
+            return {}
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for call_id in call_ids:
+                pipe.hget(keys.call(call_id), "result")
+            raw = pipe.execute()
+        return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
+
+    def wait_for_done(self, keys: RunKeys, timeout_s: float) -> list[str]:
+        """Block up to ``timeout_s`` for answered call ids, then drain what else is there."""
+        with store_errors():
+            first = self.client.blpop([keys.done], timeout=max(0.01, timeout_s))
+            if first is None:
+                return []
+            rest = self.client.lpop(keys.done, 1000) or []
+        return [first[1], *rest]
+
+    def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
+        """Snapshot of the given calls that have no result yet (one round trip)."""
+        if not call_ids:
+            return []
+        script_keys = [k for cid in call_ids for k in (keys.call(cid), keys.lease(cid))]
+        with store_errors():
+            rows = self._open(keys=script_keys, args=[])
+        return [_open_call(row) for row in rows if row[1] != CallState.DONE.value]
+
+    def run_call_ids(self, keys: RunKeys) -> list[str]:
+        """Every call id of a run in submission order."""
+        with store_errors():
+            return [str(member) for member in self.client.zrange(keys.calls, 0, -1)]
+
+    def record(self, keys: RunKeys, call_id: str) -> CallRecord | None:
+        """The full record of one call, or None."""
+        with store_errors():
+            raw = self.client.hgetall(keys.call(call_id))
+        fields = {str(k): str(v) for k, v in raw.items()}
+        if not fields:
+            return None
+        result = ToolResult.from_json(fields["result"]) if "result" in fields else None
+        return CallRecord(
+            call_id, fields.get("tool", ""), CallState(fields.get("state", "pending")), result, fields
+        )
+
+    def late_results(self, keys: RunKeys, call_id: str) -> list[ToolResult]:
+        """Results that lost the race for a call (audit)."""
+        with store_errors():
+            raw = self.client.lrange(keys.late(call_id), 0, -1)
+        return [ToolResult.from_json(r) for r in raw]
+
+
+def _open_call(row: list[Any]) -> OpenCall:
+    call_id, state, deadline, attempt, lease, idempotent, dispatched, submitted = row[:8]
+    return OpenCall(
+        call_id=str(call_id),
+        tool=str(row[10] or ""),
+        state=CallState(state or "pending"),
+        deadline_ms=_int(deadline),
+        attempt=_int(attempt),
+        lease_alive=bool(_int(lease)),
+        idempotent=idempotent == "1",
+        dispatched=dispatched == "1",
+        submitted_ms=_int(submitted),
+    )
+
+
+def ensure_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> int:
+    """Create the run record on first use; returns the run's deadline (ms)."""
+    with store_errors():
+        pipe = ledger.client.pipeline(transaction=True)
+        pipe.hsetnx(keys.run, "started_ms", now_ms)
+        pipe.hsetnx(keys.run, "deadline_ms", deadline_ms)
+        pipe.hsetnx(keys.run, "agent_id", agent_id)
+        pipe.hsetnx(keys.run, "status", "running")
+        pipe.expire(keys.run, ledger.ttl_s)
+        pipe.hget(keys.run, "deadline_ms")
+        stored = pipe.execute()[-1]
+    return _int(stored, deadline_ms)

@@ -1,0 +1,11 @@
+-- Hand a lost idempotent call back to the queue. KEYS: call, lease. ARGV: expected_attempt.
+-- Succeeds only if it is still unanswered, still running that attempt, and its lease is gone.
+if redis.call('HEXISTS', KEYS[1], 'result') == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
+  return 0
+end
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', 'pending')
+redis.call('HINCRBY', KEYS[1], 'requeues', 1)
+return 1

@@ -1,0 +1,35 @@
+"""Load tools from configured modules and from the ``unstuck.tools`` entry-point group."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+
+from workers.errors import ConfigError
+from workers.tools.registry import ToolSpec, registered_tools
+
+__all__ = ["ENTRY_POINT_GROUP", "load_tools"]
+
+ENTRY_POINT_GROUP = "unstuck.tools"
+
+
+def load_tools(modules: Iterable[str], *, use_entry_points: bool = True) -> dict[str, ToolSpec]:
+    """Import every tool module and return the registry; raises ``ConfigError`` naming a broken one."""
+    problems: list[tuple[str, str]] = []
+    for module in ("workers.tools.builtins", *modules):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any import failure becomes one clear start-up error
+            problems.append((f"UNSTUCK_TOOL_MODULES: {module}", f"{type(exc).__name__}: {exc}"))
+    if use_entry_points:
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                point.load()
+            except Exception as exc:  # noqa: BLE001 - same: report, do not crash
+                problems.append(
+                    (f"entry point {ENTRY_POINT_GROUP}:{point.name}", f"{type(exc).__name__}: {exc}")
+                )
+    if problems:
+        raise ConfigError(problems)
+    return registered_tools()

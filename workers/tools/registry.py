@@ -1,0 +1,184 @@
+"""The ``@tool`` decorator and the registry of tools, with argument schemas from signatures."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from workers.core.limits import RetryPolicy
+from workers.errors import ConfigError, InvalidArguments, ToolNotFound
+from workers.tools.context import ToolContext
+
+__all__ = ["NO_FALLBACK", "ToolSpec", "get_tool", "registered_tools", "tool", "validate_arguments"]
+
+NO_FALLBACK: Any = object()
+
+_REGISTRY: dict[str, ToolSpec] = {}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A registered tool: its function, argument schema, limits and failure policy."""
+
+    name: str
+    func: Callable[..., Any]
+    arguments_model: type[BaseModel]
+    wants_context: bool
+    soft_timeout_s: float | None = None
+    hard_timeout_s: float | None = None
+    heartbeat_timeout_s: float | None = None
+    idempotent: bool = False
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    fallback: Any = NO_FALLBACK
+    description: str = ""
+
+    @property
+    def has_fallback(self) -> bool:
+        """Whether a failure or timeout is answered with the declared fallback value."""
+        return self.fallback is not NO_FALLBACK
+
+    def invoke(self, arguments: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Run the tool with validated ``arguments`` (async tools get their own loop)."""
+        kwargs = dict(arguments)
+        if self.wants_context:
+            kwargs["ctx"] = ctx
+        result = self.func(**kwargs)
+        if inspect.isawaitable(result):
+            return asyncio.run(_await(result))
+        return result
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _arguments_model(name: str, func: Callable[..., Any]) -> tuple[type[BaseModel], bool]:
+    fields: dict[str, Any] = {}
+    wants_context = False
+    hints = inspect.get_annotations(func, eval_str=True)
+    for param in inspect.signature(func).parameters.values():
+        if param.name == "ctx":
+            wants_context = True
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigError([(f"tool {name}", f"*{param.name} parameters cannot have a schema")])
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, default)
+    config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+    model = create_model(f"{name}_arguments", __config__=config, **fields)
+    return model, wants_context
+
+
+def _check_limits(name: str, soft: float | None, hard: float | None, heartbeat: float | None) -> None:
+    problems = [
+        (f"tool {name}.{label}", "must be > 0")
+        for label, value in (
+            ("soft_timeout_s", soft),
+            ("hard_timeout_s", hard),
+            ("heartbeat_timeout_s", heartbeat),
+        )
+        if value is not None and value <= 0
+    ]
+    if soft is not None and hard is not None and hard <= soft:
+        problems.append((f"tool {name}.hard_timeout_s", f"must be greater than soft_timeout_s ({soft})"))
+    if problems:
+        raise ConfigError(problems)
+
+
+@overload
+def tool(func: F) -> F: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    soft_timeout_s: float | None = None,
+    hard_timeout_s: float | None = None,
+    heartbeat_timeout_s: float | None = None,
+    idempotent: bool = False,
+    retry: RetryPolicy | None = None,
+    fallback: Any = NO_FALLBACK,
+    description: str | None = None,
+) -> Callable[[F], F]: ...
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    soft_timeout_s: float | None = None,
+    hard_timeout_s: float | None = None,
+    heartbeat_timeout_s: float | None = None,
+    idempotent: bool = False,
+    retry: RetryPolicy | None = None,
+    fallback: Any = NO_FALLBACK,
+    description: str | None = None,
+) -> Any:
+    """Register a function as a tool; usable bare (``@tool``) or with options.
+
+    A parameter named ``ctx`` receives the :class:`ToolContext` (heartbeats); every other
+    parameter becomes part of the argument schema, validated before the tool runs.
+
+    Raises:
+        ConfigError: on inconsistent limits or a second tool with the same name.
+    """
+
+    def register(target: Callable[..., Any]) -> Callable[..., Any]:
+        tool_name = name or target.__name__
+        _check_limits(tool_name, soft_timeout_s, hard_timeout_s, heartbeat_timeout_s)
+        model, wants_context = _arguments_model(tool_name, target)
+        spec = ToolSpec(
+            name=tool_name,
+            func=target,
+            arguments_model=model,
+            wants_context=wants_context,
+            soft_timeout_s=soft_timeout_s,
+            hard_timeout_s=hard_timeout_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            idempotent=idempotent,
+            retry=retry or RetryPolicy(),
+            fallback=fallback,
+            description=description or (inspect.getdoc(target) or "").split("\n")[0],
+        )
+        existing = _REGISTRY.get(tool_name)
+        if existing is not None and existing.func.__qualname__ != target.__qualname__:
+            raise ConfigError([(f"tool {tool_name}", "registered twice by different functions")])
+        _REGISTRY[tool_name] = spec
+        return target
+
+    return register(func) if func is not None else register
+
+
+def registered_tools() -> dict[str, ToolSpec]:
+    """A snapshot of the registry."""
+    return dict(_REGISTRY)
+
+
+def get_tool(name: str) -> ToolSpec:
+    """The tool called ``name``; raises ``ToolNotFound`` with the closest registered names."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        raise ToolNotFound(name, difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.4))
+    return spec
+
+
+def validate_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments checked against the tool's schema; raises ``InvalidArguments`` listing each problem."""
+    try:
+        model = spec.arguments_model.model_validate(dict(arguments))
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(p) for p in err['loc']) or '<arguments>'}: {err['msg']}" for err in exc.errors()
+        ]
+        raise InvalidArguments(spec.name, problems) from None
+    return {name: getattr(model, name) for name in type(model).model_fields}
