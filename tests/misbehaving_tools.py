@@ -41,7 +41,7 @@ def stubborn(seconds: float) -> str:
     while time.monotonic() < end:
         try:
             time.sleep(0.05)
-        except BaseException:  # noqa: BLE001, S110 - deliberately misbehaving
+        except BaseException:  # noqa: BLE001 - deliberately misbehaving
             continue
     return "never"
 
