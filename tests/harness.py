@@ -1,0 +1,114 @@
+"""Real processes for integration/e2e tests and benchmarks: redis-server, worker, beat.
+
+Readiness is awaited by watching logs or pinging, never by fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+UNSTUCK = str(Path(sys.executable).parent / "unstuck")
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.02, what: str = "") -> None:
+    """Poll ``predicate`` until true; raise AssertionError after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+
+
+def base_env(redis_url: str, **extra: str) -> dict[str, str]:
+    """Environment for unstuck processes in tests: our Redis, the misbehaving tools, short leases."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNSTUCK_")}
+    env.update(
+        {
+            "UNSTUCK_REDIS__URL": redis_url,
+            "UNSTUCK_TOOL_MODULES": "tests.misbehaving_tools",
+            "UNSTUCK_LEASE__TTL_S": "3",
+            "UNSTUCK_LEASE__RENEW_INTERVAL_S": "0.5",
+            "UNSTUCK_LIMITS__QUEUE_ALLOWANCE_S": "3",
+            "UNSTUCK_LIMITS__HARD_GRACE_S": "1",
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+class Proc:
+    """A child process whose combined output goes to a log file we can search."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], name: str) -> None:
+        self.log_path = Path(tempfile.mkstemp(prefix=f"unstuck-{name}-", suffix=".log")[1])
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            argv, env=env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, timeout_s: float = 30.0) -> None:
+        def seen() -> bool:
+            if self.process.poll() is not None and text not in self.log():
+                raise AssertionError(f"process exited ({self.process.returncode}):\n{self.log()[-3000:]}")
+            return text in self.log()
+
+        wait_until(seen, timeout_s=timeout_s, interval_s=0.05, what=f"{text!r} in {self.log_path}")
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True, text=True, check=False)
+        return [int(p) for p in out.stdout.split()]
+
+    def kill_hard(self) -> None:
+        """SIGKILL the main process only (like a host dying under it)."""
+        os.kill(self.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Terminate the whole process group and reap it."""
+        if self.process.poll() is None:
+            os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.process.poll() is None:
+            self.process.wait(timeout=5)
+        self._log.close()
+
+
+def start_worker(env: dict[str, str], *, concurrency: int = 2, name: str = "w1") -> Proc:
+    """Start ``unstuck worker`` and wait until Celery reports it ready."""
+    proc = Proc(
+        [UNSTUCK, "worker", "-c", str(concurrency), "-n", f"{name}@%h", "-l", "INFO"], env, f"worker-{name}"
+    )
+    proc.wait_for_log(" ready.", timeout_s=60)
+    return proc
+
+
+def start_beat(env: dict[str, str]) -> Proc:
+    """Start ``unstuck beat`` and wait until it is scheduling."""
+    proc = Proc([UNSTUCK, "beat", "-l", "INFO"], env, "beat")
+    proc.wait_for_log("beat: Starting", timeout_s=60)
+    return proc

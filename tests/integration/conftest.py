@@ -1,0 +1,48 @@
+"""Integration fixtures: a private redis-server per session, a flushed database per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.harness import Proc, base_env, start_worker
+from workers.settings import Settings
+from workers.store.embedded import EmbeddedRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+def env(redis_url: str) -> dict[str, str]:
+    return base_env(redis_url)
+
+
+@pytest.fixture
+def settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for key, value in env.items():
+        if key.startswith("UNSTUCK_"):
+            monkeypatch.setenv(key, value)
+    return Settings()
+
+
+@pytest.fixture
+def worker(env: dict[str, str]) -> Iterator[Proc]:
+    proc = start_worker(env)
+    yield proc
+    proc.stop()
+
