@@ -5,6 +5,7 @@ Readiness is awaited by watching logs or pinging, never by fixed sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,7 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 UNSTUCK = str(Path(sys.executable).parent / "unstuck")
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.02, what: str = "") -> None:
+def wait_until(
+    predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.02, what: str = ""
+) -> None:
     """Poll ``predicate`` until true; raise AssertionError after ``timeout_s``."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -85,14 +88,10 @@ class Proc:
         """Terminate the whole process group and reap it."""
         if self.process.poll() is None:
             os.killpg(self.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         if self.process.poll() is None:
             self.process.wait(timeout=5)
         self._log.close()

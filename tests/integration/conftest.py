@@ -24,7 +24,7 @@ def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
     client.close()
-    yield redis_server.url
+    return redis_server.url
 
 
 @pytest.fixture
@@ -45,4 +45,3 @@ def worker(env: dict[str, str]) -> Iterator[Proc]:
     proc = start_worker(env)
     yield proc
     proc.stop()
-
