@@ -20,7 +20,7 @@ def redis_server() -> Iterator[EmbeddedRedis]:
 
 
 @pytest.fixture
-def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
+def redis_url(redis_server: EmbeddedRedis) -> str:
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
     client.close()
