@@ -1,0 +1,110 @@
+"""Mask secrets (URL passwords, auth headers, bearer tokens, ``token=`` pairs) before text leaves us.
+
+Pure string work, safe on any input: every function returns a value and never raises, so
+it can sit in a log formatter or on a tool result without becoming a new failure mode.
+Only values are masked; names, user names and hosts stay readable for debugging::
+
+    redis://app:s3cret@redis:6379/0        -> redis://app:****@redis:6379/0
+    Authorization: Bearer eyJhbGci...      -> Authorization: ****
+    GET /cb?code=1&access_token=abc        -> GET /cb?code=1&access_token=****
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["MASK", "is_sensitive_key", "redact", "redact_mapping", "redact_url"]
+
+MASK = "****"
+
+_HEADER_NAMES = (
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+    "x-access-token",
+    "x-amz-security-token",
+)
+# A key is secret when its name ends in one of these words (``db_password``, ``authToken``).
+_SECRET_SUFFIXES = ("token", "password", "passwd", "pwd", "secret", "apikey", "api_key", "credentials")
+
+_HEADER_ALT = "|".join(re.escape(name) for name in _HEADER_NAMES)
+_KEY = r"[A-Za-z0-9_.-]*(?:token|password|passwd|pwd|secret|api[_-]?key|credentials)"
+
+_URL_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)(?P<secret>[^\s/]*)@")
+# A header name followed by ``:`` masks the rest of its line: over-masking is the safe side.
+_HEADER_LINE = re.compile(
+    rf"(?im)(?P<head>(?<![\w-])(?:{_HEADER_ALT})[ \t]*:[ \t]*)(?P<secret>[^\s\"'].*?)[ \t]*$"
+)
+_QUOTED_PAIR = re.compile(
+    rf"""(?ix)(?P<head>(?P<q>["'])(?:{_HEADER_ALT}|{_KEY})(?P=q)\s*[:=]\s*(?P<v>["']))"""
+    r"""(?P<secret>(?:\\.|(?!(?P=v)).)+)"""
+)
+_PLAIN_PAIR = re.compile(rf"(?i)(?P<head>\b{_KEY}=)(?P<secret>[^\s&;,#'\"]+)")
+_BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)(?P<secret>[A-Za-z0-9._~+/=-]+)")
+# "Basic authentication failed" is prose; "Basic dXNlcjpwYXNz" is a credential (digit, +/= or aB).
+_OTHER_SCHEME = re.compile(
+    r"(?P<head>\b(?i:basic|token|digest)[ \t]+)"
+    r"(?P<secret>(?=[A-Za-z0-9._~+/=-]*(?:[0-9+/=]|[a-z][A-Z]))[A-Za-z0-9._~+/=-]{8,})"
+)
+
+
+def _mask(match: re.Match[str]) -> str:
+    if match.group("secret") == MASK:
+        return match.group(0)
+    return match.group("head") + MASK + match.group(0)[match.end("secret") - match.start() :]
+
+
+def redact(text: str) -> str:
+    """``text`` with every recognisable secret value replaced by ``MASK``."""
+    for pattern in (_URL_USERINFO, _HEADER_LINE, _QUOTED_PAIR, _PLAIN_PAIR, _BEARER, _OTHER_SCHEME):
+        text = pattern.sub(_mask, text)
+    return text
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password and secret query values masked (user name and host kept)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return redact(url)
+    if password is not None:
+        userinfo, _, hostport = parts.netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        parts = parts._replace(netloc=f"{user}:{MASK}@{hostport}")
+    return redact(parts.geturl())
+
+
+def is_sensitive_key(key: str) -> bool:
+    """Whether a mapping key or header name names a secret (``Authorization``, ``db_password``)."""
+    lowered = key.strip().lower()
+    if lowered in _HEADER_NAMES:
+        return True
+    squashed = lowered.replace("-", "_")
+    return squashed.endswith(_SECRET_SUFFIXES) or squashed.replace("_", "").endswith(_SECRET_SUFFIXES)
+
+
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return redact_mapping(value)
+    if isinstance(value, list | tuple):
+        return type(value)(_redact_value(item) for item in value)
+    return value
+
+
+def redact_mapping(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
+    """A copy of ``mapping`` (nested) with secret-named values masked and strings redacted."""
+    out: dict[Any, Any] = {}
+    for key, value in mapping.items():
+        secret = isinstance(key, str) and is_sensitive_key(key) and value not in (None, "")
+        out[key] = MASK if secret else _redact_value(value)
+    return out
