@@ -1,0 +1,183 @@
+"""Risky-but-valid settings, found from plain values (``unstuck config check``).
+
+Each check takes numbers and dicts, never ``Settings``, and returns :class:`ConfigWarning`
+values naming the key path as the user writes it in the config file. The risks are the
+ones the reference system's users ran into: a run allowed to last hours, a model stream
+with no idle limit, loop detection off, a soft limit that can never fire before the hard
+one, and a lease that outlives the shortest tool call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from workers.core.loops.config import merge_loop_blocks
+
+__all__ = [
+    "HUGE_IDLE_TIMEOUT_S",
+    "LONG_RUN_TIMEOUT_S",
+    "AgentLimits",
+    "ConfigWarning",
+    "ToolLimits",
+    "check_agent",
+    "check_config",
+    "check_lease",
+    "check_loop_detection",
+    "check_tools",
+]
+
+LONG_RUN_TIMEOUT_S: Final = 3600.0
+HUGE_IDLE_TIMEOUT_S: Final = 600.0
+
+
+@dataclass(frozen=True)
+class ConfigWarning:
+    """One risky setting: where it is (key path) and why it is risky."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """What one agent block sets; ``None`` means inherited from the defaults.
+
+    ``path`` is the block's key path (``agents.defaults`` or ``agents.list[2]``).
+    """
+
+    path: str
+    label: str
+    run_timeout_s: float | None
+    llm_idle_timeout_s: float | None
+    loop_detection: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    """A registered tool's effective soft limit and its declared hard limit, if any."""
+
+    name: str
+    soft_s: float
+    hard_s: float | None
+    soft_path: str
+
+
+def check_agent(agent: AgentLimits) -> list[ConfigWarning]:
+    """Run timeout of an hour or more; LLM idle timeout unset, huge, or not below the run timeout."""
+    found: list[ConfigWarning] = []
+    run_s, idle_s = agent.run_timeout_s, agent.llm_idle_timeout_s
+    if run_s is not None and run_s >= LONG_RUN_TIMEOUT_S:
+        found.append(
+            ConfigWarning(
+                f"{agent.path}.timeoutSeconds",
+                f"{agent.label}: a run may last {run_s:g}s (>= 1 h) before it is aborted; "
+                "a stuck run holds its session that long",
+            )
+        )
+    idle_path = f"{agent.path}.llm.idleTimeoutSeconds"
+    if idle_s is None and agent.path == "agents.defaults":
+        found.append(ConfigWarning(idle_path, "unset: a silent model stream hangs until the run deadline"))
+    elif idle_s is not None and idle_s >= HUGE_IDLE_TIMEOUT_S:
+        found.append(
+            ConfigWarning(idle_path, f"{agent.label}: {idle_s:g}s (>= 10 min) before a silent stream fails")
+        )
+    if idle_s is not None and run_s is not None and idle_s >= run_s:
+        found.append(
+            ConfigWarning(
+                idle_path, f"{agent.label}: not below the run timeout ({run_s:g}s), so it never fires"
+            )
+        )
+    return found
+
+
+def _enabled(block: Mapping[str, Any]) -> bool:
+    return block.get("enabled") is True
+
+
+def check_loop_detection(
+    global_block: Mapping[str, Any] | None,
+    defaults_block: Mapping[str, Any] | None,
+    agents: Sequence[AgentLimits] = (),
+) -> list[ConfigWarning]:
+    """Loop detection off for the defaults, or switched off by an agent's own block.
+
+    The effective block of an agent is ``tools.loopDetection`` merged with the agent's own
+    block, or with the defaults block when the agent has none.
+    """
+    found: list[ConfigWarning] = []
+    default_on = _enabled(merge_loop_blocks(global_block, defaults_block))
+    if not default_on:
+        why = "missing" if global_block is None and defaults_block is None else "enabled is not true"
+        found.append(
+            ConfigWarning(
+                "tools.loopDetection",
+                f"loop detection is off ({why}): an agent repeating a call is never warned or stopped",
+            )
+        )
+    for agent in agents:
+        if agent.loop_detection is None:
+            continue
+        # As in ``AgentsSettings.for_agent``: an agent's block replaces the defaults block.
+        if default_on and not _enabled(merge_loop_blocks(global_block, agent.loop_detection)):
+            found.append(
+                ConfigWarning(f"{agent.path}.tools.loopDetection", f"{agent.label}: loop detection is off")
+            )
+    return found
+
+
+def check_tools(tools: Iterable[ToolLimits]) -> list[ConfigWarning]:
+    """Tools whose effective soft limit is not below their declared hard limit."""
+    return [
+        ConfigWarning(
+            tool.soft_path,
+            f"tool {tool.name!r}: soft limit {tool.soft_s:g}s >= hard limit {tool.hard_s:g}s; "
+            "the call is killed without its soft-timeout result",
+        )
+        for tool in tools
+        if tool.hard_s is not None and tool.soft_s >= tool.hard_s
+    ]
+
+
+def check_lease(lease_ttl_s: float, tools: Iterable[ToolLimits]) -> list[ConfigWarning]:
+    """A lease TTL above the shortest tool timeout: a lost worker is noticed after the call's limit."""
+    shortest = min(tools, key=lambda tool: tool.soft_s, default=None)
+    if shortest is None or lease_ttl_s <= shortest.soft_s:
+        return []
+    return [
+        ConfigWarning(
+            "unstuck.lease.ttl_s",
+            f"{lease_ttl_s:g}s is above the shortest tool timeout ({shortest.name!r}, "
+            f"{shortest.soft_s:g}s): a lost worker is noticed only after that call should have ended",
+        )
+    ]
+
+
+def check_config(
+    *,
+    agents: Sequence[AgentLimits],
+    global_loop_block: Mapping[str, Any] | None,
+    tools: Sequence[ToolLimits],
+    lease_ttl_s: float,
+) -> list[ConfigWarning]:
+    """Every warning, defaults first.
+
+    Args:
+        agents: ``agents.defaults`` first (its ``loop_detection`` is the defaults block),
+            then one entry per ``agents.list[]`` item with only the values it sets.
+        global_loop_block: ``tools.loopDetection`` as configured.
+        tools: every registered or configured tool with its effective limits.
+        lease_ttl_s: the worker lease TTL.
+    """
+    found: list[ConfigWarning] = []
+    for agent in agents:
+        found += check_agent(agent)
+    defaults_block = agents[0].loop_detection if agents else None
+    found += check_loop_detection(global_loop_block, defaults_block, agents[1:])
+    found += check_tools(tools)
+    found += check_lease(lease_ttl_s, tools)
+    return found
