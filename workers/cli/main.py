@@ -12,7 +12,12 @@ __all__ = ["main"]
 # Each module exposes ``register(subparsers)``, which adds its sub-command(s) and sets
 # ``func(args) -> int`` as the parser default. Imported lazily so one broken optional
 # command cannot take the others down, and start-up stays fast.
-COMMAND_MODULES: tuple[str, ...] = ("workers.cli.run_cmds", "workers.cli.loops_cmd", "workers.cli.repair_cmd")
+COMMAND_MODULES: tuple[str, ...] = (
+    "workers.cli.run_cmds",
+    "workers.cli.loops_cmd",
+    "workers.cli.repair_cmd",
+    "workers.cli.config_cmd",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,208 @@
+"""``unstuck config show|check``: the effective merged config, and its risky settings.
+
+``show`` prints every setting after env, config file and defaults are merged (``--agent``
+gives one agent's effective profile and resolved loop detection). Secrets in URLs are
+redacted: passwords and user names (``redis://:****@host``), query values named like a
+token or key, and the path of webhook URLs (where chat webhooks keep their secret).
+
+``check`` exits 0 and prints one ``warning:`` line per risky setting (see
+:mod:`workers.core.config_checks`), or exits 2 with the config error, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from workers.core.config_checks import AgentLimits, ConfigWarning, ToolLimits, check_config
+from workers.core.loops.config import GLOBAL_PATH, agent_path, parse_loop_block, resolve_loop_config
+from workers.errors import ConfigError
+from workers.settings import Settings, load_settings
+
+__all__ = ["collect_warnings", "effective_config", "redact", "redact_url", "register"]
+
+_EXIT_INVALID = 2
+_MASK = "****"
+_SECRET_PARAM = re.compile(r"token|key|secret|password|passwd|sig|auth|credential", re.IGNORECASE)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``config`` sub-command group."""
+    config = subparsers.add_parser("config", help="show or check the effective configuration")
+    commands = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
+    show = commands.add_parser("show", help="print the effective merged config (secrets redacted)")
+    show.add_argument("--agent", metavar="ID", help="one agent's effective profile")
+    show.add_argument("--json", action="store_true", help="print JSON instead of key = value lines")
+    show.set_defaults(func=_show)
+    check = commands.add_parser("check", help="warn about risky settings; exit 2 when the config is invalid")
+    check.set_defaults(func=_check)
+
+
+def redact_url(value: str, *, hide_path: bool = False) -> str:
+    """``value`` with its user info, secret-looking query values and (optionally) path masked."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # malformed (e.g. an unclosed IPv6 bracket): mask it if it may hold a secret
+        return _MASK if "@" in value else value
+    if not parts.scheme or not parts.netloc:
+        return value
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user = userinfo.partition(":")[0] if parts.password is not None else ""
+        netloc = f"{user}:{_MASK}@{host}"
+    query = "&".join(_redact_param(pair) for pair in parts.query.split("&")) if parts.query else ""
+    path = f"/{_MASK}" if hide_path and parts.path not in ("", "/") else parts.path
+    return urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
+
+
+def _redact_param(pair: str) -> str:
+    name, sep, _ = pair.partition("=")
+    return f"{name}={_MASK}" if sep and _SECRET_PARAM.search(name) else pair
+
+
+def redact(data: Any, key: str = "") -> Any:
+    """A copy of ``data`` (dumped settings) with every URL-looking string redacted."""
+    if isinstance(data, dict):
+        return {k: redact(v, str(k)) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [redact(item, key) for item in data]
+    if isinstance(data, str):
+        return redact_url(data, hide_path=key.endswith("webhook_url"))
+    return data
+
+
+def effective_config(settings: Settings, agent_id: str | None = None) -> dict[str, Any]:
+    """The merged settings as plain data; with ``agent_id``, that agent's profile replaces ``agents``.
+
+    Raises:
+        ConfigError: when the agent's loop-detection blocks cannot be resolved.
+    """
+    data: dict[str, Any] = settings.model_dump(mode="json")
+    if agent_id is not None:
+        profile = settings.agents.for_agent(agent_id)
+        loops = resolve_loop_config(settings.tools.loop_detection, profile.tools.loop_detection)
+        del data["agents"]
+        data["agent"] = {
+            "id": agent_id,
+            "listed": any(entry.id == agent_id for entry in settings.agents.list),
+            **profile.model_dump(mode="json"),
+            "loop_detection_resolved": loops.model_dump(mode="json"),
+        }
+    redacted: dict[str, Any] = redact(data)
+    return redacted
+
+
+def _flatten(data: Any, prefix: str = "") -> list[str]:
+    if isinstance(data, dict) and data:
+        return [line for k, v in data.items() for line in _flatten(v, f"{prefix}.{k}" if prefix else str(k))]
+    return [f"{prefix} = {json.dumps(data, sort_keys=True)}"]
+
+
+def _show(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings()
+        data = effective_config(settings, args.agent)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _EXIT_INVALID
+    if args.agent is not None and not data["agent"]["listed"]:
+        print(f"note: agent {args.agent!r} has no agents.list entry; the defaults apply", file=sys.stderr)
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else "\n".join(_flatten(data)))
+    return 0
+
+
+def _validate_loop_blocks(settings: Settings) -> None:
+    blocks = [
+        (settings.tools.loop_detection, GLOBAL_PATH),
+        (settings.agents.defaults.tools.loop_detection, "agents.defaults.tools.loopDetection"),
+        *((entry.loop_detection, agent_path(i)) for i, entry in enumerate(settings.agents.list)),
+    ]
+    problems: list[tuple[str, str]] = []
+    for block, path in blocks:
+        if block is None:
+            continue
+        try:
+            parse_loop_block(block, path)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+
+
+def _agent_limits(settings: Settings) -> list[AgentLimits]:
+    base = settings.agents.defaults
+    agents = [
+        AgentLimits(
+            "agents.defaults",
+            "defaults",
+            base.run_timeout_s,
+            base.llm.idle_timeout_s,
+            base.tools.loop_detection,
+        )
+    ]
+    for index, entry in enumerate(settings.agents.list):
+        agents.append(
+            AgentLimits(
+                f"agents.list[{index}]",
+                f"agent {entry.id!r}",
+                entry.run_timeout_s,
+                entry.llm_idle_timeout_s,
+                entry.loop_detection,
+            )
+        )
+    return agents
+
+
+def _tool_limits(settings: Settings) -> list[ToolLimits]:
+    from workers.tools.loader import load_tools
+
+    configured = settings.tools.timeouts_s
+    default_s = settings.agents.defaults.tools.timeout_s
+    tools = []
+    for name, spec in sorted(load_tools(settings.tool_modules).items()):
+        if name in configured:
+            soft_s, path = configured[name], f"tools.timeouts.{name}"
+        elif spec.soft_timeout_s is not None:
+            soft_s, path = spec.soft_timeout_s, f"tool {name} (soft_timeout_s in code)"
+        else:
+            soft_s, path = default_s, "agents.defaults.tools.timeoutSeconds"
+        tools.append(ToolLimits(name, soft_s, spec.hard_timeout_s, path))
+    registered = {tool.name for tool in tools}
+    tools += [
+        ToolLimits(name, soft_s, None, f"tools.timeouts.{name}")
+        for name, soft_s in sorted(configured.items())
+        if name not in registered
+    ]
+    return tools
+
+
+def collect_warnings(settings: Settings) -> list[ConfigWarning]:
+    """Every risky setting of ``settings``, after its tools are loaded.
+
+    Raises:
+        ConfigError: when a loop-detection block is invalid or a tool module does not load.
+    """
+    _validate_loop_blocks(settings)
+    return check_config(
+        agents=_agent_limits(settings),
+        global_loop_block=settings.tools.loop_detection,
+        tools=_tool_limits(settings),
+        lease_ttl_s=settings.lease.ttl_s,
+    )
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        warnings = collect_warnings(load_settings())
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _EXIT_INVALID
+    for warning in warnings:
+        print(f"warning: {warning}")
+    print(f"{len(warnings)} warning(s)" if warnings else "config ok: no risky settings found")
+    return 0
