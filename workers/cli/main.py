@@ -16,6 +16,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.cli.run_cmds",
     "workers.cli.loops_cmd",
     "workers.cli.repair_cmd",
+    "workers.cli.up_cmd",
+    "workers.cli.demo_cmd",
     "workers.cli.config_cmd",
 )
 

@@ -1,0 +1,268 @@
+"""The scripted agent session of ``unstuck demo``: tools misbehave in every way, every call is answered.
+
+The demo starts its own Redis (embedded unless ``UNSTUCK_REDIS__URL`` is set), worker and
+beat on a private queue, runs four turns, prints one row per call and the invariant line,
+and stops everything. Turns:
+
+1. healthy calls, a tool that raises, R1 (SIGSEGV and OOM-style SIGKILL of the pool
+   child), R2 (a hang that ignores the soft limit) and R5 (invalid arguments, unknown tool);
+2. R3: a gateway in a subprocess is SIGKILLed mid-call; a new gateway's ``collect`` gets it;
+3. R4: the worker main process is SIGKILLed mid-call; ``worker_lost`` within the lease TTL;
+4. healthy calls on the restarted worker.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from workers.core.models import ToolCall, ToolResult
+from workers.demo_report import Row, check_invariant, render_table, report_json
+from workers.errors import ConfigError, UnstuckError
+from workers.gateway import ToolGateway
+from workers.runtime import build_runtime
+from workers.settings import Settings, load_settings
+from workers.store.ledger import Ledger
+from workers.up import Interrupted, Stack, StackOptions, StartupError, stop_on_signals
+
+__all__ = ["Demo", "demo_overrides", "run_demo"]
+
+LEASE_TTL_S = 3.0
+_WAIT_RUNNING_S = 30.0
+_EXIT_FAILED = 1
+_EXIT_STARTUP = 2
+
+
+def demo_overrides(token: str) -> dict[str, Any]:
+    """Settings of the demo: its tools, short leases and limits, and a private queue."""
+    return {
+        "tool_modules": ("workers.demo_tools",),
+        "lease": {"ttl_s": LEASE_TTL_S, "renew_interval_s": 0.5},
+        "limits": {"queue_allowance_s": 3.0, "hard_grace_s": 1.0},
+        "watchdog": {"interval_s": 2.0},
+        "broker": {"queue": f"unstuck.demo.{token}"},
+    }
+
+
+def _as_env(overrides: dict[str, Any], prefix: str = "UNSTUCK_") -> dict[str, str]:
+    env: dict[str, str] = {}
+    for key, value in overrides.items():
+        name = f"{prefix}{key.upper()}"
+        if isinstance(value, dict):
+            env.update(_as_env(value, f"{name}__"))
+        else:
+            env[name] = ",".join(value) if isinstance(value, tuple) else str(value)
+    return env
+
+
+def _call(call_id: str, name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def _turn1() -> list[Row]:
+    return [
+        Row("healthy", "healthy", "ok", _call("t1-weather", "lookup_weather", city="Lisbon")),
+        Row("healthy", "healthy", "ok", _call("t1-search", "search_docs", query="celery time limits")),
+        Row("error", "tool raises", "tool_error", _call("t1-flaky", "flaky_api")),
+        Row("R1", "R1 crash (SIGSEGV)", "crashed", _call("t1-segv", "segfault")),
+        Row("R1", "R1 OOM-style SIGKILL", "crashed", _call("t1-oom", "oom_kill")),
+        Row("R2", "R2 hang, ignores soft limit", "timeout_hard", _call("t1-hang", "hang")),
+        Row("R5", "R5 invalid arguments", "invalid_arguments", _call("t1-badargs", "add", a="three", b=4)),
+        Row("R5", "R5 unknown tool", "unknown_tool", _call("t1-unknown", "serch_docs", query="x")),
+    ]
+
+
+class Demo:
+    """Runs the turns against a started :class:`Stack` and keeps every delivered result."""
+
+    def __init__(self, stack: Stack, settings: Settings, progress: Callable[[str], None]) -> None:
+        self.stack = stack
+        self.settings = settings
+        self.progress = progress
+        self.session_key = f"demo-{uuid.uuid4().hex[:8]}"
+        self.gateway = ToolGateway(settings)
+        self.ledger: Ledger = build_runtime(settings).ledger
+        self.rows: list[Row] = []
+        self.delivered: list[ToolResult] = []
+
+    def run(self) -> None:
+        """All four turns, in order."""
+        self.turn("t1", _turn1())
+        self.gateway_restart()
+        self.worker_killed()
+        self.progress("turn 4: healthy calls on the restarted worker")
+        self.turn(
+            "t4",
+            [
+                Row(
+                    "healthy",
+                    "healthy after recovery",
+                    "ok",
+                    _call("t4-weather", "lookup_weather", city="Porto"),
+                ),
+                Row("healthy", "healthy after recovery", "ok", _call("t4-add", "add", a=2, b=3)),
+            ],
+        )
+
+    def turn(self, run_id: str, rows: list[Row]) -> None:
+        """One model turn: submit the rows' calls together and record what comes back."""
+        if run_id == "t1":
+            self.progress("turn 1: healthy calls, a raising tool, R1 crashes, R2 hang, R5 bad input")
+        self.rows.extend(rows)
+        results = self.gateway.call_tools(
+            session_key=self.session_key, run_id=run_id, calls=[row.call for row in rows]
+        )
+        self._deliver(run_id, results)
+
+    def gateway_restart(self) -> None:
+        """R3: SIGKILL a gateway process mid-call, then ``collect`` from a new gateway."""
+        run_id = "t2"
+        row = Row("R3", "R3 gateway killed mid-call", "ok", _call("t2-report", "slow_report", seconds=3))
+        row.via = "collect"
+        self.rows.append(row)
+        argv = [sys.executable, "-m", "workers.demo", "gateway-child", self.session_key, run_id]
+        argv.append(row.call.model_dump_json())
+        child = subprocess.Popen(argv, env=self.stack.child_env(), start_new_session=True)
+        try:
+            self._await_running(run_id, row.call.id, lambda: child.poll() is None)
+            self.progress(f"R3: gateway pid {child.pid} has slow_report in flight; SIGKILL it")
+            child.kill()
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait(timeout=10)
+        self.progress("R3: a new ToolGateway collects the run")
+        fresh = ToolGateway(self.settings)
+        try:
+            self._deliver(run_id, fresh.collect(self.session_key, run_id))
+        finally:
+            fresh.close()
+
+    def worker_killed(self) -> None:
+        """R4: SIGKILL the worker main process mid-call; the call is answered when its lease lapses."""
+        run_id = "t3"
+        row = Row("R4", "R4 worker main killed", "worker_lost", _call("t3-report", "slow_report", seconds=30))
+        self.rows.append(row)
+        box: list[list[ToolResult]] = []
+        thread = threading.Thread(
+            target=lambda: box.append(
+                self.gateway.call_tools(session_key=self.session_key, run_id=run_id, calls=[row.call])
+            ),
+            daemon=True,
+        )
+        thread.start()
+        worker = self.stack.worker
+        assert worker is not None
+        self._await_running(run_id, row.call.id, thread.is_alive)
+        self.progress(f"R4: SIGKILL worker main pid {worker.pid} mid-call (lease TTL {LEASE_TTL_S:g}s)")
+        worker.kill_main()
+        replacement = self.stack.restart_worker()
+        thread.join(timeout=row_deadline_s(self.settings) + 10)
+        self._deliver(run_id, box[0] if box else [])
+        self.progress(f"R4: answered; new worker pid {replacement.pid} starting")
+        replacement.wait_for_log(" ready.", timeout_s=60)
+
+    def _await_running(self, run_id: str, call_id: str, still_waiting: Callable[[], bool]) -> None:
+        keys = self.ledger.keys(self.session_key, run_id)
+        end = time.monotonic() + _WAIT_RUNNING_S
+        while time.monotonic() < end and still_waiting():
+            record = self.ledger.record(keys, call_id)
+            if record is not None and record.state.value == "running":
+                return
+            time.sleep(0.05)
+        raise UnstuckError(
+            f"call {call_id} never started running; see the worker log in {self.stack.log_dir}"
+        )
+
+    def _deliver(self, run_id: str, results: list[ToolResult]) -> None:
+        self.delivered.extend(results)
+        keys = self.ledger.keys(self.session_key, run_id)
+        by_id = {row.call.id: row for row in self.rows}
+        for result in results:
+            row = by_id.get(result.tool_call_id)
+            if row is None:
+                continue
+            row.result = result
+            record = self.ledger.record(keys, result.tool_call_id)
+            if record is not None and "finished_ms" in record.fields:
+                submitted = int(record.fields["submitted_ms"])
+                row.latency_s = round((int(record.fields["finished_ms"]) - submitted) / 1000, 2)
+                row.deadline_s = round((int(record.fields["deadline_ms"]) - submitted) / 1000, 2)
+                row.grace_s = self.settings.gateway.grace_s
+
+
+def row_deadline_s(settings: Settings) -> float:
+    """Upper bound of the slowest demo call's deadline (the R4 call)."""
+    return settings.limits.queue_allowance_s + 40.0 + settings.gateway.grace_s
+
+
+def run_demo(*, json_output: bool) -> int:
+    """Run the whole demo; returns 0 when every call got exactly one result as expected."""
+    started = time.monotonic()
+    token = uuid.uuid4().hex[:8]
+    overrides = demo_overrides(token)
+
+    def progress(message: str) -> None:
+        print(f"• {message}", file=sys.stderr, flush=True)
+
+    try:
+        base = load_settings(**overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _EXIT_STARTUP
+    options = StackOptions(node_name=f"demo-{token}@%h", env=_as_env(overrides), stop_timeout_s=5.0)
+    stack = Stack(base, options)
+    try:
+        with stop_on_signals():
+            return _run(stack, progress, json_output, started)
+    except Interrupted:
+        print("interrupted; stopping", file=sys.stderr)
+        return 130
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _EXIT_STARTUP
+    finally:
+        stack.stop()
+
+
+def _run(stack: Stack, progress: Callable[[str], None], json_output: bool, started: float) -> int:
+    where = "embedded" if not stack.settings.redis.url else "from UNSTUCK_REDIS__URL"
+    progress(f"starting Redis ({where}), a prefork worker and beat")
+    stack.start()
+    info = stack.describe()
+    progress(f"Redis {info['redis_url']}, worker pid {info['worker_pid']}, beat pid {info['beat_pid']}")
+    demo = Demo(stack, stack.settings, progress)
+    try:
+        demo.run()
+    finally:
+        demo.gateway.close()
+    invariant = check_invariant([row.call.id for row in demo.rows], demo.delivered)
+    runtime_s = round(time.monotonic() - started, 1)
+    if json_output:
+        report = report_json(demo.rows, invariant, redis_url=stack.redis_url, runtime_s=runtime_s)
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_table(demo.rows, invariant))
+        print(f"(session {demo.session_key}, {runtime_s}s)")
+    ok = invariant.holds and all(row.as_expected for row in demo.rows)
+    return 0 if ok else _EXIT_FAILED
+
+
+def _gateway_child(argv: list[str]) -> int:
+    """R3's doomed gateway: submit one call and wait for it (killed before it returns)."""
+    session_key, run_id, call_json = argv
+    gateway = ToolGateway()
+    gateway.call_tools(
+        session_key=session_key, run_id=run_id, calls=[ToolCall.model_validate_json(call_json)]
+    )
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["gateway-child"]:
+    sys.exit(_gateway_child(sys.argv[2:]))

@@ -1,0 +1,116 @@
+"""Status lines for ``unstuck up``: calls answered synthetically and sessions stalled.
+
+Found by polling the ledger's due index (``P:due``, unanswered calls by deadline). A call
+that leaves the index between two polls is looked up: a synthetic result is reported. A
+call still in the index a grace period past its deadline is reported as stalled, once.
+Calls answered before the first poll sees them (arguments rejected at submission, for
+example) go straight back to their caller and are not reported here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from workers.store.keys import due_index_key, parse_due_member
+from workers.store.ledger import Ledger, store_errors
+
+__all__ = ["DueWatcher", "Event", "EventPrinter"]
+
+_COLOURS = {"synthetic": "\033[33m", "stalled": "\033[31m", "exited": "\033[31m", "started": "\033[32m"}
+_RESET = "\033[0m"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One significant thing that happened: ``kind`` plus its fields."""
+
+    kind: str
+    fields: Mapping[str, Any]
+
+
+class DueWatcher:
+    """Polls the due index and turns its changes into events."""
+
+    def __init__(self, ledger: Ledger, *, stalled_after_ms: int) -> None:
+        self._ledger = ledger
+        self._stalled_after_ms = stalled_after_ms
+        self._seen: dict[str, int] = {}
+        self._stalled: set[str] = set()
+
+    def poll(self, now_ms: int) -> list[Event]:
+        """Events since the previous poll; raises ``StoreError`` when Redis fails."""
+        with store_errors():
+            rows = self._ledger.client.zrange(due_index_key(self._ledger.prefix), 0, -1, withscores=True)
+        current = {str(row[0]): int(row[1]) for row in rows}
+        events = [e for m in self._seen.keys() - current.keys() if (e := self._answered(m)) is not None]
+        for member, deadline_ms in current.items():
+            if member not in self._stalled and now_ms > deadline_ms + self._stalled_after_ms:
+                self._stalled.add(member)
+                events.append(self._stall(member, deadline_ms, now_ms))
+        self._stalled &= current.keys()
+        self._seen = current
+        return events
+
+    def _answered(self, member: str) -> Event | None:
+        keys, call_id = parse_due_member(self._ledger.prefix, member)
+        record = self._ledger.record(keys, call_id)
+        if record is None or record.result is None or not record.result.synthetic:
+            return None
+        elapsed_ms = int(record.fields.get("finished_ms", 0)) - int(record.fields.get("submitted_ms", 0))
+        return Event(
+            "synthetic",
+            {
+                "session": keys.session_key,
+                "run": keys.run_id,
+                "call": call_id,
+                "tool": record.tool,
+                "reason": record.result.reason,
+                "elapsed_s": round(elapsed_ms / 1000, 2),
+                "writer": record.fields.get("writer", ""),
+            },
+        )
+
+    def _stall(self, member: str, deadline_ms: int, now_ms: int) -> Event:
+        keys, call_id = parse_due_member(self._ledger.prefix, member)
+        return Event(
+            "stalled",
+            {
+                "session": keys.session_key,
+                "run": keys.run_id,
+                "call": call_id,
+                "past_deadline_s": round((now_ms - deadline_ms) / 1000, 1),
+                "hint": "no result yet past its deadline; is beat running?",
+            },
+        )
+
+
+class EventPrinter:
+    """Writes events as readable lines (coloured on a terminal) or as JSON lines."""
+
+    def __init__(self, out: TextIO, *, json_lines: bool, clock: Callable[[], float] = time.time) -> None:
+        self._out = out
+        self._json = json_lines
+        self._colour = not json_lines and out.isatty()
+        self._clock = clock
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Print one event."""
+        self.print(Event(kind, fields))
+
+    def print(self, event: Event) -> None:
+        """Print ``event`` in the chosen format and flush."""
+        now = self._clock()
+        if self._json:
+            line = json.dumps({"ts": round(now, 3), "event": event.kind, **event.fields}, default=str)
+        else:
+            stamp = time.strftime("%H:%M:%S", time.localtime(now))
+            label = f"{event.kind:<9}"
+            if self._colour:
+                label = f"{_COLOURS.get(event.kind, '')}{label}{_RESET}"
+            details = "  ".join(f"{k}={v}" for k, v in event.fields.items() if v not in (None, ""))
+            line = f"{stamp}  {label}  {details}"
+        print(line, file=self._out, flush=True)
