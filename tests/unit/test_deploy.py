@@ -1,0 +1,530 @@
+"""Every deploy/ manifest parses and runs only real ``unstuck`` commands with valid options.
+
+PyYAML is not a dependency, so the YAML manifests are written in a small strict subset read
+by ``_yaml_documents`` below: block mappings and sequences, ``|`` literal blocks, quoted or
+plain scalars, and flow collections in JSON form. Anchors, tags, folded blocks, multi-line
+plain scalars and the YAML 1.1 booleans (``yes``/``on``) are refused with the line number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from workers.cli.main import build_parser
+from workers.config_file import read_config_file, translate_reference_config
+from workers.settings import Settings, load_settings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+# Programs other than unstuck a manifest may run, with what their argv must contain.
+OTHER_PROGRAMS = {"redis-server": [], "redis-cli": [], "celery": ["-A", "workers.celery_app"]}
+
+
+class ManifestError(ValueError):
+    """Raised when a manifest leaves the YAML subset or the systemd unit syntax."""
+
+
+# --- YAML subset -------------------------------------------------------------------------
+
+
+@dataclass
+class _Line:
+    indent: int
+    text: str
+    number: int
+    block: str | None = None  # content of a ``|`` literal block that ends this line
+
+
+_KEY = re.compile(r"""^(?P<key>[A-Za-z0-9_.$/@-]+|"[^"]*"|'[^']*'):(?:[ ]+(?P<rest>.*))?$""")
+_PLAIN_FORBIDDEN = ("&", "*", "!", ">", "%", "@", "`", "|")
+_YAML11_BOOLS = {"yes", "no", "on", "off", "y", "n"}
+
+
+def _strip_comment(text: str) -> str:
+    quote = ""
+    for index, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "#" and (index == 0 or text[index - 1] in " \t"):
+            return text[:index].rstrip()
+    return text.rstrip()
+
+
+def _lines(raw: list[str], first_number: int) -> list[_Line]:
+    out: list[_Line] = []
+    index = 0
+    while index < len(raw):
+        number, line = first_number + index, raw[index]
+        index += 1
+        if "\t" in line[: len(line) - len(line.lstrip())]:
+            raise ManifestError(f"line {number}: tab in indentation")
+        text = _strip_comment(line)
+        if not text.strip():
+            continue
+        indent = len(text) - len(text.lstrip(" "))
+        entry = _Line(indent, text.strip(), number)
+        if re.search(r"(^|:|-)\s*\|-?$", entry.text):
+            block: list[str] = []
+            while index < len(raw) and (not raw[index].strip() or _indent(raw[index]) > indent):
+                block.append(raw[index])
+                index += 1
+            entry.block = _literal(block, keep_newline=not entry.text.endswith("-"))
+            entry.text = entry.text.rstrip("|-").rstrip()
+        out.append(entry)
+    return out
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _literal(block: list[str], *, keep_newline: bool) -> str:
+    while block and not block[-1].strip():
+        block.pop()
+    if not block:
+        return ""
+    margin = min(_indent(line) for line in block if line.strip())
+    text = "\n".join(line[margin:] for line in block)
+    return text + "\n" if keep_newline else text
+
+
+def _scalar(text: str, number: int) -> Any:
+    if text[0] == '"' or text[0] in "[{":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"line {number}: not JSON-form: {text!r} ({exc.msg})") from None
+    if text[0] == "'":
+        if len(text) < 2 or not text.endswith("'"):
+            raise ManifestError(f"line {number}: unterminated quote: {text!r}")
+        return text[1:-1].replace("''", "'")
+    if text.startswith(_PLAIN_FORBIDDEN) or text.lower() in _YAML11_BOOLS:
+        raise ManifestError(f"line {number}: outside the YAML subset: {text!r}")
+    if text in ("null", "~"):
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"-?\d+\.\d+", text):
+        return float(text)
+    return text
+
+
+def _value(lines: list[_Line], index: int, parent: int) -> tuple[Any, int]:
+    """The value after a ``key:`` or ``-`` with nothing else on its line."""
+    if index < len(lines) and lines[index].indent > parent:
+        return _node(lines, index)
+    return None, index
+
+
+def _node(lines: list[_Line], index: int) -> tuple[Any, int]:
+    if lines[index].text == "-" or lines[index].text.startswith("- "):
+        return _sequence(lines, index, lines[index].indent)
+    return _mapping(lines, index, lines[index].indent)
+
+
+def _sequence(lines: list[_Line], index: int, indent: int) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    while index < len(lines) and lines[index].indent == indent and lines[index].text[:1] == "-":
+        line = lines[index]
+        rest = line.text[1:].lstrip()
+        if line.block is not None and not rest:
+            items.append(line.block)
+            index += 1
+        elif not rest:
+            value, index = _value(lines, index + 1, indent)
+            items.append(value)
+        elif _KEY.match(rest):
+            offset = line.indent + len(line.text) - len(rest)
+            lines[index] = _Line(offset, rest, line.number, line.block)
+            value, index = _mapping(lines, index, offset)
+            items.append(value)
+        else:
+            items.append(_scalar(rest, line.number))
+            index += 1
+    return items, _check_dedent(lines, index, indent)
+
+
+def _mapping(lines: list[_Line], index: int, indent: int) -> tuple[dict[str, Any], int]:
+    out: dict[str, Any] = {}
+    while index < len(lines) and lines[index].indent == indent and lines[index].text[:1] != "-":
+        line = lines[index]
+        match = _KEY.match(line.text)
+        if match is None:
+            raise ManifestError(f"line {line.number}: expected `key: value`, got {line.text!r}")
+        key = match["key"].strip("'\"") if match["key"][0] in "'\"" else match["key"]
+        if key in out:
+            raise ManifestError(f"line {line.number}: duplicate key {key!r}")
+        rest = match["rest"]
+        index += 1
+        if line.block is not None:
+            out[key] = line.block
+        elif rest:
+            out[key] = _scalar(rest, line.number)
+        elif index < len(lines) and lines[index].indent == indent and lines[index].text[:1] == "-":
+            out[key], index = _sequence(lines, index, indent)
+        else:
+            out[key], index = _value(lines, index, indent)
+    return out, _check_dedent(lines, index, indent)
+
+
+def _check_dedent(lines: list[_Line], index: int, indent: int) -> int:
+    if index < len(lines) and lines[index].indent > indent:
+        line = lines[index]
+        raise ManifestError(f"line {line.number}: unexpected indentation: {line.text!r}")
+    return index
+
+
+def _yaml_documents(text: str) -> list[Any]:
+    """Parse the YAML subset; one value per ``---``-separated document."""
+    documents: list[Any] = []
+    raw = text.splitlines()
+    starts = [0, *[i + 1 for i, line in enumerate(raw) if line.rstrip() == "---"]]
+    ends = [i for i, line in enumerate(raw) if line.rstrip() == "---"] + [len(raw)]
+    for start, end in zip(starts, ends, strict=True):
+        lines = _lines(raw[start:end], start + 1)
+        if not lines:
+            continue
+        value, index = _node(lines, 0)
+        if index != len(lines):
+            raise ManifestError(f"line {lines[index].number}: unexpected {lines[index].text!r}")
+        documents.append(value)
+    return documents
+
+
+# --- systemd units -----------------------------------------------------------------------
+
+_SPECIFIERS = {"%%": "%", "%i": "1", "%I": "1", "%H": "host", "%n": "unit.service"}
+
+
+def _unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """A systemd unit as section -> key -> every value (keys may repeat)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for number, line in enumerate(text.replace("\\\n", " ").splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#;":
+            continue
+        if stripped.startswith("[") and stripped.endswith("]"):
+            current = sections.setdefault(stripped[1:-1], {})
+        elif "=" in stripped and current is not None:
+            key, _, value = stripped.partition("=")
+            current.setdefault(key.strip(), []).append(value.strip())
+        else:
+            raise ManifestError(f"line {number}: not `Key=value` inside a section: {stripped!r}")
+    return sections
+
+
+def _expand_specifiers(value: str) -> str:
+    """What systemd passes to the program; an unknown ``%x`` is refused (``%h`` is $HOME)."""
+
+    def expand(match: re.Match[str]) -> str:
+        if match.group(0) not in _SPECIFIERS:
+            raise ManifestError(f"systemd specifier {match.group(0)} in {value!r} (escape as %%)")
+        return _SPECIFIERS[match.group(0)]
+
+    return re.sub(r"%.", expand, value)
+
+
+# --- commands of each manifest -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command line a manifest runs, with where it comes from."""
+
+    manifest: str
+    where: str
+    argv: tuple[str, ...]
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(DEPLOY.parent))
+
+
+def _strip_wrappers(argv: list[str]) -> list[str]:
+    if argv and Path(argv[0]).name == "tini":
+        argv = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+    if argv[:2] in (["sh", "-c"], ["/bin/sh", "-c"]):
+        argv = shlex.split(argv[2])
+    if argv[:1] == ["exec"]:
+        argv = argv[1:]
+    if argv[:1] == ["CMD"]:
+        argv = argv[1:]
+    if argv[:1] == ["CMD-SHELL"]:
+        argv = shlex.split(argv[1])
+    return [part for part in argv if part not in (">", "/dev/null")]
+
+
+def _compose_commands(path: Path) -> Iterator[Command]:
+    (document,) = _yaml_documents(path.read_text())
+    for name, service in document["services"].items():
+        if "command" in service:
+            yield Command(_rel(path), f"services.{name}.command", tuple(service["command"]))
+        if "healthcheck" in service:
+            test = _strip_wrappers(list(service["healthcheck"]["test"]))
+            yield Command(_rel(path), f"services.{name}.healthcheck.test", tuple(test))
+
+
+def _containers(document: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = document.get("spec", {}).get("template", {}).get("spec", {})
+    containers: list[dict[str, Any]] = spec.get("containers", [])
+    return containers
+
+
+def _k8s_commands(path: Path) -> Iterator[Command]:
+    for number, document in enumerate(_yaml_documents(path.read_text())):
+        for container in _containers(document):
+            where = f"doc {number} container {container['name']}"
+            argv = [*container.get("command", []), *container.get("args", [])]
+            yield Command(_rel(path), f"{where} command+args", tuple(_strip_wrappers(argv)))
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                exec_ = container.get(probe, {}).get("exec")
+                if exec_:
+                    argv = _strip_wrappers(list(exec_["command"]))
+                    yield Command(_rel(path), f"{where} {probe}", tuple(argv))
+
+
+def _systemd_commands(path: Path) -> Iterator[Command]:
+    for line in _unit(path.read_text()).get("Service", {}).get("ExecStart", []):
+        argv = shlex.split(_expand_specifiers(line.lstrip("-@:+!")))
+        yield Command(_rel(path), "ExecStart", tuple(argv))
+
+
+def _dockerfile_commands(path: Path) -> Iterator[Command]:
+    forms: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("CMD", "ENTRYPOINT"):
+            try:
+                forms[word] = json.loads(rest)
+            except json.JSONDecodeError:
+                raise ManifestError(f"{_rel(path)}: {word} must use the JSON (exec) form") from None
+    argv = _strip_wrappers([*forms.get("ENTRYPOINT", []), *forms.get("CMD", [])])
+    yield Command(_rel(path), "ENTRYPOINT+CMD", tuple(argv))
+
+
+def _all_commands() -> list[Command]:
+    commands: list[Command] = []
+    commands += _compose_commands(DEPLOY / "compose.yaml")
+    commands += _dockerfile_commands(DEPLOY / "Dockerfile")
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        commands += _k8s_commands(path)
+    for path in sorted((DEPLOY / "systemd").glob("*.service")):
+        commands += _systemd_commands(path)
+    return commands
+
+
+COMMANDS = _all_commands()
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    return set()
+
+
+def _parse_unstuck(command: Command) -> argparse.Namespace:
+    """``parse_args`` of the real CLI; a usage error fails with the manifest and the command."""
+    parser = build_parser()
+    argv = list(command.argv[1:])
+    pending = {"flower"} - _subcommands(parser)
+    if argv[:1] and argv[0] in pending:
+        pytest.skip(f"`unstuck {argv[0]}` is not registered yet (being written); {command.manifest}")
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            return parser.parse_args(argv)
+    except SystemExit:
+        pytest.fail(
+            f"{command.manifest} ({command.where}) runs an invalid command: "
+            f"{shlex.join(command.argv)}\n{stderr.getvalue().strip()}"
+        )
+
+
+# --- tests ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: f"{c.manifest}:{c.where}")
+def test_each_manifest_command_is_a_real_command(command: Command) -> None:
+    program = Path(command.argv[0]).name if command.argv else ""
+    if program == "unstuck":
+        _parse_unstuck(command)
+        return
+    assert program in OTHER_PROGRAMS, f"{command.manifest} ({command.where}) runs {command.argv}"
+    needed = OTHER_PROGRAMS[program]
+    joined = " ".join(command.argv)
+    assert " ".join(needed) in joined, f"{command.manifest} ({command.where}): {joined} lacks {needed}"
+
+
+def test_the_manifests_run_worker_beat_and_flower() -> None:
+    by_manifest: dict[str, set[str]] = {}
+    for command in COMMANDS:
+        if Path(command.argv[0]).name == "unstuck":
+            by_manifest.setdefault(command.manifest, set()).add(command.argv[1])
+    assert by_manifest["deploy/compose.yaml"] >= {"worker", "beat", "flower"}
+    k8s = set().union(*(v for k, v in by_manifest.items() if k.startswith("deploy/k8s/")))
+    systemd = set().union(*(v for k, v in by_manifest.items() if k.startswith("deploy/systemd/")))
+    assert k8s >= {"worker", "beat", "flower"}
+    assert systemd >= {"worker", "beat", "flower"}
+
+
+def _bad(command: tuple[str, ...]) -> Command:
+    return Command("deploy/fake.yaml", "services.x.command", command)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("unstuck", "wroker"),
+        ("unstuck", "worker", "--concurency", "2"),
+        ("unstuck", "worker", "--concurrency", "two"),
+        ("unstuck", "beat", "--concurrency", "2"),
+        ("unstuck",),
+    ],
+)
+def test_a_bad_command_fails_naming_the_manifest(argv: tuple[str, ...]) -> None:
+    with pytest.raises(pytest.fail.Exception, match=r"deploy/fake\.yaml .*runs an invalid command"):
+        _parse_unstuck(_bad(argv))
+
+
+def test_compose_services() -> None:
+    (compose,) = _yaml_documents((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    redis = services["redis"]["command"]
+    assert redis[redis.index("--appendonly") + 1] == "yes", "Redis must persist with AOF"
+    assert services["beat"]["deploy"]["replicas"] == 1
+    assert "--basic-auth" in services["flower"]["command"]
+    assert all(p.startswith("127.0.0.1:") for p in services["flower"]["ports"])
+
+
+def _k8s_objects() -> dict[tuple[str, str], dict[str, Any]]:
+    objects = {}
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for document in _yaml_documents(path.read_text()):
+            if "metadata" in document:
+                objects[(document["kind"], document["metadata"]["name"])] = document
+    return objects
+
+
+def test_kubernetes_shapes() -> None:
+    objects = _k8s_objects()
+    beat = objects[("Deployment", "unstuck-beat")]["spec"]
+    assert beat["replicas"] == 1
+    assert beat["strategy"]["type"] == "Recreate"
+    (worker,) = _containers(objects[("Deployment", "unstuck-worker")])
+    assert "exec" in worker["livenessProbe"]
+    assert ("Service", "unstuck-flower") in objects
+    assert "UNSTUCK_REDIS__URL" in objects[("Secret", "unstuck-secrets")]["stringData"]
+    for kind, name in objects:
+        if kind == "Deployment":
+            (container,) = _containers(objects[(kind, name)])
+            assert "command" not in container, f"{name}: use args, keep tini as PID 1"
+
+
+def test_kubernetes_configmap_holds_a_valid_config_file(tmp_path: Path) -> None:
+    data = _k8s_objects()[("ConfigMap", "unstuck-config")]["data"]
+    assert data["UNSTUCK_CONFIG"].endswith("/unstuck.json")
+    (tmp_path / "unstuck.json").write_text(data["unstuck.json"])
+    translated = translate_reference_config(read_config_file(str(tmp_path / "unstuck.json")))
+    assert load_settings(**translated).tools.timeouts_s["exec"] == 120
+
+
+def test_the_example_config_file_loads() -> None:
+    translated = translate_reference_config(read_config_file(str(DEPLOY / "unstuck.toml")))
+    assert load_settings(**translated).worker.prefetch_multiplier == 1
+
+
+def _setting_exists(name: str) -> bool:
+    model: type[BaseModel] = Settings
+    parts = name.removeprefix("UNSTUCK_").lower().split("__")
+    for index, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        annotation = field.annotation
+        if index < len(parts) - 1:
+            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+                return False
+            model = annotation
+    return True
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        DEPLOY / "unstuck.env.example",
+        *(DEPLOY / "k8s").glob("configmap.yaml"),
+        *(DEPLOY / "k8s").glob("secret.example.yaml"),
+    ],
+    ids=_rel,
+)
+def test_every_unstuck_variable_names_a_setting(path: Path) -> None:
+    if path.suffix == ".yaml":
+        (document,) = _yaml_documents(path.read_text())
+        names = list(document.get("data", {}) or document.get("stringData", {}))
+    else:
+        lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+        names = [line.partition("=")[0] for line in lines]
+    unknown = [n for n in names if n.startswith("UNSTUCK_") and not _setting_exists(n)]
+    assert not unknown, f"{_rel(path)}: no such setting: {unknown}"
+
+
+@pytest.mark.parametrize("name", ["UNSTUCK_REDIS_URL", "UNSTUCK_REDIS__UR", "UNSTUCK_WORKER__POOL__X"])
+def test_a_misspelt_variable_is_caught(name: str) -> None:
+    assert not _setting_exists(name)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: &x 1\n", "outside the YAML subset"),
+        ("a: yes\n", "outside the YAML subset"),
+        ("a: 1\na: 2\n", "duplicate key"),
+        ("a: b\n  c\n", "unexpected indentation"),
+        ("a: ['x', 1]\n", "not JSON-form"),
+        ("a: >\n  folded\n", "outside the YAML subset"),
+    ],
+)
+def test_the_yaml_subset_is_strict(text: str, message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        _yaml_documents(text)
+
+
+def test_the_yaml_subset_reads_what_the_manifests_use() -> None:
+    text = (
+        "k:\n- a: 1\n  b: [\"x\", 2]\n- 'it''s'\nm:\n  n: |\n    line 1\n\n    line 3\n"
+        '  o: "q"  # comment\n---\nz: true\n'
+    )
+    assert _yaml_documents(text) == [
+        {"k": [{"a": 1, "b": ["x", 2]}, "it's"], "m": {"n": "line 1\n\nline 3\n", "o": "q"}},
+        {"z": True},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("unstuck-%i@%H", "unstuck-1@host"), ("unstuck@%%h", "unstuck@%h")],
+)
+def test_systemd_specifiers(value: str, expected: str) -> None:
+    assert _expand_specifiers(value) == expected
+
+
+def test_celery_percent_h_unescaped_in_a_unit_is_refused() -> None:
+    with pytest.raises(ManifestError, match="%h"):
+        _expand_specifiers("--hostname unstuck@%h")
