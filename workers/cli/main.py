@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.cli.up_cmd",
     "workers.cli.demo_cmd",
     "workers.cli.config_cmd",
+    "workers.cli.metrics_cmd",
 )
 
 

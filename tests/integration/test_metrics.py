@@ -1,0 +1,171 @@
+"""Ledger metrics against a private redis-server: values written through ``Ledger``, then scraped."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from workers.cli.metrics_cmd import serve
+from workers.core.models import SyntheticReason, ToolCall
+from workers.core.results import success_result, synthetic_result, tool_error_result
+from workers.metrics import LedgerCollector
+from workers.store.embedded import free_port
+from workers.store.ledger import Ledger, connect, ensure_run
+
+NOW_MS = 1_800_000_000_000
+PREFIX = "unstuck"
+
+
+@pytest.fixture
+def ledger(redis_url: str) -> Iterator[Ledger]:
+    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
+    yield Ledger(client, prefix=PREFIX, ttl_s=3600, lease_ttl_ms=10_000)
+    client.close()
+
+
+def scrape(client: redis.Redis, **kwargs: int) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(client, prefix=PREFIX, clock=lambda: NOW_MS / 1000, **kwargs))
+    return registry
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def add_call(
+    ledger: Ledger,
+    session: str,
+    call_id: str,
+    tool: str,
+    *,
+    submitted_ago_s: float,
+    started_ago_s: float | None,
+) -> ToolCall:
+    keys = ledger.keys(session, "r1")
+    submitted = NOW_MS - int(submitted_ago_s * 1000)
+    ledger.register(keys, call_id, now_ms=submitted, deadline_ms=NOW_MS + 60_000, fields={"tool": tool})
+    if started_ago_s is not None:
+        ledger.claim(keys, call_id, worker_id="w1", now_ms=NOW_MS - int(started_ago_s * 1000))
+    return ToolCall(id=call_id, name=tool)
+
+
+def seed(ledger: Ledger) -> None:
+    """Seven calls over two sessions: every outcome, three synthetic reasons, one running run."""
+    s1 = ledger.keys("s1", "r1")
+    ensure_run(ledger, s1, now_ms=NOW_MS - 90_000, deadline_ms=NOW_MS + 600_000, agent_id="main")
+    s2 = ledger.keys("s2", "r1")
+    ensure_run(ledger, s2, now_ms=NOW_MS - 90_000, deadline_ms=NOW_MS + 600_000, agent_id="main")
+    ledger.client.hset(s2.run, "status", "completed")
+    finished = NOW_MS - 1000
+    call = add_call(ledger, "s1", "ok", "exec", submitted_ago_s=5, started_ago_s=4)
+    ledger.finish(s1, success_result(call, "fine", elapsed_ms=4000, attempt=1), now_ms=finished, writer="t")
+    call = add_call(ledger, "s1", "soft", "exec", submitted_ago_s=40, started_ago_s=31)
+    timeout = synthetic_result(call, SyntheticReason.TIMEOUT_SOFT, elapsed_ms=30_000, attempt=1)
+    ledger.finish(s1, timeout, now_ms=finished, writer="t")
+    call = add_call(ledger, "s1", "err", "exec", submitted_ago_s=2, started_ago_s=1.5)
+    error = tool_error_result(call, "ValueError", "bad", elapsed_ms=500, attempt=1)
+    ledger.finish(s1, error, now_ms=finished, writer="t")
+    call = add_call(ledger, "s2", "late", "http_fetch", submitted_ago_s=10, started_ago_s=None)
+    late = synthetic_result(call, SyntheticReason.DEADLINE_EXCEEDED, elapsed_ms=9000, attempt=0)
+    ledger.finish(s2, late, now_ms=finished, writer="t")
+    call = add_call(ledger, "s2", "typo", "frobnicate", submitted_ago_s=1, started_ago_s=None)
+    ledger.finish(
+        s2,
+        synthetic_result(call, SyntheticReason.UNKNOWN_TOOL, elapsed_ms=0, attempt=0),
+        now_ms=finished,
+        writer="t",
+    )
+    add_call(ledger, "s1", "waiting", "exec", submitted_ago_s=60, started_ago_s=None)
+    add_call(ledger, "s2", "busy", "http_fetch", submitted_ago_s=20, started_ago_s=19)
+
+
+def test_scrape_counts_every_outcome_reason_and_duration(ledger: Ledger) -> None:
+    # Given calls with every outcome written through the ledger
+    seed(ledger)
+    # When the collector is scraped
+    registry = scrape(ledger.client)
+    # Then calls are counted by tool and outcome
+    assert value(registry, "unstuck_up") == 1
+    expected_calls = {
+        ("exec", "ok"): 1,
+        ("exec", "synthetic"): 1,
+        ("exec", "tool_error"): 1,
+        ("exec", "pending"): 1,
+        ("http_fetch", "synthetic"): 1,
+        ("http_fetch", "running"): 1,
+        ("<unknown>", "synthetic"): 1,
+    }
+    for (tool, outcome), count in expected_calls.items():
+        assert value(registry, "unstuck_calls", tool=tool, outcome=outcome) == count, (tool, outcome)
+    assert value(registry, "unstuck_calls", tool="frobnicate", outcome="synthetic") is None
+    # And synthetic results by reason (a tool's own error is not synthetic)
+    for reason in ("timeout_soft", "deadline_exceeded", "unknown_tool"):
+        assert value(registry, "unstuck_synthetic_results", reason=reason) == 1
+    assert value(registry, "unstuck_synthetic_results", reason="tool_error") is None
+    # And durations of the calls that ran: 3 s, 30 s and 0.5 s
+    assert value(registry, "unstuck_tool_duration_seconds_count", tool="exec") == 3
+    assert value(registry, "unstuck_tool_duration_seconds_sum", tool="exec") == pytest.approx(33.5)
+    assert value(registry, "unstuck_tool_duration_seconds_bucket", tool="exec", le="5") == 2
+    assert value(registry, "unstuck_tool_duration_seconds_count", tool="http_fetch") is None
+    # And the open work: two unanswered calls, the oldest submitted 60 s ago
+    assert value(registry, "unstuck_pending_calls") == 2
+    assert value(registry, "unstuck_oldest_pending_call_age_seconds") == pytest.approx(60.0)
+    # And the runs
+    assert value(registry, "unstuck_runs", status="running") == 1
+    assert value(registry, "unstuck_runs", status="completed") == 1
+    assert value(registry, "unstuck_running_sessions") == 1
+    assert value(registry, "unstuck_scrape_truncated") == 0
+
+
+def test_scrape_of_an_empty_ledger_is_all_zero(ledger: Ledger) -> None:
+    registry = scrape(ledger.client)
+    assert value(registry, "unstuck_up") == 1
+    assert value(registry, "unstuck_pending_calls") == 0
+    assert value(registry, "unstuck_oldest_pending_call_age_seconds") == 0
+    assert value(registry, "unstuck_running_sessions") == 0
+    assert value(registry, "unstuck_scrape_keys") == 0
+
+
+def test_scrape_reads_at_most_max_keys(ledger: Ledger) -> None:
+    # Given more keys than the scrape may read
+    seed(ledger)
+    total = ledger.client.dbsize()
+    # When scraped with a small bound
+    registry = scrape(ledger.client, max_keys=5)
+    # Then it stops there and says so
+    assert total > 5
+    assert value(registry, "unstuck_scrape_keys") == 5
+    assert value(registry, "unstuck_scrape_truncated") == 1
+
+
+def test_redis_down_gives_up_zero_not_an_error() -> None:
+    # Given nothing listening where the ledger should be
+    client = connect(f"redis://127.0.0.1:{free_port()}/0", socket_timeout_s=0.2, socket_connect_timeout_s=0.2)
+    # When scraped, Then the scrape succeeds and says the ledger is down
+    registry = scrape(client)
+    assert value(registry, "unstuck_up") == 0
+    assert value(registry, "unstuck_calls") is None
+    client.close()
+
+
+def test_metrics_endpoint_serves_the_collector(ledger: Ledger) -> None:
+    # Given the endpoint on a free loopback port
+    seed(ledger)
+    server, thread = serve(scrape(ledger.client), 0, "127.0.0.1")
+    try:
+        # When Prometheus scrapes it
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = response.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    # Then our metrics are in the exposition text
+    assert "unstuck_up 1.0" in body
+    assert 'unstuck_calls{outcome="running",tool="http_fetch"} 1.0' in body

@@ -1,0 +1,74 @@
+"""``unstuck metrics --port N [--bind ADDR]``: serve the ledger's Prometheus metrics on /metrics.
+
+The endpoint has no authentication, as usual for Prometheus exporters: it binds to
+loopback unless told otherwise. See :mod:`workers.metrics` for the metrics and their cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from workers.errors import ConfigError, StoreError
+from workers.metrics import LedgerCollector
+from workers.settings import Settings, load_settings
+from workers.store.ledger import connect
+
+__all__ = ["build_registry", "register", "serve"]
+
+_EXIT_BAD_SETUP = 2
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``metrics`` sub-command."""
+    metrics = subparsers.add_parser(
+        "metrics", help="serve Prometheus metrics computed from the ledger (calls, stuck work)"
+    )
+    metrics.add_argument("--port", type=int, required=True, help="TCP port of the /metrics endpoint")
+    metrics.add_argument("--bind", default="127.0.0.1", help="address to bind (default: loopback only)")
+    metrics.add_argument(
+        "--max-keys", type=int, default=100_000, help="most ledger keys one scrape reads (default 100000)"
+    )
+    metrics.set_defaults(func=_metrics)
+
+
+def build_registry(settings: Settings, *, max_keys: int = 100_000) -> CollectorRegistry:
+    """A registry holding only the ledger collector, connected to the configured Redis.
+
+    Raises:
+        StoreError: when no Redis URL is configured.
+    """
+    client = connect(
+        settings.redis.url,
+        socket_timeout_s=settings.redis.socket_timeout_s,
+        socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
+    )
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(client, prefix=settings.redis.key_prefix, max_keys=max_keys))
+    return registry
+
+
+def serve(registry: CollectorRegistry, port: int, bind: str) -> tuple[WSGIServer, threading.Thread]:
+    """Start the HTTP endpoint in a daemon thread; port 0 picks a free one (``server.server_port``)."""
+    server, thread = start_http_server(port, addr=bind, registry=registry)
+    return server, thread
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    try:
+        registry = build_registry(load_settings(), max_keys=args.max_keys)
+        server, thread = serve(registry, args.port, args.bind)
+    except (ConfigError, StoreError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _EXIT_BAD_SETUP
+    print(f"serving http://{args.bind}:{server.server_port}/metrics", flush=True)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
