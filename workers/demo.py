@@ -218,17 +218,21 @@ def run_demo(*, json_output: bool) -> int:
         return _EXIT_STARTUP
     options = StackOptions(node_name=f"demo-{token}@%h", env=_as_env(overrides), stop_timeout_s=5.0)
     stack = Stack(base, options)
+    code = _EXIT_FAILED
     try:
         with stop_on_signals():
-            return _run(stack, progress, json_output, started)
+            code = _run(stack, progress, json_output, started)
     except Interrupted:
         print("interrupted; stopping", file=sys.stderr)
-        return 130
+        code = 130
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return _EXIT_STARTUP
+        code = _EXIT_STARTUP
     finally:
-        stack.stop()
+        stack.stop(remove_logs=code == 0)
+        if code != 0:
+            print(f"logs of the demo's processes: {stack.log_dir}", file=sys.stderr)
+    return code
 
 
 def _run(stack: Stack, progress: Callable[[str], None], json_output: bool, started: float) -> int:
@@ -245,7 +249,7 @@ def _run(stack: Stack, progress: Callable[[str], None], json_output: bool, start
     invariant = check_invariant([row.call.id for row in demo.rows], demo.delivered)
     runtime_s = round(time.monotonic() - started, 1)
     if json_output:
-        report = report_json(demo.rows, invariant, redis_url=stack.redis_url, runtime_s=runtime_s)
+        report = report_json(demo.rows, invariant, runtime_s=runtime_s, processes=stack.describe())
         print(json.dumps(report, indent=2))
     else:
         print(render_table(demo.rows, invariant))

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -241,7 +242,7 @@ class Stack:
         self.worker = self._spawn_worker(suffix=f"-{len(self._retired) + 1}")
         return self.worker
 
-    def stop(self) -> None:
+    def stop(self, *, remove_logs: bool = False) -> None:
         """Stop every child and the embedded Redis; safe to call twice."""
         with _signals_ignored():
             for child in [*self.children(), *self._retired]:
@@ -251,6 +252,8 @@ class Stack:
             if self.embedded is not None:
                 self.embedded.close()
                 self.embedded = None
+            if remove_logs or not any(self.log_dir.glob("*.log")):
+                shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> Stack:
         try:
@@ -328,6 +331,8 @@ class Stack:
             "redis_embedded": self.embedded is not None,
             "redis_pid": self.embedded.process.pid if self.embedded and self.embedded.process else None,
             "worker_pid": self.worker.pid if self.worker else None,
+            "retired_worker_pids": [child.pid for child in self._retired],
+            "node_name": self.options.node_name,
             "beat_pid": self.beat.pid if self.beat else None,
             "flower_url": self.flower_url,
             "logs": str(self.log_dir),

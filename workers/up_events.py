@@ -3,8 +3,9 @@
 Found by polling the ledger's due index (``P:due``, unanswered calls by deadline). A call
 that leaves the index between two polls is looked up: a synthetic result is reported. A
 call still in the index a grace period past its deadline is reported as stalled, once.
-Calls answered before the first poll sees them (arguments rejected at submission, for
-example) go straight back to their caller and are not reported here.
+Calls answered before any poll sees them (arguments rejected at submission, a tool
+that crashes within one poll interval) go straight back to their caller and are not
+reported here.
 """
 
 from __future__ import annotations
@@ -96,6 +97,25 @@ class EventPrinter:
         self._json = json_lines
         self._colour = not json_lines and out.isatty()
         self._clock = clock
+
+    def started(self, info: Mapping[str, Any], *, state_file: str) -> None:
+        """The start-up banner: what runs where (one JSON event with ``--log-format json``)."""
+        if self._json:
+            self.emit("started", **info, state_file=state_file)
+            return
+        redis = f"{info['redis_url']}" + (
+            f" (embedded, pid {info['redis_pid']})" if info["redis_embedded"] else ""
+        )
+        lines = [
+            "unstuck up: running; Ctrl-C or SIGTERM stops everything.",
+            f"  redis   {redis}",
+            f"  worker  pid {info['worker_pid']} (prefork)",
+            f"  beat    pid {info['beat_pid']}",
+            *([f"  flower  {info['flower_url']}"] if info.get("flower_url") else []),
+            f"  logs    {info['logs']}",
+            f"  state   {state_file}",
+        ]
+        print("\n".join(lines), file=self._out, flush=True)
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Print one event."""

@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="status line format")
     parser.add_argument("--state-file", type=Path, default=None, help=f"default {default_state_file()}")
     parser.add_argument("--stop-timeout", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL")
-    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between event polls")
+    parser.add_argument("--poll-interval", type=float, default=0.2, help="seconds between event polls")
     parser.set_defaults(func=_up)
 
 
@@ -63,23 +63,25 @@ def _up(args: argparse.Namespace) -> int:
         stop_timeout_s=args.stop_timeout,
     )
     stack = Stack(settings, options)
+    code = _EXIT_CHILD_DIED
     try:
         with stop_on_signals():
-            try:
-                stack.start()
-            except StartupError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return _EXIT_STARTUP
-            printer.emit("started", **stack.describe(), state_file=str(state_file))
+            stack.start()
+            printer.started(stack.describe(), state_file=str(state_file))
             write_state(state_file, stack.describe())
-            return _watch(stack, printer, args.poll_interval)
+            code = _watch(stack, printer, args.poll_interval)
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = _EXIT_STARTUP
     except Interrupted:
         printer.emit("stopping", reason="signal")
-        return 0
+        code = 0
     finally:
-        stack.stop()
+        stack.stop(remove_logs=code == 0)
         remove_state(state_file)
-        printer.emit("stopped")
+    if code != _EXIT_STARTUP:
+        printer.emit("stopped", code=code)
+    return code
 
 
 def _watch(stack: Stack, printer: EventPrinter, poll_interval_s: float) -> int:
