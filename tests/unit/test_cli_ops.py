@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from workers.cli.config_cmd import redact_url
+from workers.cli.flower_cmd import BASIC_AUTH_ENV, flower_argv, flower_env, is_loopback
 from workers.cli.main import main
+from workers.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -152,3 +154,116 @@ def test_config_check_invalid_exits_2_without_traceback(
     assert expected in captured.err
     assert "Traceback" not in captured.err
     assert captured.out == ""
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def test_metrics_requires_a_port(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["metrics"])
+    assert raised.value.code == 2
+    assert "--port" in capsys.readouterr().err
+
+
+def test_metrics_without_redis_url_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["metrics", "--port", "0"]) == 2
+    assert "no Redis URL configured" in capsys.readouterr().err
+
+
+# --- flower ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("flower.example.com", False),
+    ],
+)
+def test_is_loopback(address: str, loopback: bool) -> None:
+    assert is_loopback(address) is loopback
+
+
+def test_flower_argv_targets_our_app_without_credentials() -> None:
+    argv = flower_argv(5555, "127.0.0.1")
+    assert argv[1:] == [
+        "-m", "celery", "-A", "workers.celery_app", "flower", "--port=5555", "--address=127.0.0.1",
+    ]  # fmt: skip
+
+
+def test_flower_env_passes_the_flag_credentials_through_the_environment() -> None:
+    env = flower_env("0.0.0.0", "ops:s3cret", {"PATH": "/bin"})
+    assert env == {"PATH": "/bin", BASIC_AUTH_ENV: "ops:s3cret"}
+
+
+def test_flower_env_takes_credentials_from_flower_basic_auth() -> None:
+    env = flower_env("0.0.0.0", None, {BASIC_AUTH_ENV: "a:b,c:d"})
+    assert env[BASIC_AUTH_ENV] == "a:b,c:d"
+
+
+def test_flower_env_on_loopback_needs_no_credentials() -> None:
+    assert flower_env("127.0.0.1", None, {"PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+@pytest.mark.parametrize("auth", ["ops", "ops:", ":pw", "a:b,broken"])
+def test_flower_env_refuses_malformed_credentials(auth: str) -> None:
+    with pytest.raises(ConfigError, match="must be USER:PASS") as raised:
+        flower_env("127.0.0.1", auth, {})
+    assert "pw" not in str(raised.value)
+
+
+def test_flower_refuses_public_address_without_auth(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a configured broker and no credentials anywhere
+    monkeypatch.setenv("UNSTUCK_REDIS__URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(os, "execve", _no_exec)
+    # When Flower is asked to listen on every interface
+    code = main(["flower", "--address", "0.0.0.0"])
+    # Then it refuses with one line and exit 2
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "0.0.0.0 is not loopback" in err
+    assert BASIC_AUTH_ENV in err
+
+
+def test_flower_execs_celery_flower_with_credentials_in_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a configured broker
+    monkeypatch.setenv("UNSTUCK_REDIS__URL", "redis://127.0.0.1:1/0")
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+
+    def fake_execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        calls.append((path, argv, env))
+
+    monkeypatch.setattr(os, "execve", fake_execve)
+    # When started on a public address with basic auth
+    assert main(["flower", "--address", "0.0.0.0", "--port", "5600", "--basic-auth", "ops:s3cret"]) == 0
+    # Then celery flower is exec'd, the password only in its environment
+    ((path, argv, env),) = calls
+    assert argv[0] == path
+    assert argv[-2:] == ["--port=5600", "--address=0.0.0.0"]
+    assert not any("s3cret" in part for part in argv)
+    assert env[BASIC_AUTH_ENV] == "ops:s3cret"
+    assert env["UNSTUCK_REDIS__URL"] == "redis://127.0.0.1:1/0"
+
+
+def test_flower_without_broker_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(os, "execve", _no_exec)
+    assert main(["flower"]) == 2
+    assert "no broker configured" in capsys.readouterr().err
+
+
+def _no_exec(*args: object) -> None:
+    raise AssertionError("must not exec")

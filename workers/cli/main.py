@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.cli.demo_cmd",
     "workers.cli.config_cmd",
     "workers.cli.metrics_cmd",
+    "workers.cli.flower_cmd",
 )
 
 
