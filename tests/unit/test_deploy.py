@@ -384,6 +384,13 @@ def test_the_manifests_run_worker_beat_and_flower() -> None:
     assert systemd >= {"worker", "beat", "flower"}
 
 
+def test_no_manifest_puts_the_flower_password_on_a_command_line() -> None:
+    flowers = [c for c in COMMANDS if Path(c.argv[0]).name == "unstuck" and c.argv[1] == "flower"]
+    assert len(flowers) == 3
+    for command in flowers:
+        assert "--basic-auth" not in command.argv, f"{command.manifest}: use FLOWER_BASIC_AUTH"
+
+
 def _bad(command: tuple[str, ...]) -> Command:
     return Command("deploy/fake.yaml", "services.x.command", command)
 
@@ -409,7 +416,8 @@ def test_compose_services() -> None:
     redis = services["redis"]["command"]
     assert redis[redis.index("--appendonly") + 1] == "yes", "Redis must persist with AOF"
     assert services["beat"]["deploy"]["replicas"] == 1
-    assert "--basic-auth" in services["flower"]["command"]
+    assert "--basic-auth" not in services["flower"]["command"], "a flag shows the password in ps"
+    assert "FLOWER_BASIC_AUTH:?" in services["flower"]["environment"]["FLOWER_BASIC_AUTH"]
     assert all(p.startswith("127.0.0.1:") for p in services["flower"]["ports"])
 
 
@@ -430,7 +438,10 @@ def test_kubernetes_shapes() -> None:
     (worker,) = _containers(objects[("Deployment", "unstuck-worker")])
     assert "exec" in worker["livenessProbe"]
     assert ("Service", "unstuck-flower") in objects
-    assert "UNSTUCK_REDIS__URL" in objects[("Secret", "unstuck-secrets")]["stringData"]
+    secret = objects[("Secret", "unstuck-secrets")]["stringData"]
+    assert {"UNSTUCK_REDIS__URL", "FLOWER_BASIC_AUTH"} <= set(secret)
+    (flower,) = _containers(objects[("Deployment", "unstuck-flower")])
+    assert {"secretRef": {"name": "unstuck-secrets"}} in flower["envFrom"]
     for kind, name in objects:
         if kind == "Deployment":
             (container,) = _containers(objects[(kind, name)])
