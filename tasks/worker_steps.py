@@ -9,8 +9,10 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from celery import Celery, bootsteps
@@ -18,7 +20,7 @@ from celery.worker import state
 
 from tasks.requests import answer_from_main_process
 from workers.celery_app import INVOKE_TASK
-from workers.core.heartbeats import stale_heartbeats
+from workers.core.heartbeats import RunningCall, Verdict, judge_running_call
 from workers.core.models import SyntheticReason
 from workers.errors import ConfigError, StoreError, WorkerConfigError
 from workers.runtime import now_ms, runtime, worker_id
@@ -60,19 +62,38 @@ class PoolGuard(bootsteps.Step):
 
 
 def _invoke_requests() -> list[Any]:
-    return [req for req in list(state.active_requests) if req.name == INVOKE_TASK]
+    # reserved_requests also holds requests whose start the pool has not acknowledged yet:
+    # a child that dies right after claiming is still seen here.
+    for _ in range(3):
+        try:
+            return [
+                req for req in list(state.reserved_requests) if getattr(req.task, "name", None) == INVOKE_TASK
+            ]
+        except RuntimeError:  # the set changed size while copying; try again
+            continue
+    return []
 
 
-def _job_keys(req: Any, prefix: str) -> tuple[RunKeys, str, dict[str, Any]] | None:
+def _job_keys(req: Any, prefix: str) -> tuple[RunKeys, str, float | None] | None:
     job = req.kwargs.get("job") if isinstance(req.kwargs, dict) else None
     if not isinstance(job, dict) or not isinstance(job.get("call"), dict):
         return None
     keys = RunKeys(prefix, str(job.get("session_key")), str(job.get("run_id")))
-    return keys, str(job["call"].get("id")), job
+    beat = job.get("heartbeat_s")
+    return keys, str(job["call"].get("id")), float(beat) if beat else None
+
+
+def _pid_alive(worker: str) -> bool:
+    pid = worker.rsplit(":", 1)[-1]
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 class LeaseKeeper(bootsteps.StartStopStep):
-    """Renews the lease of every running call and stops tools whose heartbeat went stale."""
+    """Renews leases of running calls, answers calls whose pool child died, stops silent tools."""
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
@@ -89,7 +110,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
         self._stop.set()
 
     def _loop(self) -> None:
-        interval = runtime().settings.lease.renew_interval_s
+        interval = min(runtime().settings.lease.renew_interval_s, 0.5)
         while not self._stop.wait(interval):
             try:
                 self._tick()
@@ -99,29 +120,28 @@ class LeaseKeeper(bootsteps.StartStopStep):
     def _tick(self) -> None:
         rt = runtime()
         jobs = [(req, found) for req in _invoke_requests() if (found := _job_keys(req, rt.ledger.prefix))]
-        rt.ledger.renew_leases([keys.lease(call_id) for _, (keys, call_id, _) in jobs], worker_id())
-        watched = [(req, keys, call_id, job) for req, (keys, call_id, job) in jobs if job.get("heartbeat_s")]
-        if watched:
-            self._enforce_heartbeats(watched)
+        rows = rt.ledger.running_states([(keys, call_id) for _, (keys, call_id, _) in jobs])
+        renew: list[str] = []
+        host, now = socket.gethostname(), now_ms()
+        for (req, (keys, call_id, beat_s)), (call_state, worker, last_beat) in zip(jobs, rows, strict=True):
+            call = RunningCall(call_state, worker, last_beat, beat_s)
+            verdict = judge_running_call(call, host=host, child_alive=_pid_alive(worker), now_ms=now)
+            if verdict is Verdict.RENEW:
+                renew.append(keys.lease(call_id))
+            elif verdict is Verdict.CHILD_DIED:
+                answer_from_main_process(
+                    req.kwargs, SyntheticReason.CRASHED, detail=f"pool process {worker} died"
+                )
+            elif verdict is Verdict.HEARTBEAT_STALE:
+                self._interrupt(req, worker)
+        rt.ledger.renew_leases(renew, worker_id())
 
-    def _enforce_heartbeats(self, watched: list[tuple[Any, RunKeys, str, dict[str, Any]]]) -> None:
-        rt = runtime()
-        beats = {}
-        for req, keys, call_id, job in watched:
-            record = rt.ledger.record(keys, call_id)
-            if record is not None and record.result is None:
-                beats[req.id] = (int(record.fields.get("hb_ms", "0")), float(job["heartbeat_s"]))
-        for req, *_ in watched:
-            if req.id in stale_heartbeats(beats, now_ms=now_ms()):
-                self._interrupt(req)
-
-    def _interrupt(self, req: Any) -> None:
+    def _interrupt(self, req: Any, worker: str) -> None:
         answer_from_main_process(req.kwargs, SyntheticReason.HEARTBEAT_TIMEOUT)
         # SIGUSR1 is how the prefork pool delivers the soft limit: the tool unwinds and its
         # process groups are killed; the hard limit still applies if it ignores that.
-        if req.worker_pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(req.worker_pid, signal.SIGUSR1)
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(worker.rsplit(":", 1)[-1]), signal.SIGUSR1)
 
 
 def install_worker_steps(celery: Celery) -> None:

@@ -111,3 +111,18 @@ def start_beat(env: dict[str, str]) -> Proc:
     proc = Proc([UNSTUCK, "beat", "-l", "INFO"], env, "beat")
     proc.wait_for_log("beat: Starting", timeout_s=60)
     return proc
+
+
+def processes_with_cmdline(fragment: str) -> list[int]:
+    """Pids whose command line contains ``fragment`` (excluding this process)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fragment in cmdline:
+            found.append(int(entry.name))
+    return found

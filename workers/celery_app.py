@@ -62,6 +62,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "redis_socket_connect_timeout": publish_s,
         "redis_socket_timeout": max(publish_s, 2.0),
         "worker_max_memory_per_child": settings.worker.max_memory_per_child_kb,
+        # A child killed before its start was acknowledged is reported lost after this
+        # wait (default 10 s); keep it well under the lease TTL so the reason is `crashed`.
+        "worker_lost_wait": min(1.0, settings.lease.ttl_s / 4),
     }
 
 

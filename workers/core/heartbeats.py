@@ -1,12 +1,38 @@
-"""Which running calls have a stale heartbeat."""
+"""Decisions the worker's main process makes about calls running in its pool children."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import enum
+from dataclasses import dataclass
 
-__all__ = ["stale_heartbeats"]
+__all__ = ["RunningCall", "Verdict", "judge_running_call"]
 
 
-def stale_heartbeats(beats: Mapping[str, tuple[int, float]], *, now_ms: int) -> set[str]:
-    """Ids whose last beat (ms) is older than their heartbeat timeout (s)."""
-    return {key for key, (last_ms, timeout_s) in beats.items() if now_ms - last_ms > timeout_s * 1000}
+class Verdict(enum.Enum):
+    """What to do with one call a pool child is running."""
+
+    IGNORE = "ignore"  # not running here (pending, finished, or another host's)
+    RENEW = "renew"  # alive: extend the lease
+    CHILD_DIED = "child_died"  # its pool child is gone: answer `crashed`
+    HEARTBEAT_STALE = "heartbeat_stale"  # alive but silent too long: answer and interrupt
+
+
+@dataclass(frozen=True)
+class RunningCall:
+    """What the ledger and the process table say about one call."""
+
+    state: str
+    worker: str
+    last_beat_ms: int
+    heartbeat_timeout_s: float | None
+
+
+def judge_running_call(call: RunningCall, *, host: str, child_alive: bool, now_ms: int) -> Verdict:
+    """Classify a call claimed by a child of this host (``worker`` is ``host:pid``)."""
+    if call.state != "running" or call.worker.rsplit(":", 1)[0] != host:
+        return Verdict.IGNORE
+    if not child_alive:
+        return Verdict.CHILD_DIED
+    if call.heartbeat_timeout_s is not None and now_ms - call.last_beat_ms > call.heartbeat_timeout_s * 1000:
+        return Verdict.HEARTBEAT_STALE
+    return Verdict.RENEW

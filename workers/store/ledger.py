@@ -166,6 +166,17 @@ class Ledger:
                 pipe.set(key, worker_id, px=self.lease_ttl_ms, xx=True)
             pipe.execute()
 
+    def running_states(self, calls: Sequence[tuple[RunKeys, str]]) -> list[tuple[str, str, int]]:
+        """(state, worker, last heartbeat ms) of each call, in one round trip; '' when unknown."""
+        if not calls:
+            return []
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for keys, call_id in calls:
+                pipe.hmget(keys.call(call_id), ["state", "worker", "hb_ms"])
+            rows = pipe.execute()
+        return [(str(state or ""), str(worker or ""), _int(hb)) for state, worker, hb in rows]
+
     def results(self, keys: RunKeys, call_ids: Sequence[str]) -> dict[str, ToolResult]:
         """The delivered results among ``call_ids``."""
         if not call_ids:
