@@ -1,0 +1,115 @@
+"""Redis key builders: one hash tag per run whatever the ids contain, and due-index round trips."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.store.keys import RunKeys, due_index_key, parse_due_member, quote_part
+
+PREFIX = "unstuck"
+
+# Any text a caller may send, including the characters of the key grammar (lone surrogates cannot
+# come out of a JSON request body as UTF-8, so they are left out).
+ids = st.text(st.characters(codec="utf-8"), max_size=40)
+nasty = st.text(st.sampled_from("{}:/%~ab\u00e9\u4e2d"), max_size=12)
+any_id = st.one_of(ids, nasty)
+
+
+def redis_hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes: between the first '{' and the next '}', if non-empty."""
+    start = key.find("{")
+    if start == -1:
+        return key
+    end = key.find("}", start + 1)
+    if end == -1 or end == start + 1:
+        return key
+    return key[start + 1 : end]
+
+
+def all_keys(keys: RunKeys, call_id: str) -> list[str]:
+    return [
+        keys.call(call_id),
+        keys.late(call_id),
+        keys.lease(call_id),
+        keys.calls,
+        keys.open,
+        keys.done,
+        keys.history,
+        keys.run,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("session", "run"),
+    [
+        ("s1", "r1"),
+        ("agent:main:{telegram}/chat", "run/1"),
+        ("}", "{"),
+        ("{x}", ""),
+        ("a:b", "c:d"),
+        ("%7B", "%"),
+    ],
+)
+def test_examples_share_one_hash_tag(session: str, run: str) -> None:
+    # Given
+    keys = RunKeys(PREFIX, session, run)
+    # When
+    tags = {redis_hash_tag(key) for key in all_keys(keys, "call:{1}/2")}
+    # Then
+    assert tags == {f"{quote_part(session)}/{quote_part(run)}"}
+    assert keys.tag == "{" + tags.pop() + "}"
+
+
+def test_key_layout() -> None:
+    keys = RunKeys(PREFIX, "s:1", "r{1}")
+    assert keys.call("c/1") == "unstuck:{s%3A1/r%7B1%7D}:call:c%2F1"
+    assert keys.lease("c") == "unstuck:{s%3A1/r%7B1%7D}:lease:c"
+    assert keys.open == "unstuck:{s%3A1/r%7B1%7D}:open"
+    assert due_index_key(PREFIX) == "unstuck:due"
+
+
+@settings(max_examples=50)
+@given(session=any_id, run=any_id, call_id=any_id)
+def test_all_keys_of_a_run_share_one_tag_whatever_the_ids(session: str, run: str, call_id: str) -> None:
+    keys = RunKeys(PREFIX, session, run)
+    tags = {redis_hash_tag(key) for key in all_keys(keys, call_id)}
+    assert tags == {keys.tag[1:-1]}
+
+
+@settings(max_examples=50)
+@given(session=any_id, run=any_id, call_id=any_id)
+def test_user_ids_cannot_add_key_grammar(session: str, run: str, call_id: str) -> None:
+    # The quoted parts contain none of the grammar's separators, so every key splits the same way.
+    keys = RunKeys(PREFIX, session, run)
+    for part in (quote_part(session), quote_part(run), quote_part(call_id)):
+        assert not set(part) & set("{}:/")
+    assert keys.call(call_id).split(":") == [PREFIX, keys.tag, "call", quote_part(call_id)]
+    assert keys.tag.count("/") == 1
+
+
+@settings(max_examples=50)
+@given(a=st.tuples(any_id, any_id), b=st.tuples(any_id, any_id))
+def test_different_runs_get_different_tags(a: tuple[str, str], b: tuple[str, str]) -> None:
+    if a != b:
+        assert RunKeys(PREFIX, *a).tag != RunKeys(PREFIX, *b).tag
+
+
+@settings(max_examples=50)
+@given(session=any_id, run=any_id, call_id=any_id)
+def test_due_member_round_trips(session: str, run: str, call_id: str) -> None:
+    # Given
+    keys = RunKeys(PREFIX, session, run)
+    # When
+    parsed_keys, parsed_call = parse_due_member(PREFIX, keys.due_member(call_id))
+    # Then
+    assert (parsed_keys, parsed_call) == (keys, call_id)
+    assert parsed_keys.call(parsed_call) == keys.call(call_id)
+
+
+@settings(max_examples=50)
+@given(a=st.tuples(any_id, any_id, any_id), b=st.tuples(any_id, any_id, any_id))
+def test_due_members_do_not_collide(a: tuple[str, str, str], b: tuple[str, str, str]) -> None:
+    if a != b:
+        assert RunKeys(PREFIX, a[0], a[1]).due_member(a[2]) != RunKeys(PREFIX, b[0], b[1]).due_member(b[2])
