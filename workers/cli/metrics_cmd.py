@@ -32,12 +32,12 @@ def register(subparsers: Any) -> None:
     metrics.add_argument("--port", type=int, required=True, help="TCP port of the /metrics endpoint")
     metrics.add_argument("--bind", default="127.0.0.1", help="address to bind (default: loopback only)")
     metrics.add_argument(
-        "--max-keys", type=int, default=100_000, help="most ledger keys one scrape reads (default 100000)"
+        "--max-keys", type=int, default=20_000, help="most ledger keys one scrape reads (default 20000)"
     )
     metrics.set_defaults(func=_metrics)
 
 
-def build_registry(settings: Settings, *, max_keys: int = 100_000) -> CollectorRegistry:
+def build_registry(settings: Settings, *, max_keys: int = 20_000) -> CollectorRegistry:
     """A registry holding only the ledger collector, connected to the configured Redis.
 
     Raises:
