@@ -73,7 +73,8 @@ def test_r5_invalid_arguments_and_unknown_tool_answer_immediately(gateway: ToolG
     # Then
     _assert_one_each(calls, results)
     assert [r.reason for r in results] == ["invalid_arguments", "unknown_tool"]
-    assert "text" in results[0].text and "nope" in results[0].text
+    assert "text" in results[0].text
+    assert "nope" in results[0].text
     assert "echo" in results[1].text
     assert elapsed < 1.0
 
@@ -121,9 +122,7 @@ def test_exec_process_group_dies_with_a_soft_timeout(
     gateway.close()
     # Then
     assert results[0].reason == "timeout_soft"
-    wait_until(
-        lambda: os.system(f"pgrep -f {marker} >/dev/null") != 0, timeout_s=5, what="process group gone"
-    )
+    wait_until(lambda: not processes_with_cmdline(marker), timeout_s=5, what="process group gone")
 
 
 @pytest.mark.timeout(60)
@@ -193,7 +192,8 @@ def test_redelivered_message_for_a_finished_call_never_runs_again(worker: Proc, 
     ledger = gateway._rt.ledger
     keys = ledger.keys("s1", "r1")
     record = ledger.record(keys, "once")
-    assert record is not None and record.fields["attempt"] == "1"
+    assert record is not None
+    assert record.fields["attempt"] == "1"
     # When the broker delivers the same message again
     gateway._app.send_task("unstuck.invoke", kwargs={"job": __import__("json").loads(record.fields["job"])})
     # Then the worker sees it finished: no second attempt, no late result, same answer
