@@ -140,7 +140,7 @@ def test_no_bare_exception_or_runtime_error_is_raised() -> None:
 
 # --- habit 8: keys are spelled in one module ------------------------------------------------
 
-KEY_LITERAL = re.compile(r":(call|late|lease|calls|open|done|history|run|due)(:|$|\})")
+KEY_LITERAL = re.compile(r":(call|late|lease|calls|open|done|history|run|due)(:|}|\"|'|$)")
 KEYS_MODULE = "workers/store/keys.py"
 
 
