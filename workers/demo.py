@@ -228,6 +228,9 @@ def run_demo(*, json_output: bool) -> int:
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = _EXIT_STARTUP
+    except UnstuckError as exc:
+        print(f"error: the demo could not finish: {exc}", file=sys.stderr)
+        code = _EXIT_FAILED
     finally:
         stack.stop(remove_logs=code == 0)
         if code != 0:
