@@ -30,17 +30,24 @@ __all__ = ["LeaseKeeper", "PoolGuard", "check_pool", "install_worker_steps"]
 
 log = logging.getLogger(__name__)
 
-_LIMIT_ENFORCING_POOLS = {"prefork", "processes"}
+
+def _pool_name(pool_cls: Any) -> str:
+    """'prefork', 'threads', 'solo', ... from a class, 'module:Class' string or alias."""
+    spec = pool_cls if isinstance(pool_cls, str) else f"{pool_cls.__module__}:{pool_cls.__name__}"
+    module, _, cls = spec.partition(":")
+    if not cls and "." in module:
+        module, cls = module.rsplit(".", 1)
+    name = module.rsplit(".", 1)[-1] if cls in ("", "TaskPool") else cls
+    return {"thread": "threads", "processes": "prefork"}.get(name.lower(), name.lower())
 
 
 def check_pool(pool_cls: Any) -> None:
     """Raise ``WorkerConfigError`` unless the pool enforces soft and hard time limits (prefork)."""
-    name = pool_cls if isinstance(pool_cls, str) else f"{pool_cls.__module__}.{pool_cls.__name__}"
-    short = name.rsplit(":", 1)[-1].rsplit(".", 1)[-1].lower()
-    if short in _LIMIT_ENFORCING_POOLS or name.startswith("celery.concurrency.prefork"):
+    name = _pool_name(pool_cls)
+    if name == "prefork":
         return
     raise WorkerConfigError(
-        f"unstuck refuses to start a worker with the {short!r} pool: only the prefork pool enforces "
+        f"unstuck refuses to start a worker with the {name!r} pool: only the prefork pool enforces "
         "soft and hard time limits, so hung tools could never be answered. Use --pool prefork "
         "(what `unstuck worker` does)."
     )

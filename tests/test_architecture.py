@@ -84,11 +84,6 @@ ENVIRONMENT = r"os\.environ|getenv"
 SETTINGS_MODULES = frozenset({"workers/settings.py", "workers/config_file.py"})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: os.environ is read outside settings: workers/cli/flower_cmd.py (flower_env(..., "
-    "os.environ)) and workers/up.py (child env built from os.environ)",
-)
 def test_environment_is_read_only_by_settings() -> None:
     files = _python_files("workers", "tasks", "beat_schedule.py")
     assert _grep(ENVIRONMENT, files, exclude=SETTINGS_MODULES) == []

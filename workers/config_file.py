@@ -24,35 +24,42 @@ import json
 import logging
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic_settings import PydanticBaseSettingsSource
 
 from workers.errors import ConfigError
 
-__all__ = ["ConfigFileSource", "read_config_file", "translate_reference_config"]
+__all__ = ["MAX_SECONDS", "ConfigFileSource", "Seconds", "read_config_file", "translate_reference_config"]
 
 log = logging.getLogger(__name__)
 
-_CAMEL = ConfigDict(extra="allow", alias_generator=AliasGenerator(validation_alias=to_camel))
+MAX_SECONDS = 30 * 24 * 3600
+#: A duration in seconds: positive, finite and at most 30 days (larger values overflow
+#: the broker's visibility timeout arithmetic and are never what anyone meant).
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+_CAMEL = ConfigDict(
+    extra="allow", allow_inf_nan=False, alias_generator=AliasGenerator(validation_alias=to_camel)
+)
 
 
 class _Llm(BaseModel):
     model_config = _CAMEL
-    idle_timeout_seconds: PositiveFloat | None = None
+    idle_timeout_seconds: Seconds | None = None
 
 
 class _Tools(BaseModel):
     model_config = _CAMEL
-    timeout_seconds: PositiveFloat | None = None
+    timeout_seconds: Seconds | None = None
     loop_detection: dict[str, Any] | None = None
 
 
 class _AgentBlock(BaseModel):
     model_config = _CAMEL
-    timeout_seconds: PositiveFloat | None = None
+    timeout_seconds: Seconds | None = None
     llm: _Llm | None = None
     tools: _Tools | None = None
 
@@ -69,7 +76,7 @@ class _Agents(BaseModel):
 
 class _GlobalTools(BaseModel):
     model_config = _CAMEL
-    timeouts: dict[str, PositiveFloat] | None = None
+    timeouts: dict[str, Seconds] | None = None
     loop_detection: dict[str, Any] | None = None
 
 
@@ -205,4 +212,26 @@ class ConfigFileSource(PydanticBaseSettingsSource):
         path = self.current_state.get("config")
         if not path:
             return {}
-        return translate_reference_config(read_config_file(str(path)))
+        translated = translate_reference_config(read_config_file(str(path)))
+        _check_own_block(
+            self.settings_cls, {k: v for k, v in translated.items() if k not in ("agents", "tools")}
+        )
+        return translated
+
+
+def _check_own_block(settings_cls: type[BaseModel], block: dict[str, Any]) -> None:
+    """Validate the `unstuck` block alone, so errors name the path as written in the file."""
+    problems: list[tuple[str, str]] = []
+    for key, value in block.items():
+        field = settings_cls.model_fields.get(key)
+        if field is None:
+            near = difflib.get_close_matches(key, list(settings_cls.model_fields), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            problems.append((f"unstuck.{key}", "unknown key" + hint))
+            continue
+        try:
+            TypeAdapter(field.annotation or Any).validate_python(value)
+        except ValidationError as exc:
+            problems += [(_path(("unstuck", key, *err["loc"])), err["msg"]) for err in exc.errors()]
+    if problems:
+        raise ConfigError(problems)

@@ -9,6 +9,7 @@ Every duration's name ends in ``_s`` or ``_ms``. The model is frozen.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 from pydantic import (
@@ -23,7 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from workers.config_file import ConfigFileSource
+from workers.config_file import ConfigFileSource, Seconds
 from workers.errors import ConfigError
 
 __all__ = [
@@ -43,9 +44,10 @@ __all__ = [
     "WatchdogSettings",
     "WorkerSettings",
     "load_settings",
+    "process_environment",
 ]
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RedisSettings(BaseModel):
@@ -55,8 +57,8 @@ class RedisSettings(BaseModel):
 
     url: str = Field("", description="redis:// or rediss:// URL; empty starts an embedded redis-server")
     key_prefix: str = Field("unstuck", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    socket_timeout_s: PositiveFloat = 2.0
-    socket_connect_timeout_s: PositiveFloat = 1.0
+    socket_timeout_s: Seconds = 2.0
+    socket_connect_timeout_s: Seconds = 1.0
 
 
 class BrokerSettings(BaseModel):
@@ -66,7 +68,7 @@ class BrokerSettings(BaseModel):
 
     url: str = Field("", description="broker URL (redis://, rediss://, amqp://); empty means redis.url")
     queue: str = "unstuck.tools"
-    publish_timeout_s: PositiveFloat = 1.0
+    publish_timeout_s: Seconds = 1.0
 
 
 class LlmSettings(BaseModel):
@@ -74,7 +76,7 @@ class LlmSettings(BaseModel):
 
     model_config = _FROZEN
 
-    idle_timeout_s: PositiveFloat = 90.0
+    idle_timeout_s: Seconds = 90.0
 
 
 class ToolDefaults(BaseModel):
@@ -82,7 +84,7 @@ class ToolDefaults(BaseModel):
 
     model_config = _FROZEN
 
-    timeout_s: PositiveFloat = 300.0
+    timeout_s: Seconds = 300.0
     loop_detection: dict[str, Any] | None = None
 
 
@@ -91,7 +93,7 @@ class AgentProfile(BaseModel):
 
     model_config = _FROZEN
 
-    run_timeout_s: PositiveFloat = 1800.0
+    run_timeout_s: Seconds = 1800.0
     llm: LlmSettings = LlmSettings()
     tools: ToolDefaults = ToolDefaults()
 
@@ -102,9 +104,9 @@ class AgentOverride(BaseModel):
     model_config = _FROZEN
 
     id: str = Field(min_length=1)
-    run_timeout_s: PositiveFloat | None = None
-    llm_idle_timeout_s: PositiveFloat | None = None
-    tool_timeout_s: PositiveFloat | None = None
+    run_timeout_s: Seconds | None = None
+    llm_idle_timeout_s: Seconds | None = None
+    tool_timeout_s: Seconds | None = None
     loop_detection: dict[str, Any] | None = None
 
 
@@ -149,7 +151,7 @@ class ToolsSettings(BaseModel):
 
     model_config = _FROZEN
 
-    timeouts_s: dict[str, PositiveFloat] = Field(default_factory=dict)
+    timeouts_s: dict[str, Seconds] = Field(default_factory=dict)
     loop_detection: dict[str, Any] | None = None
 
 
@@ -232,6 +234,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         frozen=True,
         extra="forbid",
+        allow_inf_nan=False,
     )
 
     redis: RedisSettings = RedisSettings()
@@ -273,6 +276,14 @@ class Settings(BaseSettings):
         if declared_s is not None:
             return declared_s
         return self.agents.for_agent(agent_id).tools.timeout_s
+
+
+def process_environment() -> dict[str, str]:
+    """A copy of this process's environment, for children we start (worker, beat, Flower).
+
+    Reading the environment is this module's job alone; everything else asks here.
+    """
+    return dict(os.environ)
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 from workers.cli.run_cmds import beat_argv, preflight, worker_argv
 from workers.errors import ConfigError, StoreError, UnstuckError
-from workers.settings import Settings
+from workers.settings import Settings, process_environment
 from workers.store.embedded import EmbeddedRedis
 
 __all__ = [
@@ -83,7 +83,7 @@ def _signals_ignored() -> Iterator[None]:
 
 def child_env(extra: Mapping[str, str], *, keep_unstuck: bool = True) -> dict[str, str]:
     """Our environment plus ``extra``; ``keep_unstuck=False`` drops inherited ``UNSTUCK_*`` first."""
-    env = {k: v for k, v in os.environ.items() if keep_unstuck or not k.startswith("UNSTUCK_")}
+    env = {k: v for k, v in process_environment().items() if keep_unstuck or not k.startswith("UNSTUCK_")}
     env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -174,11 +174,6 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: exec waits for EOF on stdout/stderr, so a backgrounded child that inherits "
-    "them keeps the call open after the shell exited (until the child ends or the soft limit)",
-)
 def test_exec_returns_when_the_shell_exits_even_if_a_background_child_holds_the_pipes() -> None:
     # Given
     recorder = Recorder()
@@ -239,11 +234,6 @@ def test_exec_interrupted_mid_run_kills_its_whole_group() -> None:
     assert _wait_group_dead(pgid) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: exec_command leaves the Popen's stdout/stderr pipes open when interrupted "
-    "(no `with Popen` / close in its finally); they leak until garbage collection",
-)
 def test_exec_interrupted_mid_run_closes_its_pipes() -> None:
     # Given
     recorder = Recorder(on_beat=HeartbeatInterrupt)

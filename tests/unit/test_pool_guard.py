@@ -61,11 +61,6 @@ def test_refusal_names_the_pool_given_by_name(pool: str) -> None:
         check_pool(pool)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: check_pool names a pool given as a class or 'module:TaskPool' by its class name, "
-    "so the message says \"the 'taskpool' pool\" instead of naming threads/solo",
-)
 @pytest.mark.parametrize(("pool", "named"), [(ThreadPool, "thread"), (SoloPool, "solo")])
 def test_refusal_names_the_pool_given_as_a_class(pool: type, named: str) -> None:
     with pytest.raises(WorkerConfigError) as info:

@@ -362,11 +362,6 @@ def test_re_registering_the_same_function_is_allowed() -> None:
     assert get_tool(name).func is same
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: registry.tool compares only __qualname__, so two modules' same-named functions "
-    "silently replace each other",
-)
 def test_same_named_functions_from_two_modules_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -311,12 +311,6 @@ def test_invalid_config_file_names_the_key_path(
     assert [reason in why for where, why in error.problems if where == key_path] == [True], error.problems
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: errors in the config file's `unstuck` block are reported by load_settings with the "
-    "Settings path and an env var name ('lease.ttl_s (UNSTUCK_LEASE__TTL_S)'), not the file path "
-    "'unstuck.lease.ttl_s'",
-)
 def test_invalid_value_in_unstuck_block_names_the_file_path(tmp_path: Path) -> None:
     error = _config_error(config=_write(tmp_path, {"unstuck": {"lease": {"ttl_s": "soon"}}}))
     assert "unstuck.lease.ttl_s" in str(error)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from workers.errors import ConfigError
-from workers.settings import load_settings
+from workers.settings import load_settings, process_environment
 
 __all__ = ["BASIC_AUTH_ENV", "flower_argv", "flower_env", "is_loopback", "parse_basic_auth", "register"]
 
@@ -108,7 +108,7 @@ def _flower(args: argparse.Namespace) -> int:
             raise ConfigError(
                 [("redis.url", "no broker configured: set UNSTUCK_REDIS__URL (or run `unstuck up`)")]
             )
-        env = flower_env(args.address, args.basic_auth, os.environ)
+        env = flower_env(args.address, args.basic_auth, process_environment())
     except ConfigError as exc:
         path, reason = exc.problems[0] if exc.problems else ("", str(exc))
         print(f"unstuck flower: {path}: {reason}", file=sys.stderr)

@@ -111,6 +111,8 @@ def _read_json(file: str) -> Any:
         raise TranscriptRepairError(
             "$", f"invalid JSON at line {error.lineno} column {error.colno}"
         ) from error
+    except RecursionError:
+        raise TranscriptRepairError("$", "JSON nested too deeply") from None
 
 
 def _write_json(stream: TextIO, value: Any) -> None:

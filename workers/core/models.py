@@ -38,7 +38,7 @@ class CallState(enum.StrEnum):
 
 
 class ToolCall(BaseModel):
-    """One tool call emitted by the model."""
+    """One tool call emitted by the model (unknown keys from model output are ignored)."""
 
     model_config = ConfigDict(frozen=True)
 

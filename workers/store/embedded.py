@@ -69,7 +69,10 @@ class EmbeddedRedis:
             "--appendfsync", "always",
             "--protected-mode", "yes",
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Own session: a Ctrl-C meant for our parent must not kill Redis before the workers stop.
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         self._await_ping(timeout_s)
         return self
 

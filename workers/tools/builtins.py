@@ -7,8 +7,9 @@ import http.client
 import os
 import signal
 import subprocess
+import tempfile
 import time
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from workers.errors import ToolExecutionError
@@ -38,41 +39,54 @@ def exec_command(
 ) -> dict[str, Any]:
     """Run a shell command; returns exit code and captured stdout/stderr.
 
-    The command runs in its own process group, which is killed when the call ends for any
-    reason (normal exit, soft limit, heartbeat interrupt); on a hard kill the worker's main
-    process kills the group it recorded.
+    The command runs in its own process group, which is killed when the shell exits and
+    whenever the call ends early (soft limit, heartbeat interrupt); on a hard kill the
+    worker's main process kills the group it recorded. Output goes to temporary files, so
+    a backgrounded child holding the output open cannot keep the call waiting.
     """
     started = time.monotonic()
-    proc = subprocess.Popen(
-        ["/bin/sh", "-c", command],
-        cwd=cwd,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    ctx.register_process_group(proc.pid)
-    try:
-        stdout, stderr = _communicate(proc, ctx, stdin)
-    finally:
-        _kill_group(proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1)
-    return {
-        "exit_code": proc.returncode,
-        "stdout": _clip(stdout),
-        "stderr": _clip(stderr),
-        "duration_ms": int((time.monotonic() - started) * 1000),
-    }
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryFile() as inp,
+    ):
+        if stdin is not None:
+            inp.write(stdin.encode())
+            inp.seek(0)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=cwd,
+            stdin=inp if stdin is not None else subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+        ctx.register_process_group(proc.pid)
+        try:
+            _wait_with_heartbeats(proc, ctx)
+        finally:
+            _kill_group(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)
+        return {
+            "exit_code": proc.returncode,
+            "stdout": _read_clipped(out),
+            "stderr": _read_clipped(err),
+            "duration_ms": int((time.monotonic() - started) * 1000),
+        }
 
 
-def _communicate(proc: subprocess.Popen[bytes], ctx: ToolContext, stdin: str | None) -> tuple[bytes, bytes]:
-    data = stdin.encode() if stdin is not None else None
+def _read_clipped(file: IO[bytes]) -> str:
+    file.seek(0)
+    return _clip(file.read(MAX_OUTPUT_BYTES + 1))
+
+
+def _wait_with_heartbeats(proc: subprocess.Popen[bytes], ctx: ToolContext) -> None:
     while True:
         try:
-            return proc.communicate(input=data, timeout=1.0)
+            proc.wait(timeout=1.0)
+            return
         except subprocess.TimeoutExpired:
-            data = None  # already written on the first round
             ctx.heartbeat({"pid": proc.pid, "running": True})
 
 

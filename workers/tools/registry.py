@@ -151,12 +151,16 @@ def tool(
             description=description or (inspect.getdoc(target) or "").split("\n")[0],
         )
         existing = _REGISTRY.get(tool_name)
-        if existing is not None and existing.func.__qualname__ != target.__qualname__:
+        if existing is not None and _origin(existing.func) != _origin(target):
             raise ConfigError([(f"tool {tool_name}", "registered twice by different functions")])
         _REGISTRY[tool_name] = spec
         return target
 
     return register(func) if func is not None else register
+
+
+def _origin(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
 
 
 def registered_tools() -> dict[str, ToolSpec]:
