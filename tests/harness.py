@@ -126,3 +126,10 @@ def processes_with_cmdline(fragment: str) -> list[int]:
         if fragment in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def kill_pids(pids: list[int]) -> None:
+    """SIGKILL each pid that still exists (orphaned pool children of a killed worker)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

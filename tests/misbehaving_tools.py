@@ -102,3 +102,10 @@ def slow_idempotent(seconds: float) -> str:
     """Takes a while; safe to re-run on another worker."""
     time.sleep(seconds)
     return "idempotent done"
+
+
+@tool(soft_timeout_s=6.0, hard_timeout_s=7.0, idempotent=False)
+def steady(seconds: float) -> str:
+    """Takes a few seconds under a short deadline (Redis restarted mid-call)."""
+    time.sleep(seconds)
+    return "steady done"

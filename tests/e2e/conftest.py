@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 
-from tests.harness import REPO
+import pytest
+
+from tests.harness import REPO, Proc, base_env, kill_pids, start_beat, start_worker
+from workers.settings import Settings
+from workers.store.embedded import EmbeddedRedis
 
 
 def clean_env() -> dict[str, str]:
@@ -29,3 +34,69 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+
+
+# -- backbone e2e: a private redis-server per test, real worker/beat subprocesses -------------
+
+
+@pytest.fixture
+def private_redis() -> Iterator[EmbeddedRedis]:
+    """A redis-server of this test's own (never the shared 127.0.0.1:6379), AOF off."""
+    server = EmbeddedRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def backbone_env(private_redis: EmbeddedRedis) -> dict[str, str]:
+    """Environment of worker/beat subprocesses: the private Redis, test tools, 3 s leases."""
+    return base_env(private_redis.url, UNSTUCK_WATCHDOG__INTERVAL_S="1")
+
+
+@pytest.fixture
+def backbone_settings(backbone_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings of this test process matching ``backbone_env``."""
+    for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
+        monkeypatch.delenv(key)
+    for key, value in backbone_env.items():
+        if key.startswith("UNSTUCK_"):
+            monkeypatch.setenv(key, value)
+    return Settings()
+
+
+class Processes:
+    """Workers, beats and stray pids a test started; all are killed at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[Proc] = []
+        self.strays: list[int] = []
+
+    def worker(self, env: dict[str, str], *, name: str, concurrency: int = 2) -> Proc:
+        proc = start_worker(env, concurrency=concurrency, name=name)
+        self.procs.append(proc)
+        self.strays.extend(proc.children())
+        return proc
+
+    def beat(self, env: dict[str, str]) -> Proc:
+        proc = start_beat(env)
+        self.procs.append(proc)
+        return proc
+
+    def track(self, proc: Proc) -> Proc:
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            self.strays.extend(proc.children())
+        for proc in self.procs:
+            proc.stop()
+        kill_pids(self.strays)
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    """Start processes through this; every one of them (and their pool children) dies at teardown."""
+    started = Processes()
+    yield started
+    started.close()
