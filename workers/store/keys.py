@@ -23,11 +23,34 @@ key                                type    TTL              written by          
 ``P:due``                          ZSET    none (members    register (hint),    watchdog
                                            removed when     watchdog
                                            answered)
+``P:{S}:lane``                     HASH    PEXPIREAT the    sessions (begin,    gateway (fence),
+                                           run's deadline   end, release)       watchdog, CLI
+                                           + 60 s (lease)
+``P:{S}:fence``                    STRING  ledger.ttl_s     sessions (INCR on   sessions
+                                                            begin)
+``P:{runs}:by_deadline``           ZSET    none (members    sessions (begin),   watchdog, CLI
+                                           removed when     watchdog
+                                           the run ends)
+``P:{runs}:by_progress``           ZSET    none (members    sessions (begin,    watchdog, CLI
+                                           removed when     touch), watchdog
+                                           the run ends)
+``P:{runs}:ended``                 ZSET    none (members    sessions (end)      CLI
+                                           older than
+                                           ledger.ttl_s
+                                           trimmed on end)
 =================================  ======  ===============  ==================  ======================
 
 ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` is the only key
 outside a run's slot; it is an index that the watchdog re-checks against the ledger,
 so it never needs to change atomically with a run's keys.
+
+Session lanes (``S`` is the percent-quoted session key) cannot share a run's tag: a lane
+outlives the runs that hold it in turn. So session keys get their own tag ``{S}``, and the
+run indexes share the tag ``{runs}``. On Redis Cluster that makes beginning or ending a run
+three single-slot steps (lane, run record, indexes), not one transaction; each step is
+atomic on its own, they are ordered so a crash in between leaves only what expires or what
+the watchdog repairs, and the global indexes are hints re-checked against the run record.
+Index members are ``S/<run>`` (see :func:`run_member`).
 """
 
 from __future__ import annotations
@@ -35,7 +58,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-__all__ = ["RunKeys", "due_index_key", "parse_due_member", "quote_part"]
+__all__ = [
+    "RunIndexKeys",
+    "RunKeys",
+    "SessionKeys",
+    "due_index_key",
+    "lane_pattern",
+    "parse_due_member",
+    "parse_lane_key",
+    "parse_run_member",
+    "quote_part",
+    "run_index_keys",
+    "run_member",
+]
 
 
 def quote_part(value: str) -> str:
@@ -110,3 +145,62 @@ def parse_due_member(prefix: str, member: str) -> tuple[RunKeys, str]:
     """Split a due-index member back into the run's keys and the call id."""
     session, run, call = (unquote(part) for part in member.split("/"))
     return RunKeys(prefix, session, run), call
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    """Key builders for one session: its lane lock and its fencing counter."""
+
+    prefix: str
+    session_key: str
+
+    @property
+    def tag(self) -> str:
+        """The cluster hash tag of the session's own keys (not a run's tag)."""
+        return "{" + quote_part(self.session_key) + "}"
+
+    @property
+    def lane(self) -> str:
+        """The lane lock: which run holds the session, with its fencing token."""
+        return ":".join((self.prefix, self.tag, "lane"))
+
+    @property
+    def fence(self) -> str:
+        """The session's fencing counter (INCR per run begun)."""
+        return ":".join((self.prefix, self.tag, "fence"))
+
+
+@dataclass(frozen=True)
+class RunIndexKeys:
+    """The global run indexes (one slot, tag ``{runs}``)."""
+
+    by_deadline: str
+    by_progress: str
+    ended: str
+
+
+def run_index_keys(prefix: str) -> RunIndexKeys:
+    """Running runs by deadline (ms) and by last progress (ms); ended runs by end time (ms)."""
+    base = f"{prefix}:{{runs}}"
+    return RunIndexKeys(f"{base}:by_deadline", f"{base}:by_progress", f"{base}:ended")
+
+
+def run_member(session_key: str, run_id: str) -> str:
+    """A run's member in the run indexes."""
+    return quote_part(session_key) + "/" + quote_part(run_id)
+
+
+def parse_run_member(member: str) -> tuple[str, str]:
+    """Split a run-index member back into (session key, run id)."""
+    session, run = member.split("/")
+    return unquote(session), unquote(run)
+
+
+def lane_pattern(prefix: str) -> str:
+    """SCAN pattern matching every session's lane key (operator commands only)."""
+    return f"{prefix}:{{*}}:lane"
+
+
+def parse_lane_key(prefix: str, key: str) -> str:
+    """The session key of a lane key."""
+    return unquote(key[len(prefix) + 2 : -len("}:lane")])

@@ -1,0 +1,161 @@
+"""The stuck-session watchdog's decisions: classify runs from their real activity, pick actions.
+
+Classes follow the reference system (spec other-systems §10), with its mistake avoided:
+progress is *any* activity the ledger saw — a call submitted, started, finished, or a tool
+heartbeat — not a narrow list of events, so a tool that keeps reporting is never stalled.
+
+* ``active`` — recent activity, no unanswered call (the agent is between tool batches);
+* ``long_running`` — unanswered calls and recent activity: work visible and progressing;
+* ``stalled`` — a call is running (its worker's lease is alive) but nothing happened for
+  ``stalled_after_ms``: alert only; its own limits still bound it;
+* ``stuck`` — marked running, no running call, nothing for ``stalled_after_ms``: stale
+  bookkeeping. Alerted, and recovered when ``auto_recover`` is on.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "CallActivity",
+    "RunStatus",
+    "RunView",
+    "SessionClass",
+    "Verdict",
+    "WatchdogAction",
+    "WatchdogPolicy",
+    "classify",
+    "judge",
+    "judge_all",
+    "last_activity_ms",
+]
+
+
+class RunStatus(enum.StrEnum):
+    """Life cycle of a run."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    TIMED_OUT = "timed_out"
+
+
+class SessionClass(enum.StrEnum):
+    """What the watchdog thinks of a running run."""
+
+    ACTIVE = "active"
+    LONG_RUNNING = "long_running"
+    STALLED = "stalled"
+    STUCK = "stuck"
+
+
+class WatchdogAction(enum.StrEnum):
+    """What the sweep does with a run."""
+
+    NONE = "none"
+    TIME_OUT = "time_out"  # past its deadline: answer calls deadline_exceeded, free the lane
+    RECOVER = "recover"  # stuck and auto_recover: cancel calls, revoke tasks, free the lane
+    DROP = "drop"  # not running any more: remove it from the indexes
+
+
+@dataclass(frozen=True)
+class CallActivity:
+    """What the ledger shows of one call of a run."""
+
+    call_id: str
+    tool: str
+    state: str
+    submitted_ms: int
+    started_ms: int
+    heartbeat_ms: int
+    finished_ms: int
+    lease_alive: bool
+    dispatched: bool
+
+    @property
+    def open(self) -> bool:
+        """Whether the call has no result yet."""
+        return self.state != "done"
+
+    @property
+    def working(self) -> bool:
+        """Whether a live worker runs it right now."""
+        return self.state == "running" and self.lease_alive
+
+    @property
+    def last_activity_ms(self) -> int:
+        """The latest submit, start, heartbeat or finish of the call."""
+        return max(self.submitted_ms, self.started_ms, self.heartbeat_ms, self.finished_ms)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A running run as the sweep sees it: its record and its recent and open calls."""
+
+    session_key: str
+    run_id: str
+    status: str
+    started_ms: int
+    deadline_ms: int
+    progress_ms: int
+    previous_class: str
+    calls: tuple[CallActivity, ...] = ()
+
+
+@dataclass(frozen=True)
+class WatchdogPolicy:
+    """The thresholds of one sweep."""
+
+    stalled_after_ms: int
+    auto_recover: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The watchdog's view of one run and what to do about it."""
+
+    session_key: str
+    run_id: str
+    klass: SessionClass | None
+    last_activity_ms: int
+    idle_ms: int
+    action: WatchdogAction
+    alert: bool
+
+
+def last_activity_ms(run: RunView) -> int:
+    """The latest activity of the run: its recorded progress or any of its calls' activity."""
+    return max([run.started_ms, run.progress_ms, *(call.last_activity_ms for call in run.calls)])
+
+
+def classify(run: RunView, *, now_ms: int, stalled_after_ms: int) -> SessionClass:
+    """Classify a running run; ``stalled``/``stuck`` start exactly at ``stalled_after_ms`` idle."""
+    idle = now_ms - last_activity_ms(run)
+    if idle < stalled_after_ms:
+        return SessionClass.LONG_RUNNING if any(c.open for c in run.calls) else SessionClass.ACTIVE
+    if any(call.working for call in run.calls):
+        return SessionClass.STALLED
+    return SessionClass.STUCK
+
+
+def judge(run: RunView, *, now_ms: int, policy: WatchdogPolicy) -> Verdict:
+    """Class, alert (on entering stalled or stuck) and action of one run."""
+    last = last_activity_ms(run)
+    if run.status != RunStatus.RUNNING.value:
+        return Verdict(run.session_key, run.run_id, None, last, now_ms - last, WatchdogAction.DROP, False)
+    klass = classify(run, now_ms=now_ms, stalled_after_ms=policy.stalled_after_ms)
+    alert = klass in (SessionClass.STALLED, SessionClass.STUCK) and run.previous_class != klass.value
+    if run.deadline_ms and now_ms >= run.deadline_ms:
+        action = WatchdogAction.TIME_OUT
+    elif klass is SessionClass.STUCK and policy.auto_recover:
+        action = WatchdogAction.RECOVER
+    else:
+        action = WatchdogAction.NONE
+    return Verdict(run.session_key, run.run_id, klass, last, now_ms - last, action, alert)
+
+
+def judge_all(runs: Iterable[RunView], *, now_ms: int, policy: WatchdogPolicy) -> list[Verdict]:
+    """``judge`` for each run."""
+    return [judge(run, now_ms=now_ms, policy=policy) for run in runs]

@@ -1,0 +1,394 @@
+"""Sessions and runs: one active run per session (a lane with a lease and a fencing token).
+
+* **Lane.** ``begin_run`` takes the session's lane for a run and returns a fencing token,
+  strictly increasing per session. A newer run of the session supersedes the holder: the
+  old run is marked ``aborted`` (reason ``superseded``) and its unanswered calls are answered
+  ``cancelled`` at once, so its waiting gateway gets exactly one result per call. Queued tasks
+  of those calls need no revocation for correctness: a worker's claim of an answered call
+  returns ``done`` and never runs the tool. A superseded run cannot write its run record
+  again: ``touch_progress`` and ``end_run`` return False once it is no longer running.
+* **Lease.** The lane expires by itself at the run's deadline plus a margin, so a gateway
+  that died never holds a session forever; the watchdog normally frees it sooner.
+* **Run record.** Start, deadline, last progress, status ``running|completed|aborted|
+  timed_out``, token, the watchdog's last class. Kept in the run's hash (see
+  :mod:`workers.store.keys`), next to the ledger's own ``ensure_run`` fields.
+* **Indexes.** Running runs are members of two global sorted sets, by deadline and by last
+  progress, so a sweep reads only the runs that are due (O(due), not O(sessions)). They are
+  hints: every decision re-reads the run record. Members are removed when a run ends.
+
+Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic steps; see the
+key schema for why. Times come in as arguments; nothing here reads the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from workers.core.models import SyntheticReason, ToolCall
+from workers.core.results import synthetic_result
+from workers.core.watchdog import CallActivity, RunStatus
+from workers.store.keys import (
+    RunKeys,
+    SessionKeys,
+    lane_pattern,
+    parse_lane_key,
+    parse_run_member,
+    run_index_keys,
+    run_member,
+)
+from workers.store.ledger import Ledger, store_errors
+
+__all__ = ["Lane", "RunInfo", "SessionStore"]
+
+RECENT_CALLS = 20
+LANE_LEASE_MARGIN_MS = 60_000
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Who holds a session's lane."""
+
+    session_key: str
+    run_id: str
+    token: int
+    agent_id: str
+    since_ms: int
+    lease_until_ms: int
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run record as stored."""
+
+    session_key: str
+    run_id: str
+    agent_id: str
+    status: str
+    started_ms: int
+    deadline_ms: int
+    progress_ms: int
+    token: int
+    klass: str
+    ended_ms: int
+    end_reason: str
+
+
+def _script_text(name: str) -> str:
+    return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
+
+
+def _text(raw: dict[Any, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def _scored(member: Any, score: Any) -> tuple[str, str, int]:
+    session_key, run_id = parse_run_member(str(member))
+    return session_key, run_id, int(score)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _run_info(session_key: str, run_id: str, raw: dict[str, str]) -> RunInfo:
+    return RunInfo(
+        session_key=session_key,
+        run_id=run_id,
+        agent_id=raw.get("agent_id", ""),
+        status=raw.get("status", ""),
+        started_ms=_int(raw.get("started_ms")),
+        deadline_ms=_int(raw.get("deadline_ms")),
+        progress_ms=_int(raw.get("progress_ms")) or _int(raw.get("started_ms")),
+        token=_int(raw.get("token")),
+        klass=raw.get("class", ""),
+        ended_ms=_int(raw.get("ended_ms")),
+        end_reason=raw.get("end_reason", ""),
+    )
+
+
+class SessionStore:
+    """Redis access for lanes, run records and run indexes; raises ``StoreError`` on Redis failure."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.client = ledger.client
+        self.prefix = ledger.prefix
+        self.index = run_index_keys(ledger.prefix)
+        self._acquire = self.client.register_script(_script_text("session_acquire.lua"))
+        self._release = self.client.register_script(_script_text("session_release.lua"))
+        self._start = self.client.register_script(_script_text("session_start.lua"))
+        self._touch = self.client.register_script(_script_text("session_touch.lua"))
+        self._end = self.client.register_script(_script_text("session_end.lua"))
+
+    def session(self, session_key: str) -> SessionKeys:
+        """The key builder of one session."""
+        return SessionKeys(self.prefix, session_key)
+
+    # -- the gateway's calls ------------------------------------------------------------------
+
+    def begin_run(
+        self, session_key: str, run_id: str, agent_id: str, now_ms: int, deadline_ms: int, *, writer: str
+    ) -> int:
+        """Take the session's lane for ``run_id``; returns its fencing token, 0 if the run already ended.
+
+        Idempotent for the run holding the lane. A run holding the lane before is superseded:
+        marked ``aborted`` and its unanswered calls answered ``cancelled`` (by ``writer``).
+        """
+        run_keys = RunKeys(self.prefix, session_key, run_id)
+        sess = self.session(session_key)
+        with store_errors():
+            status = self.client.hget(run_keys.run, "status")
+            if status and status != RunStatus.RUNNING.value:
+                return 0
+            lease_until = max(deadline_ms, now_ms) + LANE_LEASE_MARGIN_MS
+            token, previous, prev_token = self._acquire(
+                keys=[sess.lane, sess.fence],
+                args=[run_id, agent_id, now_ms, lease_until, self.ledger.ttl_s],
+            )
+            stored_deadline = self._start(
+                keys=[run_keys.run], args=[token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s]
+            )
+            member = run_member(session_key, run_id)
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zadd(self.index.by_deadline, {member: int(stored_deadline or deadline_ms)})
+            pipe.zadd(self.index.by_progress, {member: now_ms}, gt=True)
+            pipe.execute()
+        if previous:
+            self._supersede(session_key, str(previous), int(prev_token), now_ms, writer)
+        return int(token)
+
+    def touch_progress(self, session_key: str, run_id: str, now_ms: int) -> bool:
+        """Record progress of a run; False once it is no longer running (superseded or ended)."""
+        keys = RunKeys(self.prefix, session_key, run_id)
+        with store_errors():
+            if not self._touch(keys=[keys.run], args=[now_ms]):
+                return False
+            member = run_member(session_key, run_id)
+            self.client.zadd(self.index.by_progress, {member: now_ms}, xx=True, gt=True)
+        return True
+
+    def end_run(
+        self,
+        session_key: str,
+        run_id: str,
+        status: RunStatus,
+        now_ms: int,
+        *,
+        reason: str = "",
+        token: int | None = None,
+    ) -> bool:
+        """End a running run once: set ``status``, free its lane, drop it from the indexes.
+
+        Returns False when it had already ended or ``token`` is not the run's. Unanswered
+        calls are left to the caller (see :meth:`answer_open_calls`).
+        """
+        keys = RunKeys(self.prefix, session_key, run_id)
+        expected = "" if token is None else str(token)
+        with store_errors():
+            ended = bool(self._end(keys=[keys.run], args=[status.value, now_ms, reason, expected]))
+            self._release(keys=[self.session(session_key).lane], args=[run_id, expected])
+            self._unindex(session_key, run_id, now_ms, ended=ended)
+        return ended
+
+    def holds_lane(self, session_key: str, run_id: str, token: int) -> bool:
+        """Whether ``run_id`` still holds its session's lane with ``token`` (the fencing check)."""
+        lane = self.lane(session_key)
+        return lane is not None and lane.run_id == run_id and lane.token == token
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def lane(self, session_key: str) -> Lane | None:
+        """The lane of a session, or None when free."""
+        with store_errors():
+            raw = self.client.hgetall(self.session(session_key).lane)
+        return _lane(session_key, _text(raw)) if raw else None
+
+    def run(self, session_key: str, run_id: str) -> RunInfo | None:
+        """One run record, or None when it does not exist (or expired)."""
+        found = self.runs([(session_key, run_id)])
+        return found[0] if found else None
+
+    def runs(self, pairs: Sequence[tuple[str, str]]) -> list[RunInfo]:
+        """Run records of (session, run) pairs, in one round trip; missing ones are skipped."""
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for session_key, run_id in pairs:
+                pipe.hgetall(RunKeys(self.prefix, session_key, run_id).run)
+            rows = pipe.execute() if pairs else []
+        return [_run_info(s, r, raw) for (s, r), raw in zip(pairs, rows, strict=True) if raw]
+
+    def _members(self, key: str, low: float, high: float, limit: int) -> list[tuple[str, str, int]]:
+        with store_errors():
+            rows: Any = self.client.zrangebyscore(key, low, high, start=0, num=limit, withscores=True)
+        return [_scored(m, score) for m, score in rows]
+
+    def past_deadline(self, now_ms: int, limit: int) -> list[tuple[str, str, int]]:
+        """Running runs whose deadline has passed: (session, run, deadline ms)."""
+        return self._members(self.index.by_deadline, float("-inf"), now_ms, limit)
+
+    def quiet_since(self, before_ms: int, limit: int) -> list[tuple[str, str, int]]:
+        """Running runs with no indexed progress after ``before_ms``: (session, run, progress ms)."""
+        return self._members(self.index.by_progress, float("-inf"), before_ms, limit)
+
+    def running(self, limit: int) -> list[tuple[str, str, int]]:
+        """Indexed running runs, oldest progress first: (session, run, progress ms)."""
+        return self._members(self.index.by_progress, float("-inf"), float("inf"), limit)
+
+    def ended(self, limit: int) -> list[tuple[str, str, int]]:
+        """Recently ended runs, newest first: (session, run, end ms)."""
+        with store_errors():
+            rows: Any = self.client.zrevrange(self.index.ended, 0, limit - 1, withscores=True)
+        return [_scored(m, score) for m, score in rows]
+
+    def find_session(self, session_key: str, limit: int = 100_000) -> RunInfo | None:
+        """The session's current run (lane holder), else its latest run found in the indexes."""
+        lane = self.lane(session_key)
+        if lane is not None and (info := self.run(session_key, lane.run_id)) is not None:
+            return info
+        candidates = [(s, r) for s, r, _ in self.running(limit) + self.ended(limit) if s == session_key]
+        infos = self.runs(candidates)
+        return max(infos, key=lambda info: info.started_ms, default=None)
+
+    def activity(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[CallActivity]]:
+        """Recent and open calls of each run, with their real activity times (two round trips)."""
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for session_key, run_id in pairs:
+                keys = RunKeys(self.prefix, session_key, run_id)
+                pipe.zrevrange(keys.calls, 0, RECENT_CALLS - 1)
+                pipe.zrange(keys.open, 0, RECENT_CALLS - 1)
+            raw = pipe.execute() if pairs else []
+            wanted: list[tuple[tuple[str, str], str]] = []
+            for index, pair in enumerate(pairs):
+                ids = dict.fromkeys([*raw[2 * index], *raw[2 * index + 1]])
+                wanted.extend((pair, str(call_id)) for call_id in ids)
+            pipe = self.client.pipeline(transaction=False)
+            for (session_key, run_id), call_id in wanted:
+                keys = RunKeys(self.prefix, session_key, run_id)
+                pipe.hmget(keys.call(call_id), _ACTIVITY_FIELDS)
+                pipe.exists(keys.lease(call_id))
+            rows = pipe.execute() if wanted else []
+        out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair in pairs}
+        for n, (pair, call_id) in enumerate(wanted):
+            fields, lease = rows[2 * n], rows[2 * n + 1]
+            if fields[0] is not None:
+                out[pair].append(_activity(call_id, fields, bool(lease)))
+        return out
+
+    def lanes(self, count: int = 1000) -> list[Lane]:
+        """Every lane lock (SCAN: for the operator's ``locks`` command, not for sweeps)."""
+        found: list[Lane] = []
+        with store_errors():
+            for key in self.client.scan_iter(match=lane_pattern(self.prefix), count=count):
+                raw = self.client.hgetall(key)
+                if raw:
+                    found.append(_lane(parse_lane_key(self.prefix, str(key)), _text(raw)))
+        return found
+
+    # -- writes by the watchdog and the operator ------------------------------------------------
+
+    def set_class(self, pairs_classes: Iterable[tuple[str, str, str]]) -> None:
+        """Store the watchdog's latest class of each (session, run)."""
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for session_key, run_id, klass in pairs_classes:
+                pipe.hset(RunKeys(self.prefix, session_key, run_id).run, "class", klass)
+            pipe.execute()
+
+    def note_activity(self, scores: dict[tuple[str, str], int]) -> None:
+        """Move runs' progress scores forward to activity found in their calls (never back)."""
+        if not scores:
+            return
+        mapping = {run_member(s, r): ms for (s, r), ms in scores.items()}
+        with store_errors():
+            self.client.zadd(self.index.by_progress, mapping, xx=True, gt=True)
+
+    def release_lane(self, session_key: str, run_id: str, token: int | None = None) -> bool:
+        """Free the lane if ``run_id`` (with ``token``, if given) holds it."""
+        expected = "" if token is None else str(token)
+        with store_errors():
+            return bool(self._release(keys=[self.session(session_key).lane], args=[run_id, expected]))
+
+    def drop_stale(self, session_key: str, run_id: str, now_ms: int) -> None:
+        """Remove an index member whose run record expired or ended (the indexes are hints)."""
+        with store_errors():
+            self._unindex(session_key, run_id, now_ms, ended=False)
+
+    def answer_open_calls(
+        self, session_key: str, run_id: str, reason: SyntheticReason, *, now_ms: int, writer: str, detail: str
+    ) -> list[tuple[str, str]]:
+        """Answer every unanswered call of a run with ``reason``; returns (call id, task id) answered."""
+        keys = RunKeys(self.prefix, session_key, run_id)
+        with store_errors():
+            open_ids = [str(c) for c in self.client.zrange(keys.open, 0, -1)]
+        answered: list[tuple[str, str]] = []
+        for call in self.ledger.open_calls(keys, open_ids):
+            result = synthetic_result(
+                ToolCall(id=call.call_id, name=call.tool or "unknown"),
+                reason,
+                elapsed_ms=max(0, now_ms - call.submitted_ms),
+                attempt=call.attempt,
+                detail=detail,
+            )
+            if self.ledger.finish(keys, result, now_ms=now_ms, writer=writer):
+                record = self.ledger.record(keys, call.call_id)
+                answered.append((call.call_id, record.fields.get("task_id", "") if record else ""))
+        return answered
+
+    def _supersede(self, session_key: str, run_id: str, token: int, now_ms: int, writer: str) -> None:
+        keys = RunKeys(self.prefix, session_key, run_id)
+        with store_errors():
+            ended = bool(
+                self._end(keys=[keys.run], args=[RunStatus.ABORTED.value, now_ms, "superseded", str(token)])
+            )
+            self._unindex(session_key, run_id, now_ms, ended=ended)
+        if ended:
+            detail = " because a newer run of this session took over"
+            self.answer_open_calls(
+                session_key, run_id, SyntheticReason.CANCELLED, now_ms=now_ms, writer=writer, detail=detail
+            )
+
+    def _unindex(self, session_key: str, run_id: str, now_ms: int, *, ended: bool) -> None:
+        member = run_member(session_key, run_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zrem(self.index.by_deadline, member)
+        pipe.zrem(self.index.by_progress, member)
+        if ended:
+            pipe.zadd(self.index.ended, {member: now_ms})
+        pipe.zremrangebyscore(self.index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
+        pipe.execute()
+
+
+_ACTIVITY_FIELDS = ["state", "tool", "submitted_ms", "started_ms", "hb_ms", "finished_ms", "dispatched"]
+
+
+def _activity(call_id: str, fields: list[Any], lease_alive: bool) -> CallActivity:
+    state, tool, submitted, started, hb, finished, dispatched = fields
+    return CallActivity(
+        call_id=call_id,
+        tool=str(tool or ""),
+        state=str(state or "pending"),
+        submitted_ms=_int(submitted),
+        started_ms=_int(started),
+        heartbeat_ms=_int(hb),
+        finished_ms=_int(finished),
+        lease_alive=lease_alive,
+        dispatched=dispatched == "1",
+    )
+
+
+def _lane(session_key: str, raw: dict[str, str]) -> Lane:
+    return Lane(
+        session_key=session_key,
+        run_id=raw.get("run_id", ""),
+        token=_int(raw.get("token")),
+        agent_id=raw.get("agent_id", ""),
+        since_ms=_int(raw.get("since_ms")),
+        lease_until_ms=_int(raw.get("lease_until_ms")),
+    )
