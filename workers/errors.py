@@ -26,6 +26,7 @@ Interrupts that must never be swallowed by ``except Exception`` derive from
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 __all__ = [
     "CompactionLoopPersisted",
@@ -117,6 +118,7 @@ class LoopDetected(UnstuckError):
     def __init__(self, detector: str, count: int, message: str) -> None:
         self.detector = detector
         self.count = count
+        self.results: list[Any] = []  # one result per submitted call, set by the gateway
         super().__init__(message)
 
 

@@ -13,20 +13,24 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
+import redis
 from celery import Celery
 
 from workers.celery_app import INVOKE_TASK, create_app
 from workers.core.limits import resolve_limits
+from workers.core.loops import LoopVerdict, PendingCall
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
-from workers.errors import InvalidArguments, StoreError, ToolNotFound
+from workers.errors import CompactionLoopPersisted, InvalidArguments, LoopDetected, StoreError, ToolNotFound
 from workers.execution import rejected_result
+from workers.loop_gate import LoopGate
 from workers.reaping import reap
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
-from workers.store.ledger import ensure_run
+from workers.store.ledger import RunAbort, ensure_run, mark_run_aborted, run_abort
 from workers.tools.registry import get_tool, validate_arguments
 
 __all__ = ["ToolGateway"]
@@ -39,7 +43,10 @@ class _Batch:
     """Calls of one run being waited for: call id -> deadline (ms), plus answers so far."""
 
     keys: RunKeys
+    agent_id: str = "main"
     deadlines: dict[str, int] = field(default_factory=dict)
+    pending_loops: dict[str, PendingCall] = field(default_factory=dict)
+    abort: LoopVerdict | None = None
     tools: dict[str, str] = field(default_factory=dict)
     answers: dict[str, ToolResult] = field(default_factory=dict)
 
@@ -64,6 +71,7 @@ class ToolGateway:
         self._clock = clock
         self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"
+        self._loops = LoopGate(self.settings, self._rt.ledger.client, emit=self._emit_event)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -71,13 +79,32 @@ class ToolGateway:
     def call_tools(
         self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
     ) -> list[ToolResult]:
-        """Run ``calls`` and return one result per call, in call order."""
-        batch = _Batch(self._rt.ledger.keys(session_key, run_id))
+        """Run ``calls`` and return one result per call, in call order.
+
+        Raises:
+            LoopDetected: the run was aborted by the loop detector (``CompactionLoopPersisted``
+                for a loop that survived compaction); ``error.results`` still holds one
+                result per call.
+        """
+        batch = _Batch(self._rt.ledger.keys(session_key, run_id), agent_id)
+        aborted = self._aborted_run(batch.keys)
         for call in calls:
-            if call.id not in batch.deadlines:
+            if call.id in batch.deadlines:
+                continue
+            if aborted is not None:
+                detail = f" by the loop detector ({aborted.detector})"
+                result = synthetic_result(
+                    call, SyntheticReason.RUN_ABORTED, elapsed_ms=0, attempt=0, detail=detail
+                )
+                self._answer_now(batch, call, result)
+            else:
                 self._submit(batch, agent_id, call)
         self._wait(batch)
-        return [batch.answers[call.id] for call in calls]
+        self._record_outcomes(batch)
+        results = [batch.answers[call.id] for call in calls]
+        if aborted is not None or batch.abort is not None:
+            raise self._abort_run(batch, aborted, results)
+        return results
 
     async def acall_tools(
         self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
@@ -115,9 +142,22 @@ class ToolGateway:
 
     # -- submission -------------------------------------------------------------------------
 
+    def note_compaction(self, session_key: str, run_id: str, agent_id: str = "main") -> bool:
+        """Arm the post-compaction guard after the agent compacted its context.
+
+        Returns whether the guard is enabled for the agent.
+        """
+        return self._loops.note_compaction(session_key, run_id, agent_id, self._now_ms())
+
     def _submit(self, batch: _Batch, agent_id: str, call: ToolCall) -> None:
         now = self._now_ms()
         batch.tools[call.id] = call.name
+        verdict = self._check_loops(batch, call, now)
+        if verdict is not None and verdict.blocked:
+            self._answer_now(batch, call, self._loops.blocked_result(call, verdict))
+            if verdict.abort_run:
+                batch.abort = verdict
+            return
         early = self._reject_early(call, now)
         job = self._job(batch.keys, agent_id, call, now) if early is None else None
         batch.deadlines[call.id] = job.deadline_ms if job else now
@@ -136,6 +176,83 @@ class ToolGateway:
                 attempt=0,
                 detail=" (result store unreachable)",
             )
+
+    def _check_loops(self, batch: _Batch, call: ToolCall, now_ms: int) -> LoopVerdict | None:
+        keys = batch.keys
+        try:
+            pending = self._loops.before(keys.session_key, keys.run_id, batch.agent_id, call, now_ms)
+        except (StoreError, redis.RedisError) as exc:
+            # Detection must never make a call unanswerable: without the store, it steps aside.
+            log.warning("loop check skipped for %s: %s", call.id, exc)
+            return None
+        if not pending.verdict.blocked:
+            batch.pending_loops[call.id] = pending
+        return pending.verdict
+
+    def _record_outcomes(self, batch: _Batch) -> None:
+        for call_id, pending in batch.pending_loops.items():
+            result = batch.answers[call_id]
+            # The warning is for the model; the outcome is hashed without it.
+            batch.answers[call_id] = self._loops.with_warning(result, pending.verdict)
+            try:
+                abort = self._loops.after(batch.agent_id, pending, result, self._now_ms())
+            except (StoreError, redis.RedisError) as exc:
+                log.warning("loop outcome of %s not recorded: %s", call_id, exc)
+                continue
+            if abort is not None and batch.abort is None:
+                batch.abort = abort
+
+    def _answer_now(self, batch: _Batch, call: ToolCall, result: ToolResult) -> None:
+        batch.tools[call.id] = call.name
+        batch.deadlines[call.id] = self._now_ms()
+        batch.answers[call.id] = result
+        try:
+            self._record_immediate(batch, result)
+            batch.answers[call.id] = self._rt.ledger.results(batch.keys, [call.id]).get(call.id, result)
+        except StoreError as exc:
+            log.warning("store unavailable while answering %s: %s", call.id, exc)
+
+    def _aborted_run(self, keys: RunKeys) -> RunAbort | None:
+        try:
+            return run_abort(self._rt.ledger, keys)
+        except StoreError:
+            return None
+
+    def _abort_run(self, batch: _Batch, known: RunAbort | None, results: list[ToolResult]) -> LoopDetected:
+        abort = known
+        if abort is None:
+            assert batch.abort is not None
+            verdict = batch.abort
+            detector = verdict.detector.value if verdict.detector else "loop"
+            abort = RunAbort(detector, verdict.count, verdict.message)
+            try:
+                mark_run_aborted(self._rt.ledger, batch.keys, abort, now_ms=self._now_ms())
+                self._answer_open_calls(batch.keys, abort)
+            except StoreError as exc:
+                log.warning("could not record the abort of run %s: %s", batch.keys.run_id, exc)
+        cls = CompactionLoopPersisted if abort.detector == "compaction_loop_persisted" else LoopDetected
+        error = cls(abort.detector, abort.count, abort.message)
+        error.results = results
+        return error
+
+    def _answer_open_calls(self, keys: RunKeys, abort: RunAbort) -> None:
+        ledger = self._rt.ledger
+        for call in ledger.open_calls(keys, ledger.run_call_ids(keys)):
+            result = synthetic_result(
+                ToolCall(id=call.call_id, name=call.tool or "unknown"),
+                SyntheticReason.RUN_ABORTED,
+                elapsed_ms=self._now_ms() - call.submitted_ms,
+                attempt=call.attempt,
+                detail=f" by the loop detector ({abort.detector})",
+            )
+            ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
+
+    def _emit_event(self, event_type: str, fields: dict[str, Any]) -> None:
+        try:
+            with self._app.events.default_dispatcher() as dispatcher:
+                dispatcher.send(event_type, **fields)
+        except Exception as exc:  # noqa: BLE001 - events are best effort, never a failure path
+            log.debug("could not emit %s: %s", event_type, exc)
 
     def _reject_early(self, call: ToolCall, now_ms: int) -> ToolResult | None:
         size = len(json.dumps(call.arguments, default=str))

@@ -25,7 +25,7 @@ _TEXTS: dict[SyntheticReason, str] = {
     "Its effects are unknown: check before retrying, or use a lighter request.",
     _R.INVALID_ARGUMENTS: "The arguments for tool '{tool}' are invalid: {detail}. "
     "Fix the arguments and call it again.",
-    _R.UNKNOWN_TOOL: "There is no tool named '{tool}'{detail}. Use one of the available tools.",
+    _R.UNKNOWN_TOOL: "Unknown tool: '{tool}'{detail}. Use one of the available tools.",
     _R.DISPATCH_FAILED: "Tool '{tool}' could not be started because the task queue is unavailable"
     "{detail}. It did not run; you may retry later.",
     _R.DEADLINE_EXCEEDED: "Tool '{tool}' did not finish before its deadline of {limit}{detail}. "

@@ -20,7 +20,17 @@ from workers.core.reaper import OpenCall
 from workers.errors import StoreError
 from workers.store.keys import RunKeys, due_index_key
 
-__all__ = ["CallRecord", "Claim", "Ledger", "connect", "ensure_run", "store_errors"]
+__all__ = [
+    "CallRecord",
+    "Claim",
+    "Ledger",
+    "RunAbort",
+    "connect",
+    "ensure_run",
+    "mark_run_aborted",
+    "run_abort",
+    "store_errors",
+]
 
 
 def _script_text(name: str) -> str:
@@ -257,3 +267,41 @@ def ensure_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, 
         pipe.hget(keys.run, "deadline_ms")
         stored = pipe.execute()[-1]
     return _int(stored, deadline_ms)
+
+
+@dataclass(frozen=True)
+class RunAbort:
+    """Why a run was aborted by the loop detector."""
+
+    detector: str
+    count: int
+    message: str
+
+
+def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: int) -> None:
+    """Mark the run aborted (later calls of the run are answered without running)."""
+    with store_errors():
+        pipe = ledger.client.pipeline(transaction=True)
+        pipe.hset(
+            keys.run,
+            mapping={
+                "status": "aborted",
+                "aborted_ms": now_ms,
+                "abort_detector": abort.detector,
+                "abort_count": abort.count,
+                "abort_message": abort.message,
+            },
+        )
+        pipe.expire(keys.run, ledger.ttl_s)
+        pipe.execute()
+
+
+def run_abort(ledger: Ledger, keys: RunKeys) -> RunAbort | None:
+    """The abort record of a run, or None while it may still run calls."""
+    with store_errors():
+        status, detector, count, message = ledger.client.hmget(
+            keys.run, ["status", "abort_detector", "abort_count", "abort_message"]
+        )
+    if status != "aborted":
+        return None
+    return RunAbort(str(detector or "loop"), _int(count), str(message or ""))
