@@ -8,13 +8,22 @@ from workers.settings import Settings
 
 __all__ = ["build_beat_schedule"]
 
+HOUSEKEEPING_EVERY_SWEEPS = 20
+
 
 def build_beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """Celery ``beat_schedule`` for ``settings``."""
+    interval_s = settings.watchdog.interval_s
+    housekeeping_s = max(60.0, interval_s * HOUSEKEEPING_EVERY_SWEEPS)
     return {
         "unstuck-watchdog": {
             "task": "unstuck.watchdog.sweep",
-            "schedule": settings.watchdog.interval_s,
-            "options": {"expires": settings.watchdog.interval_s},
+            "schedule": interval_s,
+            "options": {"expires": interval_s},
+        },
+        "unstuck-housekeeping": {
+            "task": "unstuck.watchdog.housekeeping",
+            "schedule": housekeeping_s,
+            "options": {"expires": housekeeping_s},
         },
     }

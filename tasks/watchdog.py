@@ -1,16 +1,52 @@
-"""Beat-driven sweep: answer calls whose deadline passed or whose worker vanished."""
+"""Beat-driven watchdog tasks: the sweep (every ``watchdog.interval_s``) and housekeeping."""
 
 from __future__ import annotations
 
+import logging
+from functools import cache
+
+from workers.alerts import AlertSink
 from workers.celery_app import SWEEP_TASK, app
 from workers.runtime import now_ms, runtime, worker_id
-from workers.sweeper import sweep_due_calls
+from workers.store.sessions import SessionStore
+from workers.watchdog import Watchdog, clean_stale_lanes
 
-__all__ = ["sweep"]
+__all__ = ["HOUSEKEEPING_TASK", "housekeeping", "sweep"]
+
+HOUSEKEEPING_TASK = "unstuck.watchdog.housekeeping"
+
+log = logging.getLogger(__name__)
+
+
+def _revoke(task_ids: list[str]) -> None:
+    # Never terminate: a tool already running finishes under its own limits.
+    app.control.revoke(task_ids, terminate=False)
+
+
+@cache
+def _watchdog() -> Watchdog:
+    rt = runtime()
+    return Watchdog(
+        SessionStore(rt.ledger),
+        rt.settings,
+        writer=f"{worker_id()}/watchdog",
+        alerts=AlertSink(rt.settings.watchdog.webhook_url),
+        revoke=_revoke,
+    )
 
 
 @app.task(name=SWEEP_TASK, ignore_result=True)
 def sweep() -> int:
-    """One sweep over the due index; returns how many calls it answered."""
-    rt = runtime()
-    return sweep_due_calls(rt.ledger, now_ms=now_ms(), settings=rt.settings, writer=f"{worker_id()}/watchdog")
+    """One watchdog sweep; returns how many calls it answered (0 when another sweep held the lock)."""
+    report = _watchdog().sweep(now_ms())
+    if report.locked_out:
+        log.info("watchdog sweep skipped: another sweep holds the lock")
+    elif report.calls_answered or report.timed_out or report.recovered or report.alerts:
+        log.warning("watchdog sweep: %s", report)
+    return report.calls_answered
+
+
+@app.task(name=HOUSEKEEPING_TASK, ignore_result=True)
+def housekeeping() -> int:
+    """Release lanes whose run ended, expired or outlived its lease; returns how many."""
+    return clean_stale_lanes(_watchdog().sessions, now_ms())

@@ -1,8 +1,9 @@
-"""The watchdog's sweep over calls near or past their deadline, across all runs."""
+"""The watchdog's sweep over unanswered calls, across all runs."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from workers.reaping import reap
 from workers.settings import Settings
@@ -12,22 +13,45 @@ from workers.store.ledger import Ledger, store_errors
 __all__ = ["sweep_due_calls"]
 
 
+def _needs_reap(row: list[object], lease_alive: int, deadline_ms: int, now_ms: int, lease_ms: int) -> bool:
+    state, submitted, dispatched = row
+    if deadline_ms <= now_ms:
+        return True
+    if state == "running":
+        return not lease_alive
+    old = int(str(submitted or 0)) <= now_ms - lease_ms
+    return state == "pending" and dispatched != "1" and old
+
+
 def sweep_due_calls(
     ledger: Ledger, *, now_ms: int, settings: Settings, writer: str, limit: int = 10_000
 ) -> int:
-    """Answer overdue and lost calls; cost grows with the calls due, not with all calls.
+    """Answer overdue and lost calls; returns how many were answered.
 
-    A call is looked at when its deadline has passed or when it could have lost its lease
-    (it was submitted more than one lease TTL ago).
+    Overdue calls come straight from the due index (scored by deadline). A lost worker is
+    not visible in any score, so every unanswered call in the index is probed in one
+    pipelined round trip (state and lease); only the runs with an overdue, lost or
+    never-dispatched call are then read in full and reaped.
     """
     lease_ms = int(settings.lease.ttl_s * 1000)
-    horizon = now_ms + int(settings.limits.queue_allowance_s * 1000) + 24 * 3600 * 1000
     with store_errors():
-        members = ledger.client.zrangebyscore(due_index_key(ledger.prefix), 0, horizon, start=0, num=limit)
+        members: Any = ledger.client.zrange(due_index_key(ledger.prefix), 0, limit - 1, withscores=True)
+        parsed = [(*parse_due_member(ledger.prefix, str(m)), int(score)) for m, score in members]
+        pipe = ledger.client.pipeline(transaction=False)
+        for keys, call_id, _ in parsed:
+            pipe.hmget(keys.call(call_id), ["state", "submitted_ms", "dispatched"])
+            pipe.exists(keys.lease(call_id))
+        probes = pipe.execute() if parsed else []
     runs: dict[RunKeys, list[str]] = defaultdict(list)
-    for member in members:
-        keys, call_id = parse_due_member(ledger.prefix, str(member))
-        runs[keys].append(call_id)
+    gone: list[str] = []
+    for n, (keys, call_id, deadline_ms) in enumerate(parsed):
+        if probes[2 * n][0] is None:  # the record expired: the index member is a stale hint
+            gone.append(keys.due_member(call_id))
+        elif _needs_reap(probes[2 * n], probes[2 * n + 1], deadline_ms, now_ms, lease_ms):
+            runs[keys].append(call_id)
+    if gone:
+        with store_errors():
+            ledger.client.zrem(due_index_key(ledger.prefix), *gone)
     answered = 0
     for keys, call_ids in runs.items():
         answered += reap(

@@ -38,6 +38,8 @@ key                                type    TTL              written by          
                                            older than
                                            ledger.ttl_s
                                            trimmed on end)
+``P:{runs}:sweep_lock``            STRING  PX (3 sweep      watchdog sweep      watchdog sweep
+                                           intervals)       (SET NX)
 =================================  ======  ===============  ==================  ======================
 
 ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` is the only key
@@ -70,6 +72,7 @@ __all__ = [
     "quote_part",
     "run_index_keys",
     "run_member",
+    "sweep_lock_key",
 ]
 
 
@@ -204,3 +207,8 @@ def lane_pattern(prefix: str) -> str:
 def parse_lane_key(prefix: str, key: str) -> str:
     """The session key of a lane key."""
     return unquote(key[len(prefix) + 2 : -len("}:lane")])
+
+
+def sweep_lock_key(prefix: str) -> str:
+    """The lock that lets one watchdog sweep run at a time, whichever beat sent it."""
+    return f"{prefix}:{{runs}}:sweep_lock"

@@ -38,6 +38,7 @@ from workers.store.keys import (
     parse_run_member,
     run_index_keys,
     run_member,
+    sweep_lock_key,
 )
 from workers.store.ledger import Ledger, store_errors
 
@@ -125,6 +126,7 @@ class SessionStore:
         self._start = self.client.register_script(_script_text("session_start.lua"))
         self._touch = self.client.register_script(_script_text("session_touch.lua"))
         self._end = self.client.register_script(_script_text("session_end.lua"))
+        self._unlock = self.client.register_script(_script_text("session_unlock.lua"))
 
     def session(self, session_key: str) -> SessionKeys:
         """The key builder of one session."""
@@ -292,6 +294,16 @@ class SessionStore:
         return found
 
     # -- writes by the watchdog and the operator ------------------------------------------------
+
+    def try_sweep_lock(self, token: str, ttl_ms: int) -> bool:
+        """Take the sweep lock (SET NX PX); False while another sweep holds it."""
+        with store_errors():
+            return bool(self.client.set(sweep_lock_key(self.prefix), token, nx=True, px=ttl_ms))
+
+    def release_sweep_lock(self, token: str) -> bool:
+        """Release the sweep lock if ``token`` still owns it."""
+        with store_errors():
+            return bool(self._unlock(keys=[sweep_lock_key(self.prefix)], args=[token]))
 
     def set_class(self, pairs_classes: Iterable[tuple[str, str, str]]) -> None:
         """Store the watchdog's latest class of each (session, run)."""

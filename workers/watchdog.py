@@ -1,0 +1,242 @@
+"""The watchdog's edge: read what is due, let :mod:`workers.core.watchdog` decide, then act.
+
+One sweep, under a sweep lock so two beats never act twice:
+
+1. overdue and lost calls get their synthetic results (:func:`workers.sweeper.sweep_due_calls`);
+2. runs past their deadline end ``timed_out``: unanswered calls answered
+   ``deadline_exceeded``, queued tasks revoked, lane freed;
+3. runs with no indexed progress for ``stalled_after_s`` are re-read with their calls'
+   real activity and classified; entering ``stalled`` or ``stuck`` raises an alert, and with
+   ``auto_recover`` a stuck run is ended ``aborted`` (calls answered ``cancelled``, queued
+   tasks revoked, lane freed). Runs found active move forward in the progress index, so the
+   next sweep does not read them again before they could be stalled;
+4. index members of runs that ended or expired are dropped. Lanes clean themselves: each
+   expires at its run's deadline plus a margin.
+
+Cost: two index range reads plus a few pipelined round trips for the runs returned; the
+number of sessions does not matter (see ``bench/watchdog.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from workers.alerts import AlertSink
+from workers.core.models import SyntheticReason
+from workers.core.watchdog import (
+    RunStatus,
+    RunView,
+    SessionClass,
+    Verdict,
+    WatchdogAction,
+    WatchdogPolicy,
+    judge_all,
+)
+from workers.settings import Settings
+from workers.store.sessions import Lane, SessionStore
+from workers.sweeper import sweep_due_calls
+
+__all__ = ["SweepReport", "Watchdog", "clean_stale_lanes", "end_and_answer", "stale_lanes"]
+
+log = logging.getLogger(__name__)
+
+Revoke = Callable[[list[str]], None]
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did."""
+
+    locked_out: bool = False
+    calls_answered: int = 0
+    timed_out: int = 0
+    recovered: int = 0
+    alerts: int = 0
+    dropped: int = 0
+    classes: dict[str, int] = field(default_factory=dict)
+
+
+def end_and_answer(
+    sessions: SessionStore,
+    session_key: str,
+    run_id: str,
+    *,
+    status: RunStatus,
+    reason: SyntheticReason,
+    detail: str,
+    now_ms: int,
+    writer: str,
+    revoke: Revoke | None,
+) -> int:
+    """End a run, answer its unanswered calls with ``reason``, revoke their tasks; returns calls answered.
+
+    The run ends first, so its gateway's next ``touch_progress`` already fails; revocation
+    never terminates a running tool (its result, if any, is kept as late).
+    """
+    sessions.end_run(session_key, run_id, status, now_ms, reason=reason.value)
+    answered = sessions.answer_open_calls(
+        session_key, run_id, reason, now_ms=now_ms, writer=writer, detail=detail
+    )
+    task_ids = [task_id for _, task_id in answered if task_id]
+    if revoke is not None and task_ids:
+        try:
+            revoke(task_ids)
+        except Exception as exc:  # noqa: BLE001 - revocation only saves a worker slot
+            log.warning("revoking %d task(s) of %s/%s failed: %s", len(task_ids), session_key, run_id, exc)
+    return len(answered)
+
+
+class Watchdog:
+    """Sweeps the store; built once per process from settings."""
+
+    def __init__(
+        self,
+        sessions: SessionStore,
+        settings: Settings,
+        *,
+        writer: str,
+        alerts: AlertSink,
+        revoke: Revoke | None = None,
+        limit: int = 10_000,
+    ) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self.writer = writer
+        self.alerts = alerts
+        self.revoke = revoke
+        self.limit = limit
+        watchdog = settings.watchdog
+        self.policy = WatchdogPolicy(int(watchdog.stalled_after_s * 1000), watchdog.auto_recover)
+        self.lock_ttl_ms = int(max(30.0, watchdog.interval_s * 3) * 1000)
+
+    def sweep(self, now_ms: int) -> SweepReport:
+        """One sweep; does nothing (``locked_out``) while another sweep holds the lock."""
+        token = uuid.uuid4().hex
+        if not self.sessions.try_sweep_lock(token, self.lock_ttl_ms):
+            return SweepReport(locked_out=True)
+        try:
+            return self._sweep(now_ms)
+        finally:
+            self.sessions.release_sweep_lock(token)
+
+    def _sweep(self, now_ms: int) -> SweepReport:
+        report = SweepReport()
+        report.calls_answered = sweep_due_calls(
+            self.sessions.ledger, now_ms=now_ms, settings=self.settings, writer=self.writer, limit=self.limit
+        )
+        due = self.sessions.past_deadline(now_ms, self.limit)
+        quiet = self.sessions.quiet_since(now_ms - self.policy.stalled_after_ms, self.limit)
+        pairs = list(dict.fromkeys((s, r) for s, r, _ in [*due, *quiet]))
+        verdicts = judge_all(self._views(pairs), now_ms=now_ms, policy=self.policy)
+        seen = {(v.session_key, v.run_id) for v in verdicts}
+        for session_key, run_id in pairs:
+            if (session_key, run_id) not in seen:  # run record expired: the member is a stale hint
+                self.sessions.drop_stale(session_key, run_id, now_ms)
+                report.dropped += 1
+        self._apply(verdicts, now_ms, report)
+        return report
+
+    def _views(self, pairs: Sequence[tuple[str, str]]) -> list[RunView]:
+        infos = self.sessions.runs(pairs)
+        activity = self.sessions.activity([(i.session_key, i.run_id) for i in infos])
+        return [
+            RunView(
+                session_key=i.session_key,
+                run_id=i.run_id,
+                status=i.status,
+                started_ms=i.started_ms,
+                deadline_ms=i.deadline_ms,
+                progress_ms=i.progress_ms,
+                previous_class=i.klass,
+                calls=tuple(activity.get((i.session_key, i.run_id), ())),
+            )
+            for i in infos
+        ]
+
+    def _apply(self, verdicts: list[Verdict], now_ms: int, report: SweepReport) -> None:
+        classes: list[tuple[str, str, str]] = []
+        active: dict[tuple[str, str], int] = {}
+        for v in verdicts:
+            if v.action is WatchdogAction.DROP:
+                self.sessions.drop_stale(v.session_key, v.run_id, now_ms)
+                report.dropped += 1
+                continue
+            assert v.klass is not None
+            report.classes[v.klass.value] = report.classes.get(v.klass.value, 0) + 1
+            classes.append((v.session_key, v.run_id, v.klass.value))
+            if v.klass in (SessionClass.ACTIVE, SessionClass.LONG_RUNNING):
+                active[(v.session_key, v.run_id)] = v.last_activity_ms
+            if v.alert:
+                self._alert(v)
+                report.alerts += 1
+            if v.action is WatchdogAction.TIME_OUT:
+                self._end(v, RunStatus.TIMED_OUT, SyntheticReason.DEADLINE_EXCEEDED, now_ms, " (run timeout)")
+                report.timed_out += 1
+            elif v.action is WatchdogAction.RECOVER:
+                self._end(
+                    v, RunStatus.ABORTED, SyntheticReason.CANCELLED, now_ms, " by the stuck-session watchdog"
+                )
+                report.recovered += 1
+        self.sessions.set_class(classes)
+        self.sessions.note_activity(active)
+
+    def _end(self, v: Verdict, status: RunStatus, reason: SyntheticReason, now_ms: int, detail: str) -> None:
+        answered = end_and_answer(
+            self.sessions,
+            v.session_key,
+            v.run_id,
+            status=status,
+            reason=reason,
+            detail=detail,
+            now_ms=now_ms,
+            writer=self.writer,
+            revoke=self.revoke,
+        )
+        log.warning(
+            "watchdog ended run %s/%s as %s (%s); %d call(s) answered",
+            v.session_key,
+            v.run_id,
+            status.value,
+            v.klass.value if v.klass else "-",
+            answered,
+        )
+
+    def _alert(self, v: Verdict) -> None:
+        assert v.klass is not None
+        self.alerts.emit(
+            {
+                "kind": f"session.{v.klass.value}",
+                "session_key": v.session_key,
+                "run_id": v.run_id,
+                "idle_ms": v.idle_ms,
+                "last_activity_ms": v.last_activity_ms,
+                "auto_recover": self.policy.auto_recover,
+            }
+        )
+
+
+def stale_lanes(sessions: SessionStore, now_ms: int) -> list[tuple[Lane, str]]:
+    """Lanes nobody should hold, with why: run record gone, run ended, or lease past (SCAN)."""
+    lanes = sessions.lanes()
+    infos = {(i.session_key, i.run_id): i for i in sessions.runs([(x.session_key, x.run_id) for x in lanes])}
+    stale: list[tuple[Lane, str]] = []
+    for lane in lanes:
+        info = infos.get((lane.session_key, lane.run_id))
+        if info is None:
+            stale.append((lane, "run record gone"))
+        elif info.status != RunStatus.RUNNING.value:
+            stale.append((lane, f"run {info.status}"))
+        elif lane.lease_until_ms and lane.lease_until_ms <= now_ms:
+            stale.append((lane, "lease expired"))
+    return stale
+
+
+def clean_stale_lanes(sessions: SessionStore, now_ms: int) -> int:
+    """Release every stale lane (token-checked, so a lane re-taken meanwhile stays); returns how many."""
+    return sum(
+        sessions.release_lane(lane.session_key, lane.run_id, lane.token)
+        for lane, _ in stale_lanes(sessions, now_ms)
+    )
