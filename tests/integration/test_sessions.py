@@ -1,0 +1,211 @@
+"""Sessions against a real redis-server: lane lock, fencing, supersede, indexes, TTLs, sweep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from workers.alerts import AlertSink
+from workers.core.models import SyntheticReason
+from workers.core.watchdog import RunStatus
+from workers.settings import Settings
+from workers.store.keys import SessionKeys, due_index_key, run_index_keys, run_member
+from workers.store.ledger import Ledger, connect, ensure_run
+from workers.store.sessions import SessionStore
+from workers.watchdog import Watchdog, clean_stale_lanes, stale_lanes
+
+T0 = int(time.time() * 1000)  # lanes expire at absolute times: use the real clock
+MIN = 60_000
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[SessionStore]:
+    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
+    yield SessionStore(Ledger(client, prefix="t", ttl_s=3600, lease_ttl_ms=3000))
+    client.close()
+
+
+def _register(store: SessionStore, session: str, run: str, call_id: str, deadline_ms: int) -> None:
+    keys = store.ledger.keys(session, run)
+    store.ledger.register(
+        keys, call_id, now_ms=T0, deadline_ms=deadline_ms, fields={"tool": "echo", "dispatched": "1"}
+    )
+
+
+def test_lane_is_idempotent_for_its_holder(store: SessionStore) -> None:
+    # Given / When
+    first = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    again = store.begin_run("s", "r1", "main", T0 + 5, T0 + 30 * MIN, writer="gw")
+    # Then
+    assert first == again >= 1
+    lane = store.lane("s")
+    assert lane is not None
+    assert (lane.run_id, lane.token) == ("r1", first)
+    assert store.holds_lane("s", "r1", first)
+
+
+def test_a_newer_run_supersedes_and_fences_the_old_one(store: SessionStore) -> None:
+    # Given an old run with one unanswered call
+    old = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    _register(store, "s", "r1", "c1", T0 + MIN)
+    # When a new run of the same session begins
+    new = store.begin_run("s", "r2", "main", T0 + 10, T0 + 30 * MIN, writer="gw")
+    # Then the old run is aborted, its call answered cancelled, and it can no longer write
+    assert new > old
+    info = store.run("s", "r1")
+    assert info is not None
+    assert (info.status, info.end_reason) == ("aborted", "superseded")
+    result = store.ledger.results(store.ledger.keys("s", "r1"), ["c1"])["c1"]
+    assert result.reason == SyntheticReason.CANCELLED.value
+    assert not store.touch_progress("s", "r1", T0 + 20)
+    assert not store.end_run("s", "r1", RunStatus.COMPLETED, T0 + 20)
+    assert not store.holds_lane("s", "r1", old)
+    assert store.holds_lane("s", "r2", new)
+    assert store.begin_run("s", "r1", "main", T0 + 30, T0 + 30 * MIN, writer="gw") == 0
+
+
+def test_tokens_keep_growing_after_the_counter_expired(store: SessionStore) -> None:
+    # Given a held lane whose fence counter was lost
+    token = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    store.client.delete(SessionKeys("t", "s").fence)
+    # When
+    newer = store.begin_run("s", "r2", "main", T0 + 1, T0 + 30 * MIN, writer="gw")
+    # Then
+    assert newer > token
+
+
+def test_indexes_follow_the_run(store: SessionStore) -> None:
+    # Given
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    member = run_member("s", "r1")
+    index = run_index_keys("t")
+    # When progress is reported, even out of order
+    assert store.touch_progress("s", "r1", T0 + 500)
+    assert store.touch_progress("s", "r1", T0 + 100)
+    # Then
+    assert store.client.zscore(index.by_progress, member) == T0 + 500
+    assert store.client.zscore(index.by_deadline, member) == T0 + 30 * MIN
+    assert [r for _, r, _ in store.quiet_since(T0 + 500, 10)] == ["r1"]
+    assert store.quiet_since(T0 + 499, 10) == []
+    # When the run ends
+    assert store.end_run("s", "r1", RunStatus.COMPLETED, T0 + 600)
+    # Then it leaves the running indexes and its lane is free
+    assert store.client.zscore(index.by_progress, member) is None
+    assert store.client.zscore(index.by_deadline, member) is None
+    assert store.client.zscore(index.ended, member) == T0 + 600
+    assert store.lane("s") is None
+
+
+def test_the_ledger_run_record_and_the_session_agree(store: SessionStore) -> None:
+    # Given the gateway's ensure_run after begin_run (both write the run hash)
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    keys = store.ledger.keys("s", "r1")
+    # When
+    deadline = ensure_run(store.ledger, keys, now_ms=T0 + 1, deadline_ms=T0 + 99 * MIN, agent_id="main")
+    # Then the first deadline stands
+    assert deadline == T0 + 30 * MIN
+
+
+def test_every_key_written_has_a_ttl(store: SessionStore, redis_url: str) -> None:
+    # Given a run with a call, superseded, and a sweep lock held
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    _register(store, "s", "r1", "c1", T0 + MIN)
+    store.begin_run("s", "r2", "main", T0 + 1, T0 + 30 * MIN, writer="gw")
+    store.try_sweep_lock("tok", 30_000)
+    # When / Then: only the documented global indexes live without a TTL
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    index = run_index_keys("t")
+    no_ttl_allowed = {index.by_deadline, index.by_progress, index.ended, due_index_key("t")}
+    for key in client.scan_iter("t:*"):
+        if key not in no_ttl_allowed:
+            assert client.pttl(key) > 0, key
+    client.close()
+
+
+def test_sweep_lock_is_exclusive_and_token_checked(store: SessionStore) -> None:
+    assert store.try_sweep_lock("a", 30_000)
+    assert not store.try_sweep_lock("b", 30_000)
+    assert not store.release_sweep_lock("b")
+    assert store.release_sweep_lock("a")
+    assert store.try_sweep_lock("b", 30_000)
+
+
+def _watchdog(store: SessionStore, *, recover: bool) -> tuple[Watchdog, list[dict[str, object]]]:
+    sent: list[dict[str, object]] = []
+    sink = AlertSink()
+    sink.emit = sent.append  # type: ignore[method-assign]
+    settings = Settings(watchdog={"stalled_after_s": 120, "auto_recover": recover})
+    return Watchdog(store, settings, writer="wd", alerts=sink), sent
+
+
+def test_sweep_times_out_runs_past_their_deadline(store: SessionStore) -> None:
+    # Given a run whose budget ends before its call's deadline
+    store.begin_run("s", "r1", "main", T0, T0 + MIN, writer="gw")
+    _register(store, "s", "r1", "c1", T0 + 5 * MIN)
+    watchdog, _ = _watchdog(store, recover=False)
+    # When
+    report = watchdog.sweep(T0 + MIN)
+    # Then
+    assert report.timed_out == 1
+    info = store.run("s", "r1")
+    assert info is not None
+    assert info.status == "timed_out"
+    result = store.ledger.results(store.ledger.keys("s", "r1"), ["c1"])["c1"]
+    assert result.reason == SyntheticReason.DEADLINE_EXCEEDED.value
+    assert store.lane("s") is None
+
+
+def test_sweep_alerts_once_on_stuck_and_recovers_when_asked(store: SessionStore) -> None:
+    # Given a run with a queued call nobody runs, quiet past the threshold
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    _register(store, "s", "r1", "c1", T0 + 50 * MIN)
+    watchdog, sent = _watchdog(store, recover=False)
+    # When two sweeps run without recovery
+    watchdog.sweep(T0 + 3 * MIN)
+    watchdog.sweep(T0 + 4 * MIN)
+    # Then one alert, nothing changed
+    assert [a["kind"] for a in sent] == ["session.stuck"]
+    assert store.lane("s") is not None
+    # When recovery is on
+    recovering, _ = _watchdog(store, recover=True)
+    report = recovering.sweep(T0 + 5 * MIN)
+    # Then
+    assert report.recovered == 1
+    assert store.lane("s") is None
+    result = store.ledger.results(store.ledger.keys("s", "r1"), ["c1"])["c1"]
+    assert result.reason == SyntheticReason.CANCELLED.value
+
+
+def test_sweep_reads_real_activity_and_moves_the_index(store: SessionStore) -> None:
+    # Given a run whose call heartbeats (the gateway wrote nothing since the start)
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    _register(store, "s", "r1", "c1", T0 + 50 * MIN)
+    keys = store.ledger.keys("s", "r1")
+    store.ledger.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 1)
+    store.client.set(keys.lease("c1"), "w:1", px=60_000)
+    store.ledger.heartbeat(keys, "c1", now_ms=T0 + 5 * MIN, details={})
+    watchdog, sent = _watchdog(store, recover=True)
+    # When
+    report = watchdog.sweep(T0 + 6 * MIN)
+    # Then
+    assert report.classes == {"long_running": 1}
+    assert sent == []
+    assert store.client.zscore(run_index_keys("t").by_progress, run_member("s", "r1")) == T0 + 5 * MIN
+
+
+def test_stale_lanes_are_found_and_cleaned(store: SessionStore) -> None:
+    # Given one live lane and one whose run record vanished
+    store.begin_run("live", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    store.begin_run("gone", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    store.client.delete(store.ledger.keys("gone", "r1").run)
+    # When
+    stale = stale_lanes(store, T0 + 1)
+    cleaned = clean_stale_lanes(store, T0 + 1)
+    # Then
+    assert [(lane.session_key, why) for lane, why in stale] == [("gone", "run record gone")]
+    assert cleaned == 1
+    assert store.lane("gone") is None
+    assert store.lane("live") is not None
