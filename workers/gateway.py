@@ -23,8 +23,10 @@ from workers.core.limits import resolve_limits
 from workers.core.loops import LoopVerdict, PendingCall
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
+from workers.core.transcript import RepairedTranscript
 from workers.errors import CompactionLoopPersisted, InvalidArguments, LoopDetected, StoreError, ToolNotFound
 from workers.execution import rejected_result
+from workers.ledger_repair import repair_with_ledger
 from workers.loop_gate import LoopGate
 from workers.reaping import reap
 from workers.runtime import Runtime, build_runtime, worker_id
@@ -135,6 +137,33 @@ class ToolGateway:
     async def acollect(self, session_key: str, run_id: str) -> list[ToolResult]:
         """``collect`` for asyncio callers."""
         return await asyncio.to_thread(self.collect, session_key, run_id)
+
+    def repair(
+        self,
+        session_key: str,
+        run_id: str,
+        messages: Any,
+        *,
+        provider: str | None = None,
+        model_api: str | None = None,
+        model_id: str | None = None,
+        fmt: str = "neutral",
+    ) -> tuple[Any, RepairedTranscript]:
+        """Repair a transcript for ``provider``, filling missing results from the ledger first.
+
+        Returns the repaired messages in ``fmt`` and the full repair (report included).
+        """
+        keys = self._rt.ledger.keys(session_key, run_id)
+        return repair_with_ledger(
+            self._rt.ledger,
+            keys,
+            self.settings,
+            messages,
+            provider=provider,
+            model_api=model_api,
+            model_id=model_id,
+            fmt=fmt,
+        )
 
     def close(self) -> None:
         """Release connections."""

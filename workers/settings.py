@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from workers.config_file import ConfigFileSource, Seconds
+from workers.core.loops.config import agent_path, parse_loop_block
 from workers.errors import ConfigError
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Settings",
     "ToolDefaults",
     "ToolsSettings",
+    "TranscriptSettings",
     "WatchdogSettings",
     "WorkerSettings",
     "load_settings",
@@ -209,6 +211,14 @@ class WatchdogSettings(BaseModel):
     webhook_url: str = ""
 
 
+class TranscriptSettings(BaseModel):
+    """Transcript repair: per-provider policy overrides (``"*"`` applies to every provider)."""
+
+    model_config = _FROZEN
+
+    policy_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
 class WorkerSettings(BaseModel):
     """Worker processes."""
 
@@ -247,6 +257,7 @@ class Settings(BaseSettings):
     ledger: LedgerSettings = LedgerSettings()
     watchdog: WatchdogSettings = WatchdogSettings()
     worker: WorkerSettings = WorkerSettings()
+    transcript: TranscriptSettings = TranscriptSettings()
     tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
     config: str = Field("", description="path of a JSON or TOML config file (UNSTUCK_CONFIG)")
 
@@ -293,10 +304,29 @@ def _env_name(loc: tuple[int | str, ...]) -> str:
 def load_settings(**overrides: Any) -> Settings:
     """Build and validate ``Settings``; raises ``ConfigError`` naming every bad key path."""
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         problems = [
             (f"{'.'.join(str(p) for p in err['loc'])} ({_env_name(err['loc'])})", err["msg"])
             for err in exc.errors()
         ]
         raise ConfigError(problems) from None
+    _check_loop_blocks(settings)
+    return settings
+
+
+def _check_loop_blocks(settings: Settings) -> None:
+    """Loop-detection blocks are validated strictly at start-up (spec §2), not when first used."""
+    blocks = [("tools.loopDetection", settings.tools.loop_detection)]
+    blocks.append(("agents.defaults.tools.loopDetection", settings.agents.defaults.tools.loop_detection))
+    blocks += [(agent_path(i), e.loop_detection) for i, e in enumerate(settings.agents.list)]
+    problems: list[tuple[str, str]] = []
+    for path, block in blocks:
+        if block is None:
+            continue
+        try:
+            parse_loop_block(block, path)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
