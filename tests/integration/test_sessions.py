@@ -136,7 +136,7 @@ def test_sweep_lock_is_exclusive_and_token_checked(store: SessionStore) -> None:
 def _watchdog(store: SessionStore, *, recover: bool) -> tuple[Watchdog, list[dict[str, object]]]:
     sent: list[dict[str, object]] = []
     sink = AlertSink()
-    sink.emit = sent.append  # type: ignore[method-assign]
+    sink.emit = sent.append  # type: ignore[method-assign,assignment]
     settings = Settings(watchdog={"stalled_after_s": 120, "auto_recover": recover})
     return Watchdog(store, settings, writer="wd", alerts=sink), sent
 

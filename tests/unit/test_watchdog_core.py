@@ -31,7 +31,9 @@ def call(
     return CallActivity("c1", "exec", state, submitted, started, hb, finished, lease, True)
 
 
-def run(*calls: CallActivity, progress: int = T0, status: str = "running", prev: str = "", deadline: int = 0):
+def run(
+    *calls: CallActivity, progress: int = T0, status: str = "running", prev: str = "", deadline: int = 0
+) -> RunView:
     return RunView("s1", "r1", status, T0, deadline or T0 + 10**9, progress, prev, tuple(calls))
 
 

@@ -98,19 +98,12 @@ def _int(value: Any) -> int:
 
 
 def _run_info(session_key: str, run_id: str, raw: dict[str, str]) -> RunInfo:
+    num = {k: _int(raw.get(k)) for k in ("started_ms", "deadline_ms", "progress_ms", "token", "ended_ms")}
     return RunInfo(
-        session_key=session_key,
-        run_id=run_id,
-        agent_id=raw.get("agent_id", ""),
-        status=raw.get("status", ""),
-        started_ms=_int(raw.get("started_ms")),
-        deadline_ms=_int(raw.get("deadline_ms")),
-        progress_ms=_int(raw.get("progress_ms")) or _int(raw.get("started_ms")),
-        token=_int(raw.get("token")),
-        klass=raw.get("class", ""),
-        ended_ms=_int(raw.get("ended_ms")),
-        end_reason=raw.get("end_reason", ""),
-    )
+        session_key, run_id, raw.get("agent_id", ""), raw.get("status", ""), num["started_ms"],
+        num["deadline_ms"], num["progress_ms"] or num["started_ms"], num["token"], raw.get("class", ""),
+        num["ended_ms"], raw.get("end_reason", ""),
+    )  # fmt: skip
 
 
 class SessionStore:
