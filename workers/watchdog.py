@@ -43,7 +43,7 @@ __all__ = ["SweepReport", "Watchdog", "clean_stale_lanes", "end_and_answer", "st
 
 log = logging.getLogger(__name__)
 
-Revoke = Callable[[list[str]], None]
+Revoke = Callable[[list[str]], object]
 
 
 @dataclass

@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.cli.config_cmd",
     "workers.cli.metrics_cmd",
     "workers.cli.flower_cmd",
+    "workers.cli.session_cmd",
 )
 
 

@@ -1,0 +1,236 @@
+"""The operator's recovery procedure as commands: ``session list|show|kill`` and ``locks``.
+
+``session list`` reads the run indexes (running runs, then recently ended ones), never a
+scan of the keyspace; ``locks`` scans lane keys, as an operator command may.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from workers.core.models import SyntheticReason
+from workers.core.watchdog import RunStatus, RunView, classify, last_activity_ms
+from workers.errors import ConfigError, StoreError
+from workers.runtime import now_ms, worker_id
+from workers.settings import Settings, load_settings
+from workers.store.ledger import Ledger, connect
+from workers.store.sessions import RunInfo, SessionStore
+from workers.watchdog import end_and_answer, stale_lanes
+
+__all__ = ["register", "session_rows", "timeline"]
+
+LIST_LIMIT = 1000
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``session`` and ``locks`` sub-commands."""
+    session = subparsers.add_parser("session", help="inspect and recover agent sessions")
+    sub = session.add_subparsers(dest="session_command", metavar="ACTION", required=True)
+    listing = sub.add_parser("list", help="running and recently ended runs, one per line")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--status", help="only this status or class (running, stuck, aborted, ...)")
+    listing.set_defaults(func=_guarded(_list))
+    show = sub.add_parser("show", help="a session's current or latest run: its calls as a timeline")
+    show.add_argument("id", help="the session key")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=_guarded(_show))
+    kill = sub.add_parser("kill", help="answer pending calls `cancelled`, revoke their tasks, free the lane")
+    kill.add_argument("id", help="the session key")
+    kill.set_defaults(func=_guarded(_kill))
+    locks = subparsers.add_parser("locks", help="session lane locks; stale ones can be cleaned")
+    locks.add_argument("--stale", action="store_true", help="only locks nobody should hold")
+    locks.add_argument("--clean", action="store_true", help="release the stale locks")
+    locks.set_defaults(func=_guarded(_locks))
+
+
+def _guarded(command: Callable[[argparse.Namespace, Settings, SessionStore], int]) -> Callable[..., int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            settings = load_settings()
+            client = connect(
+                settings.redis.url,
+                socket_timeout_s=settings.redis.socket_timeout_s,
+                socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
+            )
+            ledger = Ledger(
+                client,
+                prefix=settings.redis.key_prefix,
+                ttl_s=settings.ledger.ttl_s,
+                lease_ttl_ms=int(settings.lease.ttl_s * 1000),
+            )
+            return command(args, settings, SessionStore(ledger))
+        except (ConfigError, StoreError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def session_rows(store: SessionStore, *, now: int, stalled_after_ms: int) -> list[dict[str, Any]]:
+    """One row per indexed run: running ones first, then recently ended ones."""
+    pairs = [(s, r) for s, r, _ in store.running(LIST_LIMIT) + store.ended(LIST_LIMIT)]
+    infos = store.runs(list(dict.fromkeys(pairs)))
+    activity = store.activity([(i.session_key, i.run_id) for i in infos])
+    rows = []
+    for info in infos:
+        calls = tuple(activity.get((info.session_key, info.run_id), ()))
+        view = RunView(
+            info.session_key, info.run_id, info.status, info.started_ms, info.deadline_ms,
+            info.progress_ms, info.klass, calls,
+        )  # fmt: skip
+        running = info.status == RunStatus.RUNNING.value
+        klass = classify(view, now_ms=now, stalled_after_ms=stalled_after_ms).value if running else "-"
+        rows.append(
+            {
+                "id": info.session_key,
+                "run": info.run_id,
+                "agent": info.agent_id,
+                "status": info.status,
+                "class": klass,
+                "age_s": round((now - info.started_ms) / 1000, 1),
+                "last_progress_s_ago": round((now - last_activity_ms(view)) / 1000, 1),
+                "pending_calls": sum(call.open for call in calls),
+            }
+        )
+    return rows
+
+
+def _list(args: argparse.Namespace, settings: Settings, store: SessionStore) -> int:
+    rows = session_rows(store, now=now_ms(), stalled_after_ms=int(settings.watchdog.stalled_after_s * 1000))
+    if args.status:
+        rows = [r for r in rows if args.status in (r["status"], r["class"])]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'SESSION':<28} {'RUN':<16} {'AGENT':<10} {'STATUS':<10} {'CLASS':<13} AGE_S  IDLE_S  PENDING")
+    for r in rows:
+        print(
+            f"{r['id']:<28} {r['run']:<16} {r['agent']:<10} {r['status']:<10} {r['class']:<13} "
+            f"{r['age_s']:>5}  {r['last_progress_s_ago']:>6}  {r['pending_calls']:>7}"
+        )
+    return 0
+
+
+def _digest(job_json: str) -> str:
+    try:
+        arguments = json.loads(job_json)["call"]["arguments"]
+    except (ValueError, KeyError, TypeError):
+        return "-"
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _ms(fields: dict[str, str], name: str) -> int:
+    value = fields.get(name, "")
+    return int(value) if value.isdigit() else 0
+
+
+def timeline(store: SessionStore, info: RunInfo) -> list[dict[str, Any]]:
+    """The run's calls in submission order: tool, arguments digest, outcome, reason, durations."""
+    keys = store.ledger.keys(info.session_key, info.run_id)
+    out = []
+    for call_id in store.ledger.run_call_ids(keys):
+        record = store.ledger.record(keys, call_id)
+        if record is None:
+            continue
+        f = record.fields
+        submitted, started, finished = _ms(f, "submitted_ms"), _ms(f, "started_ms"), _ms(f, "finished_ms")
+        outcome = record.state.value
+        if record.result is not None:
+            outcome = "error" if record.result.is_error else "ok"
+        out.append(
+            {
+                "call_id": call_id,
+                "tool": record.tool,
+                "arguments": _digest(f.get("job", "")),
+                "outcome": outcome,
+                "reason": f.get("reason", ""),
+                "writer": f.get("writer", ""),
+                "queued_ms": started - submitted if started else None,
+                "ran_ms": finished - started if finished and started else None,
+                "total_ms": finished - submitted if finished else None,
+            }
+        )
+    return out
+
+
+def _dur(ms: int | None) -> str:
+    return "-" if ms is None else f"{ms / 1000:.1f}s"
+
+
+def _find(store: SessionStore, session_key: str) -> RunInfo | None:
+    info = store.find_session(session_key)
+    if info is None:
+        print(f"error: no session {session_key!r} (not running and not recently ended)", file=sys.stderr)
+    return info
+
+
+def _show(args: argparse.Namespace, settings: Settings, store: SessionStore) -> int:
+    info = _find(store, args.id)
+    if info is None:
+        return 1
+    calls = timeline(store, info)
+    if args.json:
+        print(
+            json.dumps(
+                {"session": info.session_key, "run": info.run_id, "status": info.status, "calls": calls}
+            )
+        )
+        return 0
+    print(f"session {info.session_key}  run {info.run_id}  agent {info.agent_id}  status {info.status}")
+    for c in calls:
+        print(
+            f"  {c['call_id']:<20} {c['tool']:<16} {c['arguments']:<20} {c['outcome']:<8} "
+            f"{c['reason'] or '-':<18} queued={_dur(c['queued_ms'])} ran={_dur(c['ran_ms'])} "
+            f"total={_dur(c['total_ms'])}"
+        )
+    return 0
+
+
+def _kill(args: argparse.Namespace, settings: Settings, store: SessionStore) -> int:
+    info = _find(store, args.id)
+    if info is None:
+        return 1
+    from workers.celery_app import create_app
+
+    app = create_app(settings, worker=False)
+    answered = end_and_answer(
+        store,
+        info.session_key,
+        info.run_id,
+        status=RunStatus.ABORTED,
+        reason=SyntheticReason.CANCELLED,
+        detail=" by an operator (session kill)",
+        now_ms=now_ms(),
+        writer=f"{worker_id()}/cli",
+        revoke=lambda ids: app.control.revoke(ids, terminate=False),
+    )
+    store.release_lane(info.session_key, info.run_id)
+    print(f"killed session {info.session_key} run {info.run_id}: {answered} pending call(s) cancelled")
+    return 0
+
+
+def _locks(args: argparse.Namespace, settings: Settings, store: SessionStore) -> int:
+    now = now_ms()
+    stale = {(lane.session_key, lane.run_id): why for lane, why in stale_lanes(store, now)}
+    lanes = [lane for lane in store.lanes() if not args.stale or (lane.session_key, lane.run_id) in stale]
+    for lane in lanes:
+        why = stale.get((lane.session_key, lane.run_id), "")
+        print(
+            f"{lane.session_key:<28} run={lane.run_id:<16} token={lane.token:<5} "
+            f"held={(now - lane.since_ms) / 1000:.0f}s lease_left={(lane.lease_until_ms - now) / 1000:.0f}s"
+            + (f"  STALE ({why})" if why else "")
+        )
+    if args.clean:
+        released = sum(
+            store.release_lane(lane.session_key, lane.run_id, lane.token)
+            for lane in lanes
+            if (lane.session_key, lane.run_id) in stale
+        )
+        print(f"released {released} stale lock(s)")
+    return 0
