@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from workers.celery_app import INVOKE_TASK, app
 from workers.core.models import CallJob, SyntheticReason, ToolResult
-from workers.execution import interrupted_result, run_tool
+from workers.execution import bounded_result, interrupted_result, run_tool
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.tools.context import ToolContext
 from workers.tools.registry import registered_tools
@@ -35,7 +35,9 @@ def invoke(self: Any, job: dict[str, Any]) -> str:
     claim = rt.ledger.claim(keys, parsed.call.id, worker_id=worker_id(), now_ms=now_ms())
     if claim.status != "claimed":
         return claim.status
-    result = _execute(rt, parsed, claim.attempt)
+    result = bounded_result(
+        _execute(rt, parsed, claim.attempt), max_bytes=rt.settings.limits.max_result_bytes
+    )
     won = rt.ledger.finish(keys, result, now_ms=now_ms(), writer=worker_id())
     return "answered" if won else "late"
 

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, signals
 from celery.worker import state
 
 from tasks.requests import answer_from_main_process
@@ -23,6 +23,7 @@ from workers.celery_app import INVOKE_TASK
 from workers.core.heartbeats import RunningCall, Verdict, judge_running_call
 from workers.core.models import SyntheticReason
 from workers.errors import ConfigError, StoreError, WorkerConfigError
+from workers.redact import install_log_redaction
 from workers.runtime import now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 
@@ -151,7 +152,13 @@ class LeaseKeeper(bootsteps.StartStopStep):
             os.kill(int(worker.rsplit(":", 1)[-1]), signal.SIGUSR1)
 
 
+def _redact_logs(logger: logging.Logger | None = None, **_: Any) -> None:
+    install_log_redaction(logger)
+
+
 def install_worker_steps(celery: Celery) -> None:
-    """Add the guard and the lease keeper to ``celery``'s worker blueprint."""
+    """Add the guard and the lease keeper to ``celery``'s worker blueprint; redact worker logs."""
     celery.steps["worker"].add(PoolGuard)
     celery.steps["worker"].add(LeaseKeeper)
+    signals.after_setup_logger.connect(_redact_logs, weak=False)
+    signals.after_setup_task_logger.connect(_redact_logs, weak=False)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workers.core.models import CallJob, SyntheticReason, ToolResult
+from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolResult
 from workers.core.results import fallback_result, success_result, synthetic_result, tool_error_result
 from workers.errors import InvalidArguments, ToolNotFound
+from workers.redact import redact
 from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, get_tool, validate_arguments
 
-__all__ = ["interrupted_result", "rejected_result", "run_tool"]
+__all__ = ["bounded_result", "interrupted_result", "rejected_result", "run_tool"]
 
 
 def rejected_result(job: CallJob, error: ToolNotFound | InvalidArguments, elapsed_ms: int) -> ToolResult:
@@ -95,3 +96,20 @@ def _failure_result(
             job.call, spec.fallback, SyntheticReason.TOOL_ERROR, elapsed_ms=elapsed_ms, attempt=attempt
         )
     return tool_error_result(job.call, type(exc).__name__, str(exc), elapsed_ms=elapsed_ms, attempt=attempt)
+
+
+TRUNCATION_MARKER = "\n[... result truncated by unstuck: {dropped} of {total} bytes dropped ...]"
+
+
+def bounded_result(result: ToolResult, *, max_bytes: int) -> ToolResult:
+    """``result`` with secrets masked and its text capped at ``max_bytes`` (with a marker)."""
+    text = redact(result.text)
+    encoded = text.encode()
+    details = dict(result.details)
+    if len(encoded) > max_bytes:
+        kept = encoded[:max_bytes].decode(errors="ignore")
+        text = kept + TRUNCATION_MARKER.format(dropped=len(encoded) - max_bytes, total=len(encoded))
+        details["truncated_bytes"] = len(encoded) - max_bytes
+    if text == result.text and details == result.details:
+        return result
+    return result.model_copy(update={"content": (TextBlock(text=text),), "details": details})

@@ -11,12 +11,21 @@ Only values are masked; names, user names and hosts stay readable for debugging:
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["MASK", "is_sensitive_key", "redact", "redact_mapping", "redact_url"]
+__all__ = [
+    "MASK",
+    "RedactingFilter",
+    "install_log_redaction",
+    "is_sensitive_key",
+    "redact",
+    "redact_mapping",
+    "redact_url",
+]
 
 MASK = "****"
 
@@ -108,3 +117,24 @@ def redact_mapping(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
         secret = isinstance(key, str) and is_sensitive_key(key) and value not in (None, "")
         out[key] = MASK if secret else _redact_value(value)
     return out
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that masks secrets in the fully formatted message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Replace the record's message with its redacted form; never drops a record."""
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken log call must not break the caller
+            return True
+        record.msg, record.args = redact(message), ()
+        return True
+
+
+def install_log_redaction(logger: logging.Logger | None = None) -> None:
+    """Add a :class:`RedactingFilter` to every handler of ``logger`` (default: root), once."""
+    target = logger or logging.getLogger()
+    for handler in target.handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())

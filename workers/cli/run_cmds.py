@@ -9,6 +9,7 @@ import tempfile
 from typing import Any
 
 from workers.errors import ConfigError, StoreError
+from workers.redact import redact_url
 from workers.settings import Settings, load_settings
 from workers.store.ledger import connect
 
@@ -44,7 +45,7 @@ def preflight(settings: Settings) -> None:
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure here is the same advice
         raise StoreError(
-            f"cannot reach Redis at {settings.redis.url} ({type(exc).__name__}); "
+            f"cannot reach Redis at {redact_url(settings.redis.url)} ({type(exc).__name__}); "
             "start it or fix UNSTUCK_REDIS__URL"
         ) from None
     finally:

@@ -13,6 +13,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from workers.errors import ToolExecutionError
+from workers.redact import redact_mapping, redact_url
 from workers.tools.context import ToolContext
 from workers.tools.registry import tool
 
@@ -103,7 +104,7 @@ def http_fetch(
     """Fetch a URL over HTTP(S) with separate connect and read timeouts; the body is capped."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ToolExecutionError(f"unsupported URL {url!r}: need http:// or https:// and a host")
+        raise ToolExecutionError(f"unsupported URL {redact_url(url)!r}: need http:// or https:// and a host")
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(parts.hostname, parts.port, timeout=connect_timeout_s)
     try:
@@ -128,7 +129,7 @@ def http_fetch(
             raise ToolExecutionError(f"read timed out after {read_timeout_s}s", retryable=True) from None
         return {
             "status": response.status,
-            "headers": dict(response.getheaders()),
+            "headers": redact_mapping(dict(response.getheaders())),
             "body": _clip(data, max_bytes),
         }
     finally:
