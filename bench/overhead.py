@@ -15,6 +15,7 @@ Targets come from issue 2; each is printed PASS or MISS, nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -43,6 +45,7 @@ class Options:
     calls_per_thread: int
     concurrency: int
     lease_ttl_s: float
+    trace: bool
 
 
 def _parse(argv: list[str] | None) -> Options:
@@ -52,9 +55,15 @@ def _parse(argv: list[str] | None) -> Options:
     parser.add_argument("--calls-per-thread", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=2, help="pool processes of each worker")
     parser.add_argument("--lease-ttl-s", type=float, default=10.0, help="lease TTL (default: unstuck's)")
+    parser.add_argument("--trace", action="store_true", help="also print every Redis command of one call")
     args = parser.parse_args(argv)
     return Options(
-        args.latency_calls, args.threads, args.calls_per_thread, args.concurrency, args.lease_ttl_s
+        args.latency_calls,
+        args.threads,
+        args.calls_per_thread,
+        args.concurrency,
+        args.lease_ttl_s,
+        args.trace,
     )
 
 
@@ -75,7 +84,6 @@ class Bare:
     def __call__(self, _: int) -> None:
         result = self._app.send_task(self._task, queue=self._queue)
         assert result.get(timeout=30) == "ok"
-        result.forget()
 
     def close(self) -> None:
         self._app.close()
@@ -207,6 +215,32 @@ class CommandStats:
         into.update({k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0) > 0})
 
 
+def trace_one_call(url: str, label: str, operation: Callable[[], None]) -> None:
+    """Print each Redis command (not those run inside scripts) of one call, with its time and client."""
+    seen: list[dict[str, Any]] = []
+    listening = threading.Event()
+    client = redis.Redis.from_url(url, decode_responses=True)
+
+    def listen() -> None:
+        with contextlib.suppress(redis.RedisError), client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            listening.set()
+            for command in monitor.listen():
+                seen.append(command)
+
+    threading.Thread(target=listen, daemon=True).start()
+    listening.wait(5)
+    begin = time.time()
+    operation()
+    end = time.time()
+    client.ping()  # a command after the call, so we know the monitor has seen all of it
+    wait_until(lambda: any(c["time"] >= end for c in seen), timeout_s=5, what="monitor caught up")
+    mine = [c for c in seen if begin <= c["time"] <= end and c["client_type"] != "lua"]
+    print(f"\n{label}: {len(mine)} commands from clients")
+    for command in mine:
+        who = f"{command['client_address']}:{command['client_port']}"
+        print(f"  {(command['time'] - begin) * 1000:7.2f} ms  {who:<17} {command['command'][:100]}")
+
+
 def _mark(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -278,6 +312,14 @@ def _run(opts: Options, settings: Settings, server: EmbeddedRedis, unstuck_worke
     guarded_tput = throughput(
         lambda t: Guarded(settings, f"bench-tput-{t}"), opts.threads, opts.calls_per_thread
     )
+    if opts.trace:
+        tracer_bare, tracer = Bare(), Guarded(settings, "bench-trace")
+        tracer_bare(1)  # connect first: trace a warm call
+        tracer(1)
+        trace_one_call(server.url, "bare celery no-op", lambda: tracer_bare(0))
+        trace_one_call(server.url, "guarded noop tool call", lambda: tracer(0))
+        tracer_bare.close()
+        tracer.close()
     hung_ms = hung_tool_overshoot_ms(settings)
     kill_s = worker_kill_s(settings, unstuck_worker)
 
