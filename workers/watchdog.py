@@ -73,13 +73,15 @@ def end_and_answer(
 ) -> int:
     """End a run, answer its unanswered calls with ``reason``, revoke their tasks; returns calls answered.
 
-    The run ends first, so its gateway's next ``touch_progress`` already fails; revocation
-    never terminates a running tool (its result, if any, is kept as late).
+    The run ends first, so its gateway's next ``touch_progress`` already fails; the lane is
+    freed only once every call is answered. Revocation never terminates a running tool (its
+    result, if any, is kept as late).
     """
-    sessions.end_run(session_key, run_id, status, now_ms, reason=reason.value)
+    sessions.end_run(session_key, run_id, status, now_ms, reason=reason.value, release=False)
     answered = sessions.answer_open_calls(
         session_key, run_id, reason, now_ms=now_ms, writer=writer, detail=detail
     )
+    sessions.close_run(session_key, run_id, now_ms)
     task_ids = [task_id for _, task_id in answered if task_id]
     if revoke is not None and task_ids:
         try:

@@ -7,11 +7,9 @@
   of those calls need no revocation for correctness: a worker's claim of an answered call
   returns ``done`` and never runs the tool. A superseded run cannot write its run record
   again: ``touch_progress`` and ``end_run`` return False once it is no longer running.
-* **Lease.** The lane expires by itself at the run's deadline plus a margin, so a gateway
-  that died never holds a session forever; the watchdog normally frees it sooner.
+* **Lease.** A lane expires by itself at its run's deadline plus a margin.
 * **Run record.** Start, deadline, last progress, status ``running|completed|aborted|
-  timed_out``, token, the watchdog's last class. Kept in the run's hash (see
-  :mod:`workers.store.keys`), next to the ledger's own ``ensure_run`` fields.
+  timed_out``, token and the watchdog's last class, in the run's hash (next to ``ensure_run``).
 * **Indexes.** Running runs are members of two global sorted sets, by deadline and by last
   progress, so a sweep reads only the runs that are due (O(due), not O(sessions)). They are
   hints: every decision re-reads the run record. Members are removed when a run ends.
@@ -177,19 +175,28 @@ class SessionStore:
         *,
         reason: str = "",
         token: int | None = None,
+        release: bool = True,
     ) -> bool:
-        """End a running run once: set ``status``, free its lane, drop it from the indexes.
+        """End a running run once; returns False when it had ended already or ``token`` is not its.
 
-        Returns False when it had already ended or ``token`` is not the run's. Unanswered
-        calls are left to the caller (see :meth:`answer_open_calls`).
+        With ``release`` the lane is freed and the run leaves the indexes at once; without it
+        the caller answers the run's calls first, then calls :meth:`close_run`.
         """
         keys = RunKeys(self.prefix, session_key, run_id)
         expected = "" if token is None else str(token)
         with store_errors():
             ended = bool(self._end(keys=[keys.run], args=[status.value, now_ms, reason, expected]))
-            self._release(keys=[self.session(session_key).lane], args=[run_id, expected])
-            self._unindex(session_key, run_id, now_ms, ended=ended)
+        if release:
+            self.close_run(session_key, run_id, now_ms, token=token)
         return ended
+
+    def close_run(self, session_key: str, run_id: str, now_ms: int, *, token: int | None = None) -> None:
+        """Free an ended run's lane (if it still holds it) and move it to the ended index."""
+        with store_errors():
+            self._release(
+                keys=[self.session(session_key).lane], args=[run_id, "" if token is None else token]
+            )
+            self._unindex(session_key, run_id, now_ms, ended=True)
 
     def holds_lane(self, session_key: str, run_id: str, token: int) -> bool:
         """Whether ``run_id`` still holds its session's lane with ``token`` (the fencing check)."""
@@ -376,16 +383,9 @@ _ACTIVITY_FIELDS = ["state", "tool", "submitted_ms", "started_ms", "hb_ms", "fin
 def _activity(call_id: str, fields: list[Any], lease_alive: bool) -> CallActivity:
     state, tool, submitted, started, hb, finished, dispatched = fields
     return CallActivity(
-        call_id=call_id,
-        tool=str(tool or ""),
-        state=str(state or "pending"),
-        submitted_ms=_int(submitted),
-        started_ms=_int(started),
-        heartbeat_ms=_int(hb),
-        finished_ms=_int(finished),
-        lease_alive=lease_alive,
-        dispatched=dispatched == "1",
-    )
+        call_id, str(tool or ""), str(state or "pending"), _int(submitted), _int(started), _int(hb),
+        _int(finished), lease_alive, dispatched == "1",
+    )  # fmt: skip
 
 
 def _lane(session_key: str, raw: dict[str, str]) -> Lane:
