@@ -29,7 +29,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     # Redelivery must never beat the ledger: keep the visibility timeout above any hard limit.
     visibility_s = max(3600, int(_largest_hard_limit_s(settings) * 2))
     publish_s = settings.broker.publish_timeout_s
-    return {
+    config: dict[str, Any] = {
         "broker_url": settings.broker_url,
         "result_backend": settings.redis.url,
         "task_serializer": "json",
@@ -66,6 +66,20 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # wait (default 10 s); keep it well under the lease TTL so the reason is `crashed`.
         "worker_lost_wait": min(1.0, settings.lease.ttl_s / 4),
     }
+    if settings.broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        # RabbitMQ: quorum queues (replicated, durable; they allow no priorities and no
+        # global QoS, so prefetch stays per consumer), and publisher confirms so a call is
+        # only marked dispatched once the broker has it. Redis transport options do not apply.
+        config.update(
+            {
+                "task_default_queue_type": "quorum",
+                "task_create_missing_queue_type": "quorum",
+                "task_queue_max_priority": None,
+                "worker_detect_quorum_queues": True,
+                "broker_transport_options": {"confirm_publish": True},
+            }
+        )
+    return config
 
 
 def create_app(settings: Settings | None = None, *, worker: bool = True) -> Celery:

@@ -1,0 +1,52 @@
+"""The Celery config per broker: Redis keeps its transport options, RabbitMQ gets quorum queues."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.celery_app import celery_config
+from workers.settings import Settings
+
+REDIS = "redis://127.0.0.1:6390/0"
+
+
+def _config(broker_url: str) -> dict[str, object]:
+    return celery_config(Settings(redis={"url": REDIS}, broker={"url": broker_url, "queue": "q1"}))
+
+
+def test_redis_broker_keeps_visibility_timeout_and_classic_queues() -> None:
+    config = _config("")
+    assert config["broker_url"] == REDIS
+    options = config["broker_transport_options"]
+    assert isinstance(options, dict)
+    assert options["visibility_timeout"] >= 3600
+    assert "task_default_queue_type" not in config
+
+
+@pytest.mark.parametrize(
+    "url", ["amqp://guest:guest@127.0.0.1:5672//", "amqps://u:p@mq.example:5671/v", "pyamqp://h//"]
+)
+def test_amqp_broker_declares_quorum_queues_without_priorities_or_global_qos(url: str) -> None:
+    config = _config(url)
+    assert config["broker_url"] == url
+    assert config["task_default_queue"] == "q1"
+    assert config["task_default_queue_type"] == "quorum"
+    assert config["task_create_missing_queue_type"] == "quorum"
+    assert config["task_queue_max_priority"] is None
+    assert config["worker_detect_quorum_queues"] is True
+    assert config["broker_transport_options"] == {"confirm_publish": True}
+    # Unchanged guarantees: JSON only, prefetch 1, no late acks, ledger stays on Redis.
+    assert config["accept_content"] == ["json"]
+    assert config["worker_prefetch_multiplier"] == 1
+    assert config["task_acks_late"] is False
+    assert config["result_backend"] == REDIS
+
+
+def test_amqp_queue_is_declared_durable_with_the_quorum_argument() -> None:
+    from celery import Celery
+
+    app = Celery("t", set_as_current=False)
+    app.conf.update(_config("amqp://guest:guest@127.0.0.1:5672//"))
+    queue = app.amqp.queues["q1"]
+    assert queue.durable is True
+    assert queue.queue_arguments == {"x-queue-type": "quorum"}
