@@ -55,9 +55,10 @@ def _populate(client: redis.Redis, now: int) -> dict[str, int]:
         pipe.zadd(index.by_progress, {member: progress})
         if due:
             due_scores[member] = progress
-            call = {"call_id": "c1", "tool": "exec", "state": "running", "submitted_ms": old,
-                    "started_ms": old, "hb_ms": now - 500, "deadline_ms": now + 600_000, "attempt": 1,
-                    "dispatched": "1"}  # fmt: skip
+            call: dict[str, str | int] = {
+                "call_id": "c1", "tool": "exec", "state": "running", "submitted_ms": old, "started_ms": old,
+                "hb_ms": now - 500, "deadline_ms": now + 600_000, "attempt": 1, "dispatched": "1",
+            }  # fmt: skip
             pipe.hset(keys.call("c1"), mapping=call)
             pipe.expire(keys.call("c1"), 3600)
             pipe.zadd(keys.calls, {"c1": old})
