@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from typing import Any
 
 import redis
 
@@ -55,7 +56,7 @@ def _populate(client: redis.Redis, now: int) -> dict[str, int]:
         pipe.zadd(index.by_progress, {member: progress})
         if due:
             due_scores[member] = progress
-            call: dict[str, str | int] = {
+            call: dict[Any, Any] = {
                 "call_id": "c1", "tool": "exec", "state": "running", "submitted_ms": old, "started_ms": old,
                 "hb_ms": now - 500, "deadline_ms": now + 600_000, "attempt": 1, "dispatched": "1",
             }  # fmt: skip
