@@ -1,0 +1,445 @@
+"""Chaos soak (``python -m bench.chaos --minutes M``): the backbone's promise under everything at once.
+
+Many agent sessions (threads, one ``ToolGateway`` each) send batches of calls with random
+hangs, crashes and errors to real prefork workers on a private redis-server with AOF on.
+Meanwhile worker hosts are SIGKILLed (and replaced), Redis restarts on the same port and
+data directory, and gateway processes are killed mid-call and replaced by a fresh gateway's
+``collect``. At the end it prints calls, results, missing, duplicates, worst answer latency
+against the deadline and stuck sessions; the exit status is 1 when an invariant fails:
+
+* missing == 0: every accepted call got a result;
+* duplicates == 0: no call was delivered twice, and what was delivered is what the ledger holds;
+* worst batch return <= latest deadline of the batch + grace;
+* stuck sessions == 0: no call of any run is left without a result in the ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tests.harness import Proc, base_env, kill_pids, start_beat, start_worker, wait_until
+from workers import ToolCall, ToolGateway, ToolResult
+from workers.errors import LoopDetected
+from workers.settings import Settings
+from workers.store.embedded import EmbeddedRedis, free_port
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
+
+CallKey = tuple[str, str, str]  # session, run, call id
+
+_GATEWAY_SCRIPT = """
+import json, sys
+from workers import ToolCall, ToolGateway
+calls = [ToolCall(**c) for c in json.loads(sys.argv[2])]
+print("submitting", flush=True)
+ToolGateway().call_tools(session_key=sys.argv[1], run_id="r1", calls=calls)
+print("returned", flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Size and length of the run."""
+
+    minutes: float
+    sessions: int
+    workers: int
+    concurrency: int
+    seed: int
+    progress_s: float
+
+
+def _parse(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0, help="how long faults are injected")
+    parser.add_argument("--sessions", type=int, default=10, help="concurrent agent sessions")
+    parser.add_argument("--workers", type=int, default=2, help="worker hosts")
+    parser.add_argument("--concurrency", type=int, default=3, help="pool processes per worker")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    return Options(args.minutes, args.sessions, args.workers, args.concurrency, seed, args.progress_s)
+
+
+@dataclass
+class Tally:
+    """Everything submitted and delivered, shared by all threads (guarded by ``lock``)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    submitted: list[CallKey] = field(default_factory=list)
+    delivered: dict[CallKey, list[ToolResult]] = field(default_factory=dict)
+    batches: list[tuple[list[CallKey], int]] = field(default_factory=list)  # calls, returned at (ms)
+    events: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+
+    def submit(self, keys: list[CallKey]) -> None:
+        with self.lock:
+            self.submitted.extend(keys)
+
+    def deliver(self, session: str, run: str, results: list[ToolResult], *, batch: bool = True) -> None:
+        now = int(time.time() * 1000)
+        keys = [(session, run, r.tool_call_id) for r in results]
+        with self.lock:
+            for key, result in zip(keys, results, strict=True):
+                self.delivered.setdefault(key, []).append(result)
+            if batch:
+                self.batches.append((keys, now))
+
+    def note(self, event: str, error: str | None = None) -> None:
+        with self.lock:
+            self.events[event] += 1
+            if error:
+                self.errors.append(error)
+
+
+def _random_call(rng: random.Random, call_id: str) -> ToolCall:
+    roll = rng.random()
+    secs = round(rng.uniform(0.1, 2.5), 2)
+    table: list[tuple[float, str, dict[str, object]]] = [
+        (0.35, "echo", {"text": call_id}),
+        (0.50, "sleepy", {"seconds": secs}),  # soft limit 1 s: about half of them hang past it
+        (0.54, "stubborn", {"seconds": 5.0 + secs}),  # only the hard limit stops it
+        (0.60, "crash", {"how": rng.choice(["sigkill", "segv", "exit"])}),
+        (0.70, "boom", {"message": f"broken {call_id}"}),
+        (0.80, "slow_idempotent", {"seconds": secs}),
+        (0.92, "slow", {"seconds": secs}),
+        (1.00, "flaky", {"key": call_id, "failures": rng.randint(0, 2)}),
+    ]
+    name, arguments = next((n, a) for limit, n, a in table if roll < limit)
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def _agent_loop(settings: Settings, index: int, seed: int, tally: Tally, stop: threading.Event) -> None:
+    """One agent session: batches of 1-4 calls until ``stop``; a loop abort starts a new run."""
+    rng = random.Random(seed * 1000 + index)
+    session, run, count = f"chaos-{index}", 0, 0
+    gateway = ToolGateway(settings)
+    try:
+        while not stop.is_set():
+            calls = [_random_call(rng, f"c{count + i}") for i in range(rng.randint(1, 4))]
+            count += len(calls)
+            run_id = f"r{run}"
+            tally.submit([(session, run_id, c.id) for c in calls])
+            try:
+                results = gateway.call_tools(session_key=session, run_id=run_id, calls=calls)
+            except LoopDetected as exc:
+                results, run = list(exc.results), run + 1
+                tally.note("loop aborts")
+            tally.deliver(session, run_id, results)
+    except Exception as exc:  # noqa: BLE001 - an unanswered batch is what this bench reports
+        tally.note("session errors", f"{session}: {type(exc).__name__}: {exc}")
+    finally:
+        gateway.close()
+
+
+@dataclass
+class Cluster:
+    """Redis, workers and beat of the run, and every pid to kill at the end."""
+
+    server: EmbeddedRedis
+    env: dict[str, str]
+    concurrency: int
+    workers: list[Proc] = field(default_factory=list)
+    others: list[Proc] = field(default_factory=list)
+    strays: list[int] = field(default_factory=list)
+    started: int = 0
+
+    def add_worker(self) -> Proc:
+        self.started += 1
+        proc = start_worker(self.env, concurrency=self.concurrency, name=f"chaos{os.getpid()}-{self.started}")
+        self.workers.append(proc)
+        return proc
+
+    def kill_worker(self, rng: random.Random) -> str:
+        """SIGKILL one worker's main process (and, half the time, its pool: the host died)."""
+        victim = rng.choice(self.workers)
+        self.workers.remove(victim)
+        orphans = victim.children()
+        self.strays.extend(orphans)
+        victim.kill_hard()
+        whole_host = rng.random() < 0.5
+        if whole_host:
+            kill_pids(orphans)
+        victim.stop(timeout_s=1)
+        self.add_worker()
+        return "host" if whole_host else "main process"
+
+    def restart_redis(self, outage_s: float) -> None:
+        self.server.stop()
+        time.sleep(outage_s)  # the outage itself is the fault being injected
+        self.server.start()
+
+    def close(self) -> None:
+        procs = self.workers + self.others
+        for proc in procs:
+            self.strays.extend(proc.children())
+        stoppers = [threading.Thread(target=proc.stop, kwargs={"timeout_s": 5}) for proc in procs]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
+        kill_pids(self.strays)
+        self.server.close()
+
+
+def _gateway_restart(cluster: Cluster, settings: Settings, rng: random.Random, n: int, tally: Tally) -> None:
+    """A gateway process dies mid-call; a fresh gateway collects the run."""
+    session = f"chaos-gw-{n}"
+    calls = [_random_call(rng, f"g{i}") for i in range(rng.randint(2, 4))]
+    calls[0] = ToolCall(id="g0", name="slow", arguments={"seconds": round(rng.uniform(1, 3), 2)})
+    payload = json.dumps([c.model_dump(mode="json") for c in calls])
+    proc = Proc([sys.executable, "-c", _GATEWAY_SCRIPT, session, payload], cluster.env, f"chaos-gw{n}")
+    fresh = ToolGateway(settings)
+    ledger = fresh._rt.ledger
+    keys = ledger.keys(session, "r1")
+    try:
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: _registered(ledger, keys) >= len(calls), timeout_s=20, what="calls registered")
+        accepted = set(_safe_call_ids(ledger, keys))
+        proc.kill_hard()
+        proc.stop(timeout_s=1)
+        tally.submit([(session, "r1", c.id) for c in calls if c.id in accepted])
+        if len(accepted) < len(calls):
+            tally.note("calls never registered by a killed gateway (not counted)")
+        results = fresh.collect(session, "r1")
+        tally.deliver(session, "r1", results)
+        tally.note("gateway restarts")
+    except Exception as exc:  # noqa: BLE001 - reported as an invariant failure
+        tally.note("collect errors", f"{session}: {type(exc).__name__}: {exc}")
+    finally:
+        fresh.close()
+
+
+def _safe_call_ids(ledger: Ledger, keys: RunKeys) -> list[str]:
+    try:
+        return ledger.run_call_ids(keys)
+    except Exception:  # noqa: BLE001 - Redis may be restarting right now
+        return []
+
+
+def _registered(ledger: Ledger, keys: RunKeys) -> int:
+    return len(_safe_call_ids(ledger, keys))
+
+
+@dataclass
+class Report:
+    """The figures printed at the end."""
+
+    calls: int = 0
+    results: int = 0
+    missing: int = 0
+    duplicates: int = 0
+    differs: int = 0
+    late: int = 0
+    stuck_sessions: int = 0
+    worst_batch_ms: int = -(10**9)
+    worst_call_ms: int = -(10**9)
+    reasons: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def failures(self, grace_ms: int, errors: list[str]) -> list[str]:
+        checks = [
+            (self.missing == 0, f"missing {self.missing}"),
+            (self.duplicates == 0, f"duplicates {self.duplicates}"),
+            (self.differs == 0, f"delivered results differing from the ledger {self.differs}"),
+            (self.stuck_sessions == 0, f"stuck sessions {self.stuck_sessions}"),
+            (self.worst_batch_ms <= grace_ms, f"worst return {self.worst_batch_ms} ms past deadline"),
+            (not errors, f"errors: {errors[:5]}"),
+        ]
+        return [text for ok, text in checks if not ok]
+
+
+def _audit(tally: Tally, ledger: Ledger) -> Report:
+    report = Report(calls=len(set(tally.submitted)))
+    report.results = sum(len(v) for v in tally.delivered.values())
+    report.missing = len(set(tally.submitted) - set(tally.delivered))
+    report.duplicates = sum(1 for v in tally.delivered.values() if len(v) > 1)
+    runs = sorted({(s, r) for s, r, _ in tally.submitted})
+    deadlines: dict[CallKey, int] = {}
+    for session, run in runs:
+        keys = ledger.keys(session, run)
+        call_ids = ledger.run_call_ids(keys)
+        if ledger.open_calls(keys, call_ids):
+            report.stuck_sessions += 1
+        stored = ledger.results(keys, call_ids)
+        for call_id in call_ids:
+            key = (session, run, call_id)
+            record = ledger.record(keys, call_id)
+            if record is None:
+                continue
+            deadlines[key] = int(record.fields.get("deadline_ms", "0"))
+            if "finished_ms" in record.fields:
+                report.worst_call_ms = max(
+                    report.worst_call_ms, int(record.fields["finished_ms"]) - deadlines[key]
+                )
+            report.late += len(ledger.late_results(keys, call_id))
+            delivered = tally.delivered.get(key, [])
+            for result in delivered:
+                if stored.get(call_id) != result:
+                    report.differs += 1
+                    report.examples.append(_difference(key, result, stored.get(call_id), record.fields))
+            for result in delivered[:1]:
+                report.reasons[result.reason or "real result"] += 1
+    for keys_of_batch, returned_ms in tally.batches:
+        latest = max((deadlines.get(k, 0) for k in keys_of_batch), default=0)
+        if latest:
+            report.worst_batch_ms = max(report.worst_batch_ms, returned_ms - latest)
+    return report
+
+
+def _difference(
+    key: CallKey, delivered: ToolResult, stored: ToolResult | None, fields: dict[str, str]
+) -> str:
+    def show(result: ToolResult | None) -> str:
+        return "nothing" if result is None else f"{result.reason or 'real'} {result.text[:90]!r}"
+
+    return (
+        f"{'/'.join(key)} ({fields.get('tool')}): delivered {show(delivered)}; ledger holds {show(stored)} "
+        f"written by {fields.get('writer')}"
+    )
+
+
+def _schedule(duration_s: float, rng: random.Random) -> list[tuple[float, str]]:
+    kill_every = max(5.0, min(25.0, duration_s / 4))
+    gateway_every = max(6.0, min(20.0, duration_s / 3))
+    plan = [(t, "kill worker") for t in _times(kill_every * 0.5, duration_s, kill_every, rng)]
+    plan += [(t, "gateway restart") for t in _times(gateway_every * 0.7, duration_s, gateway_every, rng)]
+    plan += [(t, "redis restart") for t in _times(duration_s * 0.4, duration_s, 150.0, rng)]
+    return sorted(plan)
+
+
+def _times(first: float, end: float, every: float, rng: random.Random) -> list[float]:
+    times, t = [], first
+    while t < end * 0.9:
+        times.append(t + rng.uniform(-0.1, 0.1) * every)
+        t += every
+    return times
+
+
+def _progress(tally: Tally, started: float) -> str:
+    with tally.lock:
+        calls, answered = len(tally.submitted), len(tally.delivered)
+        events = ", ".join(f"{k} {v}" for k, v in sorted(tally.events.items()))
+    elapsed = time.monotonic() - started
+    return f"[{elapsed:6.1f}s] calls {calls}, answered {answered} | {events or 'no faults yet'}"
+
+
+def _inject(options: Options, cluster: Cluster, settings: Settings, tally: Tally, rng: random.Random) -> None:
+    """Run the fault schedule for the run's duration, printing progress."""
+    duration_s = options.minutes * 60
+    plan = _schedule(duration_s, rng)
+    started = next_progress = time.monotonic()
+    helpers: list[threading.Thread] = []
+    while (now := time.monotonic() - started) < duration_s:
+        if plan and plan[0][0] <= now:
+            _, action = plan.pop(0)
+            if action == "kill worker":
+                tally.note(f"worker kills ({cluster.kill_worker(rng)})")
+            elif action == "redis restart":
+                cluster.restart_redis(rng.uniform(0.5, 1.5))
+                tally.note("redis restarts")
+            else:
+                n = tally.events["gateway restarts"] + len(helpers)
+                args = (cluster, settings, random.Random(rng.random()), n, tally)
+                helpers.append(threading.Thread(target=_gateway_restart, args=args, daemon=True))
+                helpers[-1].start()
+        if time.monotonic() >= next_progress:
+            print(_progress(tally, started), flush=True)
+            next_progress += options.progress_s
+        time.sleep(0.05)
+    for helper in helpers:
+        helper.join(90)
+
+
+def _settings_for(env: dict[str, str]) -> Settings:
+    for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
+        del os.environ[key]
+    os.environ.update({k: v for k, v in env.items() if k.startswith("UNSTUCK_")})
+    return Settings()
+
+
+def run(options: Options) -> int:
+    """The whole soak; returns the exit status."""
+    # Store outages are part of the plan: the gateway's warnings about them would drown the report.
+    logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    rng, began = random.Random(options.seed), time.monotonic()
+    data_dir = tempfile.mkdtemp(prefix="unstuck-chaos-")
+    server = EmbeddedRedis(port=free_port(), appendonly=True, data_dir=data_dir).start()
+    cluster = Cluster(server, base_env(server.url, UNSTUCK_WATCHDOG__INTERVAL_S="1"), options.concurrency)
+    print(
+        f"chaos: seed {options.seed}, {options.minutes} min, {options.sessions} sessions, redis {server.url}"
+    )
+    try:
+        settings = _settings_for(cluster.env)
+        for _ in range(options.workers):
+            cluster.add_worker()
+        cluster.others.append(start_beat(cluster.env))
+        tally, stop = Tally(), threading.Event()
+        agents = [
+            threading.Thread(target=_agent_loop, args=(settings, i, options.seed, tally, stop), daemon=True)
+            for i in range(options.sessions)
+        ]
+        for agent in agents:
+            agent.start()
+        print(f"chaos: cluster up in {time.monotonic() - began:.1f}s; injecting faults", flush=True)
+        _inject(options, cluster, settings, tally, rng)
+        stop.set()
+        drain_started = time.monotonic()
+        for agent in agents:
+            agent.join(120)
+        print(f"chaos: sessions drained in {time.monotonic() - drain_started:.1f}s", flush=True)
+        if any(agent.is_alive() for agent in agents):
+            tally.note("session errors", "a session was still waiting 120 s after the end")
+        auditor = ToolGateway(settings)
+        try:
+            report = _audit(tally, auditor._rt.ledger)
+        finally:
+            auditor.close()
+        return _print_report(report, tally, int(settings.gateway.grace_s * 1000))
+    finally:
+        cluster.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
+    print(
+        f"calls {report.calls}, results {report.results}, missing {report.missing}, "
+        f"duplicates {report.duplicates}, differing from ledger {report.differs}, "
+        f"late (audit only) {report.late}\n"
+        f"worst answer vs deadline: batch return {report.worst_batch_ms:+d} ms, ledger write "
+        f"{report.worst_call_ms:+d} ms (grace {grace_ms} ms)\n"
+        f"stuck sessions {report.stuck_sessions}\n"
+        f"faults: {dict(sorted(tally.events.items()))}\n"
+        f"outcomes: {dict(sorted(report.reasons.items()))}",
+        flush=True,
+    )
+    for example in report.examples[:10]:
+        print(f"  differs: {example}", flush=True)
+    failures = report.failures(grace_ms, tally.errors)
+    for failure in failures:
+        print(f"INVARIANT FAILED: {failure}", flush=True)
+    print("chaos: PASS" if not failures else "chaos: FAIL", flush=True)
+    return 1 if failures else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m bench.chaos``."""
+    return run(_parse(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
