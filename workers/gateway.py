@@ -11,7 +11,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +19,7 @@ from celery import Celery
 
 from workers.celery_app import INVOKE_TASK, create_app
 from workers.core.limits import resolve_limits
-from workers.core.loops import LoopVerdict, PendingCall
+from workers.core.loops import LoopVerdict
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.core.transcript import RepairedTranscript
@@ -28,33 +27,22 @@ from workers.errors import CompactionLoopPersisted, InvalidArguments, LoopDetect
 from workers.execution import rejected_result
 from workers.ledger_repair import repair_with_ledger
 from workers.loop_gate import LoopGate
-from workers.reaping import reap
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
-from workers.store.ledger import RunAbort, ensure_run, mark_run_aborted, run_abort
+from workers.store.ledger import RunAbort, mark_run_aborted, open_run, run_abort
 from workers.tools.registry import get_tool, validate_arguments
+from workers.waiting import Batch, Waiter
 
 __all__ = ["ToolGateway"]
 
 log = logging.getLogger(__name__)
 
+_RUN_CACHE_SIZE = 4096
 
-@dataclass
-class _Batch:
-    """Calls of one run being waited for: call id -> deadline (ms), plus answers so far."""
 
-    keys: RunKeys
-    agent_id: str = "main"
-    deadlines: dict[str, int] = field(default_factory=dict)
-    pending_loops: dict[str, PendingCall] = field(default_factory=dict)
-    abort: LoopVerdict | None = None
-    tools: dict[str, str] = field(default_factory=dict)
-    answers: dict[str, ToolResult] = field(default_factory=dict)
-
-    @property
-    def waiting(self) -> list[str]:
-        return [cid for cid in self.deadlines if cid not in self.answers]
+def _task_id(keys: RunKeys, call_id: str, attempt: int) -> str:
+    return f"{keys.due_member(call_id)}#{attempt}"
 
 
 class ToolGateway:
@@ -73,6 +61,10 @@ class ToolGateway:
         self._clock = clock
         self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"
+        self._run_deadlines: dict[tuple[str, str], int] = {}
+        self._waiter = Waiter(
+            self._rt.ledger, self.settings, self._writer, self._now_ms, sleep, self._redispatch
+        )
         self._loops = LoopGate(self.settings, self._rt.ledger.client, emit=self._emit_event)
 
     def _now_ms(self) -> int:
@@ -88,8 +80,8 @@ class ToolGateway:
                 for a loop that survived compaction); ``error.results`` still holds one
                 result per call.
         """
-        batch = _Batch(self._rt.ledger.keys(session_key, run_id), agent_id)
-        aborted = self._aborted_run(batch.keys)
+        batch = Batch(self._rt.ledger.keys(session_key, run_id), agent_id)
+        aborted = self._open_run(batch)
         for call in calls:
             if call.id in batch.deadlines:
                 continue
@@ -101,11 +93,12 @@ class ToolGateway:
                 self._answer_now(batch, call, result)
             else:
                 self._submit(batch, agent_id, call)
-        self._wait(batch)
+        self._waiter.wait(batch)
         self._record_outcomes(batch)
         results = [batch.answers[call.id] for call in calls]
-        if aborted is not None or batch.abort is not None:
-            raise self._abort_run(batch, aborted, results)
+        known = aborted or batch.known_abort
+        if known is not None or batch.abort is not None:
+            raise self._abort_run(batch, known, results)
         return results
 
     async def acall_tools(
@@ -123,7 +116,7 @@ class ToolGateway:
         their synthetic result; the rest are awaited up to their deadline plus grace.
         """
         ledger = self._rt.ledger
-        batch = _Batch(ledger.keys(session_key, run_id))
+        batch = Batch(ledger.keys(session_key, run_id))
         call_ids = ledger.run_call_ids(batch.keys)
         batch.answers.update(ledger.results(batch.keys, call_ids))
         for call in ledger.open_calls(batch.keys, call_ids):
@@ -131,7 +124,7 @@ class ToolGateway:
             batch.tools[call.call_id] = call.tool
         for call_id in call_ids:
             batch.deadlines.setdefault(call_id, 0)
-        self._wait(batch, undispatched_after_ms=int(self.settings.broker.publish_timeout_s * 3000))
+        self._waiter.wait(batch, undispatched_after_ms=int(self.settings.broker.publish_timeout_s * 3000))
         return [batch.answers[cid] for cid in call_ids if cid in batch.answers]
 
     async def acollect(self, session_key: str, run_id: str) -> list[ToolResult]:
@@ -178,7 +171,7 @@ class ToolGateway:
         """
         return self._loops.note_compaction(session_key, run_id, agent_id, self._now_ms())
 
-    def _submit(self, batch: _Batch, agent_id: str, call: ToolCall) -> None:
+    def _submit(self, batch: Batch, agent_id: str, call: ToolCall) -> None:
         now = self._now_ms()
         batch.tools[call.id] = call.name
         verdict = self._check_loops(batch, call, now)
@@ -188,7 +181,7 @@ class ToolGateway:
                 batch.abort = verdict
             return
         early = self._reject_early(call, now)
-        job = self._job(batch.keys, agent_id, call, now) if early is None else None
+        job = self._job(batch.keys, agent_id, call, now, batch.run_deadline_ms) if early is None else None
         batch.deadlines[call.id] = job.deadline_ms if job else now
         try:
             if job is None:
@@ -206,7 +199,7 @@ class ToolGateway:
                 detail=" (result store unreachable)",
             )
 
-    def _check_loops(self, batch: _Batch, call: ToolCall, now_ms: int) -> LoopVerdict | None:
+    def _check_loops(self, batch: Batch, call: ToolCall, now_ms: int) -> LoopVerdict | None:
         keys = batch.keys
         try:
             pending = self._loops.before(keys.session_key, keys.run_id, batch.agent_id, call, now_ms)
@@ -218,7 +211,9 @@ class ToolGateway:
             batch.pending_loops[call.id] = pending
         return pending.verdict
 
-    def _record_outcomes(self, batch: _Batch) -> None:
+    def _record_outcomes(self, batch: Batch) -> None:
+        if not self._loops.needs_outcomes(batch.agent_id, guard_armed=batch.guard_armed):
+            return  # detection off and no compaction guard armed: nothing to record
         for call_id, pending in batch.pending_loops.items():
             result = batch.answers[call_id]
             # The warning is for the model; the outcome is hashed without it.
@@ -231,7 +226,7 @@ class ToolGateway:
             if abort is not None and batch.abort is None:
                 batch.abort = abort
 
-    def _answer_now(self, batch: _Batch, call: ToolCall, result: ToolResult) -> None:
+    def _answer_now(self, batch: Batch, call: ToolCall, result: ToolResult) -> None:
         batch.tools[call.id] = call.name
         batch.deadlines[call.id] = self._now_ms()
         batch.answers[call.id] = result
@@ -241,13 +236,50 @@ class ToolGateway:
         except StoreError as exc:
             log.warning("store unavailable while answering %s: %s", call.id, exc)
 
-    def _aborted_run(self, keys: RunKeys) -> RunAbort | None:
-        try:
-            return run_abort(self._rt.ledger, keys)
-        except StoreError:
-            return None
+    def _open_run(self, batch: Batch) -> RunAbort | None:
+        """Create or read the run record: one round trip the first time this gateway sees a run.
 
-    def _abort_run(self, batch: _Batch, known: RunAbort | None, results: list[ToolResult]) -> LoopDetected:
+        The deadline never changes once set, so it is cached; later aborts and an armed
+        compaction guard are reported by each call's registration instead.
+        """
+        run = (batch.keys.session_key, batch.keys.run_id)
+        if run in self._run_deadlines:
+            batch.run_deadline_ms = self._run_deadlines[run]
+            return None
+        now = self._now_ms()
+        run_timeout_s = self.settings.agents.for_agent(batch.agent_id).run_timeout_s
+        try:
+            state = open_run(
+                self._rt.ledger,
+                batch.keys,
+                now_ms=now,
+                deadline_ms=now + int(run_timeout_s * 1000),
+                agent_id=batch.agent_id,
+            )
+        except StoreError as exc:
+            log.warning("run record unavailable: %s", exc)
+            return None
+        batch.run_deadline_ms = state.deadline_ms
+        batch.guard_armed = state.guard_armed
+        if state.abort is None:
+            if len(self._run_deadlines) >= _RUN_CACHE_SIZE:
+                self._run_deadlines.pop(next(iter(self._run_deadlines)))
+            self._run_deadlines[run] = state.deadline_ms
+        return state.abort
+
+    def _refuse(self, batch: Batch, call: ToolCall, run_status: str) -> None:
+        """Answer a call its run no longer accepts; a loop abort is raised to the caller later."""
+        self._run_deadlines.pop((batch.keys.session_key, batch.keys.run_id), None)
+        try:
+            abort = run_abort(self._rt.ledger, batch.keys)
+        except StoreError:
+            abort = None
+        batch.known_abort = batch.known_abort or abort
+        detail = f" by the loop detector ({abort.detector})" if abort else f" (run {run_status})"
+        result = synthetic_result(call, SyntheticReason.RUN_ABORTED, elapsed_ms=0, attempt=0, detail=detail)
+        self._answer_now(batch, call, result)
+
+    def _abort_run(self, batch: Batch, known: RunAbort | None, results: list[ToolResult]) -> LoopDetected:
         abort = known
         if abort is None:
             assert batch.abort is not None
@@ -303,16 +335,10 @@ class ToolGateway:
             return rejected_result(job, exc, 0)
         return None
 
-    def _job(self, keys: RunKeys, agent_id: str, call: ToolCall, now_ms: int) -> CallJob:
+    def _job(
+        self, keys: RunKeys, agent_id: str, call: ToolCall, now_ms: int, run_deadline_ms: int | None
+    ) -> CallJob:
         spec = get_tool(call.name)
-        profile = self.settings.agents.for_agent(agent_id)
-        run_deadline = ensure_run(
-            self._rt.ledger,
-            keys,
-            now_ms=now_ms,
-            deadline_ms=now_ms + int(profile.run_timeout_s * 1000),
-            agent_id=agent_id,
-        )
         limits = resolve_limits(
             now_ms=now_ms,
             soft_s=self.settings.tool_timeout_s(agent_id, call.name, spec.soft_timeout_s),
@@ -320,7 +346,7 @@ class ToolGateway:
             heartbeat_s=spec.heartbeat_timeout_s,
             hard_grace_s=self.settings.limits.hard_grace_s,
             queue_allowance_s=self.settings.limits.queue_allowance_s,
-            run_deadline_ms=run_deadline,
+            run_deadline_ms=run_deadline_ms,
         )
         return CallJob(
             session_key=keys.session_key,
@@ -334,29 +360,37 @@ class ToolGateway:
             heartbeat_s=limits.heartbeat_s,
         )
 
-    def _record_immediate(self, batch: _Batch, result: ToolResult) -> None:
+    def _record_immediate(self, batch: Batch, result: ToolResult) -> None:
         now = self._now_ms()
         ledger = self._rt.ledger
         fields = {"tool": result.tool_name, "idempotent": "0", "dispatched": "1"}
         if ledger.register(batch.keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields):
             ledger.finish(batch.keys, result, now_ms=now, writer=self._writer)
 
-    def _register_and_dispatch(self, batch: _Batch, job: CallJob) -> None:
+    def _register_and_dispatch(self, batch: Batch, job: CallJob) -> None:
         spec = get_tool(job.call.name)
+        task_id = _task_id(batch.keys, job.call.id, 0)
         fields = {
             "tool": job.call.name,
             "agent_id": job.agent_id,
             "idempotent": "1" if spec.idempotent else "0",
             "job": job.model_dump_json(),
+            # Marked before the publish to save a round trip: if this process dies in
+            # between, the call is answered at its deadline instead of at once.
+            "dispatched": "1",
+            "task_id": task_id,
         }
-        new = self._rt.ledger.register(
+        registration = self._rt.ledger.register_call(
             batch.keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
         )
-        if new:
+        batch.guard_armed = batch.guard_armed or registration.guard_armed
+        if registration.refused:
+            self._refuse(batch, job.call, registration.run_status)
+        elif registration.created:
             self._dispatch(batch.keys, job, attempt=0)
 
     def _dispatch(self, keys: RunKeys, job: CallJob, *, attempt: int) -> None:
-        task_id = f"{keys.due_member(job.call.id)}#{attempt}"
+        task_id = _task_id(keys, job.call.id, attempt)
         try:
             self._app.send_task(
                 INVOKE_TASK,
@@ -367,6 +401,7 @@ class ToolGateway:
                 expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
                 queue=self.settings.broker.queue,
                 shadow=f"{job.call.name} [{job.session_key}/{job.run_id}]",
+                ignore_result=True,  # results live in the ledger; skip the backend subscription
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
             log.warning("dispatch of %s failed: %s", job.call.id, exc)
@@ -379,7 +414,8 @@ class ToolGateway:
             )
             self._rt.ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
             return
-        self._rt.ledger.mark_dispatched(keys, job.call.id, task_id)
+        if attempt:
+            self._rt.ledger.mark_dispatched(keys, job.call.id, task_id)
 
     def _redispatch(self, keys: RunKeys, call_id: str) -> None:
         record = self._rt.ledger.record(keys, call_id)
@@ -387,63 +423,3 @@ class ToolGateway:
             return
         job = CallJob.model_validate_json(record.fields["job"])
         self._dispatch(keys, job, attempt=int(record.fields.get("requeues", "1")))
-
-    # -- waiting ----------------------------------------------------------------------------
-
-    def _wait(self, batch: _Batch, *, undispatched_after_ms: int | None = None) -> None:
-        grace_ms = int(self.settings.gateway.grace_s * 1000)
-        check_ms = int(self.settings.gateway.check_interval_s * 1000)
-        next_check = self._now_ms() + check_ms
-        while batch.waiting:
-            now = self._now_ms()
-            self._answer_locally_past(batch, now, grace_ms // 2)
-            if not batch.waiting:
-                return
-            soonest = min(batch.deadlines[cid] for cid in batch.waiting) + grace_ms // 2
-            timeout_ms = max(10, min(next_check - now, soonest - now))
-            try:
-                woke = self._rt.ledger.wait_for_done(batch.keys, timeout_ms / 1000)
-                if woke or self._now_ms() >= next_check:
-                    self._refresh(batch, undispatched_after_ms)
-                if self._now_ms() >= next_check:
-                    next_check = self._now_ms() + check_ms
-            except StoreError as exc:
-                log.warning("store unavailable while waiting: %s", exc)
-                self._sleep(min(0.2, max(0.0, (soonest - self._now_ms()) / 1000)))
-
-    def _refresh(self, batch: _Batch, undispatched_after_ms: int | None) -> None:
-        ledger = self._rt.ledger
-        now = self._now_ms()
-        reap(
-            ledger,
-            batch.keys,
-            batch.waiting,
-            now_ms=now,
-            min_rerun_ms=int(self.settings.lease.ttl_s * 1000),
-            writer=self._writer,
-            redispatch=self._redispatch,
-            undispatched_after_ms=undispatched_after_ms,
-        )
-        batch.answers.update(ledger.results(batch.keys, batch.waiting))
-
-    def _answer_locally_past(self, batch: _Batch, now_ms: int, margin_ms: int) -> None:
-        """Last resort when the store cannot answer: never let a call go past deadline + grace."""
-        for call_id in batch.waiting:
-            deadline = batch.deadlines[call_id]
-            if now_ms < deadline + margin_ms:
-                continue
-            call = ToolCall(id=call_id, name=batch.tools.get(call_id) or "unknown")
-            result = synthetic_result(
-                call,
-                SyntheticReason.DEADLINE_EXCEEDED,
-                elapsed_ms=0,
-                attempt=0,
-                detail=" (result store unreachable)",
-            )
-            try:
-                self._rt.ledger.finish(batch.keys, result, now_ms=now_ms, writer=self._writer)
-                stored = self._rt.ledger.results(batch.keys, [call_id])
-                result = stored.get(call_id, result)
-            except StoreError:
-                pass
-            batch.answers[call_id] = result

@@ -60,7 +60,6 @@ def seed(ledger: Ledger) -> None:
     ensure_run(ledger, s1, now_ms=NOW_MS - 90_000, deadline_ms=NOW_MS + 600_000, agent_id="main")
     s2 = ledger.keys("s2", "r1")
     ensure_run(ledger, s2, now_ms=NOW_MS - 90_000, deadline_ms=NOW_MS + 600_000, agent_id="main")
-    ledger.client.hset(s2.run, "status", "completed")
     finished = NOW_MS - 1000
     call = add_call(ledger, "s1", "ok", "exec", submitted_ago_s=5, started_ago_s=4)
     ledger.finish(s1, success_result(call, "fine", elapsed_ms=4000, attempt=1), now_ms=finished, writer="t")
@@ -82,6 +81,8 @@ def seed(ledger: Ledger) -> None:
     )
     add_call(ledger, "s1", "waiting", "exec", submitted_ago_s=60, started_ago_s=None)
     add_call(ledger, "s2", "busy", "http_fetch", submitted_ago_s=20, started_ago_s=19)
+    # Completed last: a finished run refuses new calls (registration fencing)
+    ledger.client.hset(s2.run, "status", "completed")
 
 
 def test_scrape_counts_every_outcome_reason_and_duration(ledger: Ledger) -> None:

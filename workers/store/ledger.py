@@ -7,13 +7,16 @@ Every multi-step change is one Lua script over the keys of a single run (see
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import redis
+from redis.client import Pipeline
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
@@ -24,10 +27,13 @@ __all__ = [
     "CallRecord",
     "Claim",
     "Ledger",
+    "Registration",
     "RunAbort",
+    "RunState",
     "connect",
     "ensure_run",
     "mark_run_aborted",
+    "open_run",
     "run_abort",
     "store_errors",
 ]
@@ -68,6 +74,20 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class Registration:
+    """Outcome of registering a call: whether it is new, and its run's state."""
+
+    created: bool
+    run_status: str
+    guard_armed: bool
+
+    @property
+    def refused(self) -> bool:
+        """The run no longer accepts calls (superseded, aborted, timed out or completed)."""
+        return self.run_status != "running"
+
+
+@dataclass(frozen=True)
 class CallRecord:
     """A call as the ledger holds it."""
 
@@ -99,6 +119,26 @@ class Ledger:
         self._requeue = client.register_script(_script_text("ledger_requeue.lua"))
         self._open = client.register_script(_script_text("ledger_open.lua"))
 
+    def _pipelined(
+        self, script: Script, keys: list[str], args: list[Any], then: Callable[[Pipeline], object]
+    ) -> Any:
+        """Run ``script`` and one more command in a single round trip; returns the script's reply.
+
+        ``EVALSHA`` goes straight into the pipeline (redis-py would first ask ``SCRIPT EXISTS``,
+        an extra round trip); after a Redis restart that lost its scripts, load and retry once.
+        """
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            then(pipe)
+            try:
+                return pipe.execute()[0]
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                self.client.script_load(script.script)
+        return None
+
     def keys(self, session_key: str, run_id: str) -> RunKeys:
         """The key builder for one run."""
         return RunKeys(self.prefix, session_key, run_id)
@@ -107,15 +147,27 @@ class Ledger:
         self, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, fields: dict[str, str]
     ) -> bool:
         """Record a new call; False when the id was already registered (do not dispatch again)."""
+        return self.register_call(
+            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields
+        ).created
+
+    def register_call(
+        self, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, fields: dict[str, str]
+    ) -> Registration:
+        """Record a new call and read its run's status and guard state, in one round trip."""
         flat = [item for pair in {**fields, "call_id": call_id}.items() for item in pair]
         with store_errors():
-            created = self._register(
-                keys=[keys.call(call_id), keys.calls, keys.open],
-                args=[call_id, now_ms, deadline_ms, self.ttl_s, *flat],
+            # The due index is a hint the watchdog re-checks, so it may be added even when
+            # the id existed or the run refused it.
+            created, status, guard = self._pipelined(
+                self._register,
+                [keys.call(call_id), keys.calls, keys.open, keys.run],
+                [call_id, now_ms, deadline_ms, self.ttl_s, *flat],
+                lambda pipe: pipe.zadd(
+                    due_index_key(self.prefix), {keys.due_member(call_id): deadline_ms}, nx=True
+                ),
             )
-            if created:
-                self.client.zadd(due_index_key(self.prefix), {keys.due_member(call_id): deadline_ms})
-        return bool(created)
+        return Registration(created == 1, str(status or "running"), int(guard) > 0)
 
     def mark_dispatched(self, keys: RunKeys, call_id: str, task_id: str) -> None:
         """Note that the broker accepted the call's message."""
@@ -135,11 +187,12 @@ class Ledger:
         """Store ``result`` if it is the first; otherwise keep it as late. True when it won."""
         call_id = result.tool_call_id
         with store_errors():
-            won = self._finish(
-                keys=[keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id)],
-                args=[call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
+            won = self._pipelined(
+                self._finish,
+                [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id)],
+                [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
+                lambda pipe: pipe.zrem(due_index_key(self.prefix), keys.due_member(call_id)),
             )
-            self.client.zrem(due_index_key(self.prefix), keys.due_member(call_id))
         return bool(won)
 
     def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int) -> bool:
@@ -198,14 +251,14 @@ class Ledger:
             raw = pipe.execute()
         return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
 
-    def wait_for_done(self, keys: RunKeys, timeout_s: float) -> list[str]:
-        """Block up to ``timeout_s`` for answered call ids, then drain what else is there."""
+    def wait_for_done(self, keys: RunKeys, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` for the next "a call of this run was answered" signal.
+
+        One signal is consumed per wake; leftovers only cause cheap extra wakes, which is
+        cheaper on the common single-answer path than draining the list every time.
+        """
         with store_errors():
-            first = self.client.blpop([keys.done], timeout=max(0.01, timeout_s))
-            if first is None:
-                return []
-            rest = self.client.lpop(keys.done, 1000) or []
-        return [first[1], *rest]
+            return self.client.blpop([keys.done], timeout=max(0.01, timeout_s)) is not None
 
     def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""
@@ -257,6 +310,20 @@ def _open_call(row: list[Any]) -> OpenCall:
 
 def ensure_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> int:
     """Create the run record on first use; returns the run's deadline (ms)."""
+    return open_run(ledger, keys, now_ms=now_ms, deadline_ms=deadline_ms, agent_id=agent_id).deadline_ms
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a batch of calls needs to know about its run, read in one round trip."""
+
+    deadline_ms: int
+    abort: RunAbort | None
+    guard_armed: bool
+
+
+def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> RunState:
+    """Create the run record on first use and read its deadline, abort and guard state."""
     with store_errors():
         pipe = ledger.client.pipeline(transaction=True)
         pipe.hsetnx(keys.run, "started_ms", now_ms)
@@ -264,9 +331,30 @@ def ensure_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, 
         pipe.hsetnx(keys.run, "agent_id", agent_id)
         pipe.hsetnx(keys.run, "status", "running")
         pipe.expire(keys.run, ledger.ttl_s)
-        pipe.hget(keys.run, "deadline_ms")
-        stored = pipe.execute()[-1]
-    return _int(stored, deadline_ms)
+        fields = [
+            "deadline_ms",
+            "status",
+            "abort_detector",
+            "abort_count",
+            "abort_message",
+            "guard_remaining",
+        ]
+        pipe.hmget(keys.run, fields)
+        stored, status, detector, count, message, guard = pipe.execute()[-1]
+    loop_abort = status == "aborted" and detector
+    abort = RunAbort(str(detector), _int(count), str(message or "")) if loop_abort else None
+    return RunState(_int(stored, deadline_ms), abort, _int(guard) > 0)
+
+
+def run_abort(ledger: Ledger, keys: RunKeys) -> RunAbort | None:
+    """The loop detector's abort record of a run, or None."""
+    with store_errors():
+        status, detector, count, message = ledger.client.hmget(
+            keys.run, ["status", "abort_detector", "abort_count", "abort_message"]
+        )
+    if status != "aborted" or not detector:
+        return None
+    return RunAbort(str(detector), _int(count), str(message or ""))
 
 
 @dataclass(frozen=True)
@@ -294,14 +382,3 @@ def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: 
         )
         pipe.expire(keys.run, ledger.ttl_s)
         pipe.execute()
-
-
-def run_abort(ledger: Ledger, keys: RunKeys) -> RunAbort | None:
-    """The abort record of a run, or None while it may still run calls."""
-    with store_errors():
-        status, detector, count, message = ledger.client.hmget(
-            keys.run, ["status", "abort_detector", "abort_count", "abort_message"]
-        )
-    if status != "aborted":
-        return None
-    return RunAbort(str(detector or "loop"), _int(count), str(message or ""))
