@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -68,7 +69,11 @@ def rabbit_url() -> Iterator[str]:
     url = f"amqp://guest:guest@{RABBIT_HOST}:{RABBIT_PORT}/{vhost if own_vhost else ''}"
     yield url
     if own_vhost:
-        _rabbitmqctl("delete_vhost", vhost)
+        # Retried: a just-stopped worker's connection can still be closing on the first attempt.
+        if not any(_rabbitmqctl("delete_vhost", vhost) for _ in range(3)):
+            warnings.warn(
+                f"could not delete RabbitMQ vhost {vhost}; remove it with rabbitmqctl", stacklevel=1
+            )
         return
     with contextlib.suppress(Exception), Connection(url, connect_timeout=2) as conn:
         for queue in (QUEUE, f"{QUEUE}.idle"):
