@@ -46,6 +46,13 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.loops
+	$(BIN)/python -m bench.repair
+	$(BIN)/python -m bench.watchdog
+
+MINUTES ?= 5
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos --minutes $(MINUTES)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -23,6 +23,7 @@ from workers.core.loops import LoopVerdict
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.core.transcript import RepairedTranscript
+from workers.core.watchdog import RunStatus
 from workers.errors import CompactionLoopPersisted, InvalidArguments, LoopDetected, StoreError, ToolNotFound
 from workers.execution import rejected_result
 from workers.ledger_repair import repair_with_ledger
@@ -31,6 +32,7 @@ from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import RunAbort, mark_run_aborted, open_run, run_abort
+from workers.store.sessions import SessionStore
 from workers.tools.registry import get_tool, validate_arguments
 from workers.waiting import Batch, Waiter
 
@@ -62,8 +64,15 @@ class ToolGateway:
         self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"
         self._run_deadlines: dict[tuple[str, str], int] = {}
+        self._sessions = SessionStore(self._rt.ledger)
         self._waiter = Waiter(
-            self._rt.ledger, self.settings, self._writer, self._now_ms, sleep, self._redispatch
+            self._rt.ledger,
+            self.settings,
+            self._writer,
+            self._now_ms,
+            sleep,
+            self._redispatch,
+            on_check=self._touch_progress,
         )
         self._loops = LoopGate(self.settings, self._rt.ledger.client, emit=self._emit_event)
 
@@ -131,6 +140,21 @@ class ToolGateway:
         """``collect`` for asyncio callers."""
         return await asyncio.to_thread(self.collect, session_key, run_id)
 
+    def end_run(self, session_key: str, run_id: str, status: str = "completed") -> bool:
+        """Mark a run finished and free its session's lane; False if it had ended already.
+
+        ``status`` is ``completed``, ``aborted`` or ``timed_out``. Calls of an ended run are
+        refused (answered ``run_aborted``) from then on.
+        """
+        self._run_deadlines.pop((session_key, run_id), None)
+        return self._sessions.end_run(session_key, run_id, RunStatus(status), self._now_ms())
+
+    def _touch_progress(self, keys: RunKeys) -> None:
+        try:
+            self._sessions.touch_progress(keys.session_key, keys.run_id, self._now_ms())
+        except StoreError as exc:
+            log.warning("progress of %s/%s not recorded: %s", keys.session_key, keys.run_id, exc)
+
     def repair(
         self,
         session_key: str,
@@ -191,7 +215,10 @@ class ToolGateway:
                 self._register_and_dispatch(batch, job)
         except StoreError as exc:
             log.warning("store unavailable while submitting %s: %s", call.id, exc)
-            batch.answers[call.id] = early or synthetic_result(
+            # Answered by the waiter once the grace margin passes, stored first if Redis is
+            # back by then, so the ledger and the agent loop agree.
+            batch.deadlines[call.id] = now
+            batch.fallbacks[call.id] = early or synthetic_result(
                 call,
                 SyntheticReason.DISPATCH_FAILED,
                 elapsed_ms=0,
@@ -249,6 +276,11 @@ class ToolGateway:
         now = self._now_ms()
         run_timeout_s = self.settings.agents.for_agent(batch.agent_id).run_timeout_s
         try:
+            # Take the session's lane (superseding an older run of the session); a run that
+            # already ended gets token 0, and its calls are then refused at registration.
+            self._sessions.begin_run(
+                *run, batch.agent_id, now, now + int(run_timeout_s * 1000), writer=self._writer
+            )
             state = open_run(
                 self._rt.ledger,
                 batch.keys,
@@ -286,9 +318,13 @@ class ToolGateway:
             verdict = batch.abort
             detector = verdict.detector.value if verdict.detector else "loop"
             abort = RunAbort(detector, verdict.count, verdict.message)
+            session, run = batch.keys.session_key, batch.keys.run_id
             try:
-                mark_run_aborted(self._rt.ledger, batch.keys, abort, now_ms=self._now_ms())
+                now = self._now_ms()
+                self._sessions.end_run(session, run, RunStatus.ABORTED, now, reason=detector, release=False)
+                mark_run_aborted(self._rt.ledger, batch.keys, abort, now_ms=now)
                 self._answer_open_calls(batch.keys, abort)
+                self._sessions.close_run(session, run, self._now_ms())
             except StoreError as exc:
                 log.warning("could not record the abort of run %s: %s", batch.keys.run_id, exc)
         cls = CompactionLoopPersisted if abort.detector == "compaction_loop_persisted" else LoopDetected
@@ -389,7 +425,8 @@ class ToolGateway:
         elif registration.created:
             self._dispatch(batch.keys, job, attempt=0)
 
-    def _dispatch(self, keys: RunKeys, job: CallJob, *, attempt: int) -> None:
+    def _dispatch(self, keys: RunKeys, job: CallJob, *, attempt: int) -> ToolResult | None:
+        """Publish the call; on failure store ``dispatch_failed`` and return it."""
         task_id = _task_id(keys, job.call.id, attempt)
         try:
             self._app.send_task(
@@ -413,9 +450,10 @@ class ToolGateway:
                 detail=f" ({type(exc).__name__})",
             )
             self._rt.ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
-            return
+            return result
         if attempt:
             self._rt.ledger.mark_dispatched(keys, job.call.id, task_id)
+        return None
 
     def _redispatch(self, keys: RunKeys, call_id: str) -> None:
         record = self._rt.ledger.record(keys, call_id)

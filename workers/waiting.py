@@ -39,6 +39,7 @@ class Batch:
     guard_armed: bool = False
     tools: dict[str, str] = field(default_factory=dict)
     answers: dict[str, ToolResult] = field(default_factory=dict)
+    fallbacks: dict[str, ToolResult] = field(default_factory=dict)
 
     @property
     def waiting(self) -> list[str]:
@@ -56,6 +57,7 @@ class Waiter:
     now_ms: Callable[[], int]
     sleep: Callable[[float], None]
     redispatch: Callable[[RunKeys, str], None]
+    on_check: Callable[[RunKeys], None] | None = None
 
     def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> None:
         """Return once ``batch.waiting`` is empty; each call by its deadline plus grace."""
@@ -80,6 +82,8 @@ class Waiter:
 
     def _check(self, batch: Batch, undispatched_after_ms: int | None) -> None:
         """Lease and deadline checks, then pick up whatever got answered."""
+        if self.on_check is not None:
+            self.on_check(batch.keys)  # the run is visibly alive while its calls run
         reap(
             self.ledger,
             batch.keys,

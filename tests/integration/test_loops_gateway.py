@@ -59,10 +59,13 @@ def test_loop_that_survives_compaction_aborts_the_run(worker: Proc, loop_gateway
     assert loop_gateway.note_compaction("compact", "r1")
     call_args = {"text": "same"}
     # When the same call with the same result repeats for the guard's window
-    with pytest.raises(CompactionLoopPersisted) as caught:
+    def repeat_until_aborted() -> None:
         for i in range(1, 10):
             call = ToolCall(id=f"k{i}", name="echo", arguments=call_args)
             loop_gateway.call_tools(session_key="compact", run_id="r1", calls=[call])
+
+    with pytest.raises(CompactionLoopPersisted) as caught:
+        repeat_until_aborted()
     # Then the gateway raised a typed error carrying the detector and count, with the results
     assert caught.value.detector == "compaction_loop_persisted"
     assert caught.value.count >= 3

@@ -20,24 +20,23 @@ key                                type    TTL              written by          
 ``P:{tag}:done``                   LIST    ledger.ttl_s     finish script       gateway (BLPOP wake-up)
 ``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
 ``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog   gateway, watchdog, CLI
-``P:due``                          ZSET    none (members    register (hint),    watchdog
-                                           removed when     watchdog
-                                           answered)
+``P:due``                          ZSET    ledger.ttl_s,    register (hint),    watchdog
+                                           refreshed on     finish, watchdog
+                                           every write
 ``P:{S}:lane``                     HASH    PEXPIREAT the    sessions (begin,    gateway (fence),
                                            run's deadline   end, release)       watchdog, CLI
                                            + 60 s (lease)
 ``P:{S}:fence``                    STRING  ledger.ttl_s     sessions (INCR on   sessions
                                                             begin)
-``P:{runs}:by_deadline``           ZSET    none (members    sessions (begin),   watchdog, CLI
-                                           removed when     watchdog
-                                           the run ends)
-``P:{runs}:by_progress``           ZSET    none (members    sessions (begin,    watchdog, CLI
-                                           removed when     touch), watchdog
-                                           the run ends)
-``P:{runs}:ended``                 ZSET    none (members    sessions (end)      CLI
-                                           older than
-                                           ledger.ttl_s
-                                           trimmed on end)
+``P:{runs}:by_deadline``           ZSET    ledger.ttl_s,    sessions (begin),   watchdog, CLI
+                                           refreshed on     watchdog (members
+                                           begin            leave on run end)
+``P:{runs}:by_progress``           ZSET    ledger.ttl_s,    sessions (begin,    watchdog, CLI
+                                           refreshed on     touch), watchdog
+                                           begin
+``P:{runs}:ended``                 ZSET    ledger.ttl_s,    sessions (end;      CLI
+                                           refreshed on     older members
+                                           end              trimmed)
 ``P:{runs}:sweep_lock``            STRING  PX (3 sweep      watchdog sweep      watchdog sweep
                                            intervals)       (SET NX)
 =================================  ======  ===============  ==================  ======================

@@ -120,7 +120,7 @@ class Ledger:
         self._open = client.register_script(_script_text("ledger_open.lua"))
 
     def _pipelined(
-        self, script: Script, keys: list[str], args: list[Any], then: Callable[[Pipeline], object]
+        self, script: Script, keys: list[str], args: list[Any], then: Callable[[Pipeline], None]
     ) -> Any:
         """Run ``script`` and one more command in a single round trip; returns the script's reply.
 
@@ -138,6 +138,15 @@ class Ledger:
                     raise
                 self.client.script_load(script.script)
         return None
+
+    def _index_due(self, pipe: Pipeline, members: dict[str, int]) -> None:
+        # The index expires like everything else, refreshed on every write.
+        pipe.zadd(due_index_key(self.prefix), members, nx=True)
+        pipe.expire(due_index_key(self.prefix), self.ttl_s)
+
+    def _unindex_due(self, pipe: Pipeline, member: str) -> None:
+        pipe.zrem(due_index_key(self.prefix), member)
+        pipe.expire(due_index_key(self.prefix), self.ttl_s)
 
     def keys(self, session_key: str, run_id: str) -> RunKeys:
         """The key builder for one run."""
@@ -163,9 +172,7 @@ class Ledger:
                 self._register,
                 [keys.call(call_id), keys.calls, keys.open, keys.run],
                 [call_id, now_ms, deadline_ms, self.ttl_s, *flat],
-                lambda pipe: pipe.zadd(
-                    due_index_key(self.prefix), {keys.due_member(call_id): deadline_ms}, nx=True
-                ),
+                lambda pipe: self._index_due(pipe, {keys.due_member(call_id): deadline_ms}),
             )
         return Registration(created == 1, str(status or "running"), int(guard) > 0)
 
@@ -191,7 +198,7 @@ class Ledger:
                 self._finish,
                 [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id)],
                 [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
-                lambda pipe: pipe.zrem(due_index_key(self.prefix), keys.due_member(call_id)),
+                lambda pipe: self._unindex_due(pipe, keys.due_member(call_id)),
             )
         return bool(won)
 

@@ -151,6 +151,10 @@ class SessionStore:
             pipe = self.client.pipeline(transaction=True)
             pipe.zadd(self.index.by_deadline, {member: int(stored_deadline or deadline_ms)})
             pipe.zadd(self.index.by_progress, {member: now_ms}, gt=True)
+            # Indexes expire too, refreshed on every write: idle for a whole ledger TTL,
+            # every run they point to has expired as well.
+            pipe.expire(self.index.by_deadline, self.ledger.ttl_s)
+            pipe.expire(self.index.by_progress, self.ledger.ttl_s)
             pipe.execute()
         if previous:
             self._supersede(session_key, str(previous), int(prev_token), now_ms, writer)
@@ -374,6 +378,7 @@ class SessionStore:
         if ended:
             pipe.zadd(self.index.ended, {member: now_ms})
         pipe.zremrangebyscore(self.index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
+        pipe.expire(self.index.ended, self.ledger.ttl_s)
         pipe.execute()
 
 
