@@ -7,25 +7,22 @@ its deadline plus ``gateway.grace_s``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from celery import Celery
 
-from workers.celery_app import INVOKE_TASK, create_app
-from workers.core.limits import resolve_limits
+from workers.celery_app import create_app
 from workers.core.loops import LoopVerdict
-from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
+from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.core.transcript import RepairedTranscript
 from workers.core.watchdog import RunStatus
-from workers.errors import CompactionLoopPersisted, InvalidArguments, LoopDetected, StoreError, ToolNotFound
-from workers.execution import rejected_result
+from workers.dispatching import Dispatcher
+from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
 from workers.ledger_repair import repair_with_ledger
 from workers.loop_gate import LoopGate
 from workers.runtime import Runtime, build_runtime, worker_id
@@ -33,7 +30,6 @@ from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import RunAbort, mark_run_aborted, open_run, run_abort
 from workers.store.sessions import SessionStore
-from workers.tools.registry import get_tool, validate_arguments
 from workers.waiting import Batch, Waiter
 
 __all__ = ["ToolGateway"]
@@ -41,10 +37,6 @@ __all__ = ["ToolGateway"]
 log = logging.getLogger(__name__)
 
 _RUN_CACHE_SIZE = 4096
-
-
-def _task_id(keys: RunKeys, call_id: str, attempt: int) -> str:
-    return f"{keys.due_member(call_id)}#{attempt}"
 
 
 class ToolGateway:
@@ -64,6 +56,7 @@ class ToolGateway:
         self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"
         self._run_deadlines: dict[tuple[str, str], int] = {}
+        self._dispatcher = Dispatcher(self.settings, self._rt.ledger, self._app, self._writer, self._now_ms)
         self._sessions = SessionStore(self._rt.ledger)
         self._waiter = Waiter(
             self._rt.ledger,
@@ -71,7 +64,7 @@ class ToolGateway:
             self._writer,
             self._now_ms,
             sleep,
-            self._redispatch,
+            self._dispatcher.redispatch,
             on_check=self._touch_progress,
         )
         self._loops = LoopGate(self.settings, self._rt.ledger.client, emit=self._emit_event)
@@ -204,15 +197,22 @@ class ToolGateway:
             if verdict.abort_run:
                 batch.abort = verdict
             return
-        early = self._reject_early(call, now)
-        job = self._job(batch.keys, agent_id, call, now, batch.run_deadline_ms) if early is None else None
+        early = self._dispatcher.reject_early(call, now)
+        job = (
+            self._dispatcher.job(batch.keys, agent_id, call, now, batch.run_deadline_ms)
+            if early is None
+            else None
+        )
         batch.deadlines[call.id] = job.deadline_ms if job else now
         try:
             if job is None:
                 assert early is not None
-                self._record_immediate(batch, early)
+                self._dispatcher.record_immediate(batch.keys, early)
             else:
-                self._register_and_dispatch(batch, job)
+                registration = self._dispatcher.register_and_dispatch(batch.keys, job)
+                batch.guard_armed = batch.guard_armed or registration.guard_armed
+                if registration.refused:
+                    self._refuse(batch, call, registration.run_status)
         except StoreError as exc:
             log.warning("store unavailable while submitting %s: %s", call.id, exc)
             # Answered by the waiter once the grace margin passes, stored first if Redis is
@@ -258,7 +258,7 @@ class ToolGateway:
         batch.deadlines[call.id] = self._now_ms()
         batch.answers[call.id] = result
         try:
-            self._record_immediate(batch, result)
+            self._dispatcher.record_immediate(batch.keys, result)
             batch.answers[call.id] = self._rt.ledger.results(batch.keys, [call.id]).get(call.id, result)
         except StoreError as exc:
             log.warning("store unavailable while answering %s: %s", call.id, exc)
@@ -350,114 +350,3 @@ class ToolGateway:
                 dispatcher.send(event_type, **fields)
         except Exception as exc:  # noqa: BLE001 - events are best effort, never a failure path
             log.debug("could not emit %s: %s", event_type, exc)
-
-    def _reject_early(self, call: ToolCall, now_ms: int) -> ToolResult | None:
-        size = len(json.dumps(call.arguments, default=str))
-        cap = self.settings.limits.max_argument_bytes
-        try:
-            if size > cap:
-                raise InvalidArguments(call.name, [f"arguments are {size} bytes; the limit is {cap}"])
-            validate_arguments(get_tool(call.name), call.arguments)
-        except (ToolNotFound, InvalidArguments) as exc:
-            job = CallJob(
-                session_key="-",
-                run_id="-",
-                call=call,
-                submitted_ms=now_ms,
-                deadline_ms=now_ms,
-                soft_s=1,
-                hard_s=1,
-            )
-            return rejected_result(job, exc, 0)
-        return None
-
-    def _job(
-        self, keys: RunKeys, agent_id: str, call: ToolCall, now_ms: int, run_deadline_ms: int | None
-    ) -> CallJob:
-        spec = get_tool(call.name)
-        limits = resolve_limits(
-            now_ms=now_ms,
-            soft_s=self.settings.tool_timeout_s(agent_id, call.name, spec.soft_timeout_s),
-            declared_hard_s=spec.hard_timeout_s,
-            heartbeat_s=spec.heartbeat_timeout_s,
-            hard_grace_s=self.settings.limits.hard_grace_s,
-            queue_allowance_s=self.settings.limits.queue_allowance_s,
-            run_deadline_ms=run_deadline_ms,
-        )
-        return CallJob(
-            session_key=keys.session_key,
-            run_id=keys.run_id,
-            agent_id=agent_id,
-            call=call,
-            submitted_ms=now_ms,
-            deadline_ms=limits.deadline_ms,
-            soft_s=limits.soft_s,
-            hard_s=limits.hard_s,
-            heartbeat_s=limits.heartbeat_s,
-        )
-
-    def _record_immediate(self, batch: Batch, result: ToolResult) -> None:
-        now = self._now_ms()
-        ledger = self._rt.ledger
-        fields = {"tool": result.tool_name, "idempotent": "0", "dispatched": "1"}
-        if ledger.register(batch.keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields):
-            ledger.finish(batch.keys, result, now_ms=now, writer=self._writer)
-
-    def _register_and_dispatch(self, batch: Batch, job: CallJob) -> None:
-        spec = get_tool(job.call.name)
-        task_id = _task_id(batch.keys, job.call.id, 0)
-        fields = {
-            "tool": job.call.name,
-            "agent_id": job.agent_id,
-            "idempotent": "1" if spec.idempotent else "0",
-            "job": job.model_dump_json(),
-            # Marked before the publish to save a round trip: if this process dies in
-            # between, the call is answered at its deadline instead of at once.
-            "dispatched": "1",
-            "task_id": task_id,
-        }
-        registration = self._rt.ledger.register_call(
-            batch.keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
-        )
-        batch.guard_armed = batch.guard_armed or registration.guard_armed
-        if registration.refused:
-            self._refuse(batch, job.call, registration.run_status)
-        elif registration.created:
-            self._dispatch(batch.keys, job, attempt=0)
-
-    def _dispatch(self, keys: RunKeys, job: CallJob, *, attempt: int) -> ToolResult | None:
-        """Publish the call; on failure store ``dispatch_failed`` and return it."""
-        task_id = _task_id(keys, job.call.id, attempt)
-        try:
-            self._app.send_task(
-                INVOKE_TASK,
-                kwargs={"job": job.model_dump(mode="json")},
-                task_id=task_id,
-                soft_time_limit=job.soft_s,  # type: ignore[arg-type]  # floats work; stubs say int
-                time_limit=job.hard_s,  # type: ignore[arg-type]
-                expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
-                queue=self.settings.broker.queue,
-                shadow=f"{job.call.name} [{job.session_key}/{job.run_id}]",
-                ignore_result=True,  # results live in the ledger; skip the backend subscription
-            )
-        except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
-            log.warning("dispatch of %s failed: %s", job.call.id, exc)
-            result = synthetic_result(
-                job.call,
-                SyntheticReason.DISPATCH_FAILED,
-                elapsed_ms=self._now_ms() - job.submitted_ms,
-                attempt=0,
-                detail=f" ({type(exc).__name__})",
-            )
-            self._rt.ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
-            return result
-        if attempt:
-            self._rt.ledger.mark_dispatched(keys, job.call.id, task_id)
-        return None
-
-    def _redispatch(self, keys: RunKeys, call_id: str) -> None:
-        record = self._rt.ledger.record(keys, call_id)
-        if record is None or "job" not in record.fields:
-            return
-        job = CallJob.model_validate_json(record.fields["job"])
-        self._dispatch(keys, job, attempt=int(record.fields.get("requeues", "1")))

@@ -58,6 +58,7 @@ def test_loop_that_survives_compaction_aborts_the_run(worker: Proc, loop_gateway
     # Given a run that compacted its context
     assert loop_gateway.note_compaction("compact", "r1")
     call_args = {"text": "same"}
+
     # When the same call with the same result repeats for the guard's window
     def repeat_until_aborted() -> None:
         for i in range(1, 10):

@@ -1,0 +1,156 @@
+"""Turn tool calls into ledger records and task messages; the gateway's submission half."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from celery import Celery
+
+from workers.celery_app import INVOKE_TASK
+from workers.core.limits import resolve_limits
+from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
+from workers.core.results import synthetic_result
+from workers.errors import InvalidArguments, ToolNotFound
+from workers.execution import rejected_result
+from workers.settings import Settings
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger, Registration
+from workers.tools.registry import get_tool, validate_arguments
+
+__all__ = ["Dispatcher", "task_id"]
+
+log = logging.getLogger(__name__)
+
+
+def task_id(keys: RunKeys, call_id: str, attempt: int) -> str:
+    """The Celery task id of one dispatch of a call (readable in Flower, unique per attempt)."""
+    return f"{keys.due_member(call_id)}#{attempt}"
+
+
+class Dispatcher:
+    """Validates, registers and publishes calls."""
+
+    def __init__(
+        self, settings: Settings, ledger: Ledger, app: Celery, writer: str, now_ms: Callable[[], int]
+    ) -> None:
+        self.settings = settings
+        self._ledger = ledger
+        self._app = app
+        self._writer = writer
+        self._now_ms = now_ms
+
+    def reject_early(self, call: ToolCall, now_ms: int) -> ToolResult | None:
+        """The answer to a call that must not run (unknown tool, invalid or oversized arguments)."""
+        size = len(json.dumps(call.arguments, default=str))
+        cap = self.settings.limits.max_argument_bytes
+        try:
+            if size > cap:
+                raise InvalidArguments(call.name, [f"arguments are {size} bytes; the limit is {cap}"])
+            validate_arguments(get_tool(call.name), call.arguments)
+        except (ToolNotFound, InvalidArguments) as exc:
+            job = CallJob(
+                session_key="-",
+                run_id="-",
+                call=call,
+                submitted_ms=now_ms,
+                deadline_ms=now_ms,
+                soft_s=1,
+                hard_s=1,
+            )
+            return rejected_result(job, exc, 0)
+        return None
+
+    def job(
+        self, keys: RunKeys, agent_id: str, call: ToolCall, now_ms: int, run_deadline_ms: int | None
+    ) -> CallJob:
+        """The task message of a valid call, with its limits and deadline."""
+        spec = get_tool(call.name)
+        limits = resolve_limits(
+            now_ms=now_ms,
+            soft_s=self.settings.tool_timeout_s(agent_id, call.name, spec.soft_timeout_s),
+            declared_hard_s=spec.hard_timeout_s,
+            heartbeat_s=spec.heartbeat_timeout_s,
+            hard_grace_s=self.settings.limits.hard_grace_s,
+            queue_allowance_s=self.settings.limits.queue_allowance_s,
+            run_deadline_ms=run_deadline_ms,
+        )
+        return CallJob(
+            session_key=keys.session_key,
+            run_id=keys.run_id,
+            agent_id=agent_id,
+            call=call,
+            submitted_ms=now_ms,
+            deadline_ms=limits.deadline_ms,
+            soft_s=limits.soft_s,
+            hard_s=limits.hard_s,
+            heartbeat_s=limits.heartbeat_s,
+        )
+
+    def record_immediate(self, keys: RunKeys, result: ToolResult) -> None:
+        """Record a call answered without running, so the ledger holds every call."""
+        now = self._now_ms()
+        ledger = self._ledger
+        fields = {"tool": result.tool_name, "idempotent": "0", "dispatched": "1"}
+        if ledger.register(keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields):
+            ledger.finish(keys, result, now_ms=now, writer=self._writer)
+
+    def register_and_dispatch(self, keys: RunKeys, job: CallJob) -> Registration:
+        """Register the call and publish it unless it existed or its run refuses new calls."""
+        spec = get_tool(job.call.name)
+        fields = {
+            "tool": job.call.name,
+            "agent_id": job.agent_id,
+            "idempotent": "1" if spec.idempotent else "0",
+            "job": job.model_dump_json(),
+            # Marked before the publish to save a round trip: if this process dies in
+            # between, the call is answered at its deadline instead of at once.
+            "dispatched": "1",
+            "task_id": task_id(keys, job.call.id, 0),
+        }
+        registration = self._ledger.register_call(
+            keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
+        )
+        if registration.created and not registration.refused:
+            self.dispatch(keys, job, attempt=0)
+        return registration
+
+    def dispatch(self, keys: RunKeys, job: CallJob, *, attempt: int) -> ToolResult | None:
+        """Publish the call; on failure store ``dispatch_failed`` and return it."""
+        message_id = task_id(keys, job.call.id, attempt)
+        try:
+            self._app.send_task(
+                INVOKE_TASK,
+                kwargs={"job": job.model_dump(mode="json")},
+                task_id=message_id,
+                soft_time_limit=job.soft_s,  # type: ignore[arg-type]  # floats work; stubs say int
+                time_limit=job.hard_s,  # type: ignore[arg-type]
+                expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
+                queue=self.settings.broker.queue,
+                shadow=f"{job.call.name} [{job.session_key}/{job.run_id}]",
+                ignore_result=True,  # results live in the ledger; skip the backend subscription
+            )
+        except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
+            log.warning("dispatch of %s failed: %s", job.call.id, exc)
+            result = synthetic_result(
+                job.call,
+                SyntheticReason.DISPATCH_FAILED,
+                elapsed_ms=self._now_ms() - job.submitted_ms,
+                attempt=0,
+                detail=f" ({type(exc).__name__})",
+            )
+            self._ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
+            return result
+        if attempt:
+            self._ledger.mark_dispatched(keys, job.call.id, message_id)
+        return None
+
+    def redispatch(self, keys: RunKeys, call_id: str) -> None:
+        """Publish a lost idempotent call again (after the ledger handed it back)."""
+        record = self._ledger.record(keys, call_id)
+        if record is None or "job" not in record.fields:
+            return
+        job = CallJob.model_validate_json(record.fields["job"])
+        self.dispatch(keys, job, attempt=int(record.fields.get("requeues", "1")))
