@@ -8,12 +8,14 @@ import time
 from dataclasses import dataclass
 from functools import cache
 
+import redis
+
 from workers.settings import Settings, load_settings
 from workers.store.ledger import Ledger, connect
 from workers.tools.loader import load_tools
 from workers.tools.registry import ToolSpec
 
-__all__ = ["Runtime", "build_runtime", "now_ms", "runtime", "worker_id"]
+__all__ = ["Runtime", "build_runtime", "now_ms", "open_ledger", "redis_client", "runtime", "worker_id"]
 
 
 def now_ms() -> int:
@@ -35,20 +37,28 @@ class Runtime:
     tools: dict[str, ToolSpec]
 
 
-def build_runtime(settings: Settings) -> Runtime:
-    """Connect to Redis and load every tool module."""
-    client = connect(
+def redis_client(settings: Settings) -> redis.Redis:
+    """A client for the configured Redis with its timeouts; raises ``StoreError`` without a URL."""
+    return connect(
         settings.redis.url,
         socket_timeout_s=settings.redis.socket_timeout_s,
         socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
     )
-    ledger = Ledger(
-        client,
+
+
+def open_ledger(settings: Settings) -> Ledger:
+    """The ledger on the configured Redis."""
+    return Ledger(
+        redis_client(settings),
         prefix=settings.redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
     )
-    return Runtime(settings=settings, ledger=ledger, tools=load_tools(settings.tool_modules))
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    """Connect to Redis and load every tool module."""
+    return Runtime(settings=settings, ledger=open_ledger(settings), tools=load_tools(settings.tool_modules))
 
 
 @cache

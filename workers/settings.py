@@ -45,6 +45,7 @@ __all__ = [
     "TranscriptSettings",
     "WatchdogSettings",
     "WorkerSettings",
+    "check_loop_blocks",
     "load_settings",
     "process_environment",
 ]
@@ -311,11 +312,11 @@ def load_settings(**overrides: Any) -> Settings:
             for err in exc.errors()
         ]
         raise ConfigError(problems) from None
-    _check_loop_blocks(settings)
+    check_loop_blocks(settings)
     return settings
 
 
-def _check_loop_blocks(settings: Settings) -> None:
+def check_loop_blocks(settings: Settings) -> None:
     """Loop-detection blocks are validated strictly at start-up (spec §2), not when first used."""
     blocks = [("tools.loopDetection", settings.tools.loop_detection)]
     blocks.append(("agents.defaults.tools.loopDetection", settings.agents.defaults.tools.loop_detection))

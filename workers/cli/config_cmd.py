@@ -19,9 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from workers.core.config_checks import AgentLimits, ConfigWarning, ToolLimits, check_config
-from workers.core.loops.config import GLOBAL_PATH, agent_path, parse_loop_block, resolve_loop_config
+from workers.core.loops.config import resolve_loop_config
 from workers.errors import ConfigError
-from workers.settings import Settings, load_settings
+from workers.settings import Settings, check_loop_blocks, load_settings
 
 __all__ = ["collect_warnings", "effective_config", "redact", "redact_url", "register"]
 
@@ -116,24 +116,6 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validate_loop_blocks(settings: Settings) -> None:
-    blocks = [
-        (settings.tools.loop_detection, GLOBAL_PATH),
-        (settings.agents.defaults.tools.loop_detection, "agents.defaults.tools.loopDetection"),
-        *((entry.loop_detection, agent_path(i)) for i, entry in enumerate(settings.agents.list)),
-    ]
-    problems: list[tuple[str, str]] = []
-    for block, path in blocks:
-        if block is None:
-            continue
-        try:
-            parse_loop_block(block, path)
-        except ConfigError as exc:
-            problems += exc.problems
-    if problems:
-        raise ConfigError(problems)
-
-
 def _agent_limits(settings: Settings) -> list[AgentLimits]:
     base = settings.agents.defaults
     agents = [
@@ -187,7 +169,7 @@ def collect_warnings(settings: Settings) -> list[ConfigWarning]:
     Raises:
         ConfigError: when a loop-detection block is invalid or a tool module does not load.
     """
-    _validate_loop_blocks(settings)
+    check_loop_blocks(settings)
     return check_config(
         agents=_agent_limits(settings),
         global_loop_block=settings.tools.loop_detection,

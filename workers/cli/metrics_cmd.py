@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from workers.errors import ConfigError, StoreError
 from workers.metrics import LedgerCollector
+from workers.runtime import redis_client
 from workers.settings import Settings, load_settings
-from workers.store.ledger import connect
 
 __all__ = ["build_registry", "register", "serve"]
 
@@ -43,11 +43,7 @@ def build_registry(settings: Settings, *, max_keys: int = 20_000) -> CollectorRe
     Raises:
         StoreError: when no Redis URL is configured.
     """
-    client = connect(
-        settings.redis.url,
-        socket_timeout_s=settings.redis.socket_timeout_s,
-        socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
-    )
+    client = redis_client(settings)
     registry = CollectorRegistry()
     registry.register(LedgerCollector(client, prefix=settings.redis.key_prefix, max_keys=max_keys))
     return registry

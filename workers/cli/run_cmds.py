@@ -10,8 +10,8 @@ from typing import Any
 
 from workers.errors import ConfigError, StoreError
 from workers.redact import redact_url
+from workers.runtime import redis_client
 from workers.settings import Settings, load_settings
-from workers.store.ledger import connect
 
 __all__ = ["beat_argv", "preflight", "register", "worker_argv"]
 
@@ -36,11 +36,7 @@ def preflight(settings: Settings) -> None:
     from workers.tools.loader import load_tools
 
     load_tools(settings.tool_modules)
-    client = connect(
-        settings.redis.url,
-        socket_timeout_s=settings.redis.socket_timeout_s,
-        socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
-    )
+    client = redis_client(settings)
     try:
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure here is the same advice

@@ -16,9 +16,8 @@ from typing import Any
 from workers.core.models import SyntheticReason
 from workers.core.watchdog import RunStatus, RunView, classify, last_activity_ms
 from workers.errors import ConfigError, StoreError
-from workers.runtime import now_ms, worker_id
+from workers.runtime import now_ms, open_ledger, worker_id
 from workers.settings import Settings, load_settings
-from workers.store.ledger import Ledger, connect
 from workers.store.sessions import RunInfo, SessionStore
 from workers.watchdog import end_and_answer, stale_lanes
 
@@ -52,18 +51,7 @@ def _guarded(command: Callable[[argparse.Namespace, Settings, SessionStore], int
     def run(args: argparse.Namespace) -> int:
         try:
             settings = load_settings()
-            client = connect(
-                settings.redis.url,
-                socket_timeout_s=settings.redis.socket_timeout_s,
-                socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
-            )
-            ledger = Ledger(
-                client,
-                prefix=settings.redis.key_prefix,
-                ttl_s=settings.ledger.ttl_s,
-                lease_ttl_ms=int(settings.lease.ttl_s * 1000),
-            )
-            return command(args, settings, SessionStore(ledger))
+            return command(args, settings, SessionStore(open_ledger(settings)))
         except (ConfigError, StoreError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
