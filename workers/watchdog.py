@@ -20,6 +20,7 @@ number of sessions does not matter (see ``bench/watchdog.py``).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ from workers.core.watchdog import (
     judge_all,
 )
 from workers.settings import Settings
-from workers.store.sessions import Lane, SessionStore
+from workers.store.sessions import RECENT_CALLS, Lane, SessionStore
+from workers.store.sweeps import SweepScripts, server_side_ok
 from workers.sweeper import sweep_due_calls
 
 __all__ = ["SweepReport", "Watchdog", "clean_stale_lanes", "end_and_answer", "stale_lanes"]
@@ -57,6 +59,7 @@ class SweepReport:
     alerts: int = 0
     dropped: int = 0
     classes: dict[str, int] = field(default_factory=dict)
+    phases_ms: dict[str, float] = field(default_factory=dict)
 
 
 def end_and_answer(
@@ -103,7 +106,9 @@ class Watchdog:
         alerts: AlertSink,
         revoke: Revoke | None = None,
         limit: int = 10_000,
+        server_side: bool | None = None,
     ) -> None:
+        """Build a watchdog; ``server_side`` (default: on a single Redis node) sweeps with scripts."""
         self.sessions = sessions
         self.settings = settings
         self.writer = writer
@@ -113,6 +118,9 @@ class Watchdog:
         watchdog = settings.watchdog
         self.policy = WatchdogPolicy(int(watchdog.stalled_after_s * 1000), watchdog.auto_recover)
         self.lock_ttl_ms = int(max(30.0, watchdog.interval_s * 3) * 1000)
+        if server_side is None:
+            server_side = server_side_ok(sessions.client)
+        self.scripts = SweepScripts(sessions.ledger, recent_calls=RECENT_CALLS) if server_side else None
 
     def sweep(self, now_ms: int) -> SweepReport:
         """One sweep; does nothing (``locked_out``) while another sweep holds the lock."""
@@ -126,19 +134,39 @@ class Watchdog:
 
     def _sweep(self, now_ms: int) -> SweepReport:
         report = SweepReport()
+        clock = _Phases(report.phases_ms)
         report.calls_answered = sweep_due_calls(
-            self.sessions.ledger, now_ms=now_ms, settings=self.settings, writer=self.writer, limit=self.limit
+            self.sessions.ledger,
+            now_ms=now_ms,
+            settings=self.settings,
+            writer=self.writer,
+            limit=self.limit,
+            scripts=self.scripts,
         )
-        due = self.sessions.past_deadline(now_ms, self.limit)
-        quiet = self.sessions.quiet_since(now_ms - self.policy.stalled_after_ms, self.limit)
-        pairs = list(dict.fromkeys((s, r) for s, r, _ in [*due, *quiet]))
+        clock.lap("calls")
+        if self.scripts is not None:
+            found = self.scripts.runs(
+                now_ms=now_ms,
+                stalled_after_ms=self.policy.stalled_after_ms,
+                auto_recover=self.policy.auto_recover,
+                limit=self.limit,
+            )
+            report.classes.update(found.settled)
+            pairs = found.rest
+        else:
+            due = self.sessions.past_deadline(now_ms, self.limit)
+            quiet = self.sessions.quiet_since(now_ms - self.policy.stalled_after_ms, self.limit)
+            pairs = list(dict.fromkeys((s, r) for s, r, _ in [*due, *quiet]))
+        clock.lap("runs")
         verdicts = judge_all(self._views(pairs), now_ms=now_ms, policy=self.policy)
+        clock.lap("judge")
         seen = {(v.session_key, v.run_id) for v in verdicts}
         for session_key, run_id in pairs:
             if (session_key, run_id) not in seen:  # run record expired: the member is a stale hint
                 self.sessions.drop_stale(session_key, run_id, now_ms)
                 report.dropped += 1
         self._apply(verdicts, now_ms, report)
+        clock.lap("apply")
         return report
 
     def _views(self, pairs: Sequence[tuple[str, str]]) -> list[RunView]:
@@ -218,6 +246,19 @@ class Watchdog:
                 "auto_recover": self.policy.auto_recover,
             }
         )
+
+
+class _Phases:
+    """Wall time of a sweep's phases, for the report (ms)."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self.mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = (now - self.mark) * 1000
+        self.mark = now
 
 
 def stale_lanes(sessions: SessionStore, now_ms: int) -> list[tuple[Lane, str]]:

@@ -9,13 +9,14 @@ import pytest
 import redis
 
 from workers.alerts import AlertSink
-from workers.core.models import SyntheticReason
+from workers.core.models import SyntheticReason, ToolCall
+from workers.core.results import synthetic_result
 from workers.core.watchdog import RunStatus
 from workers.settings import Settings
 from workers.store.keys import SessionKeys, due_index_key, run_index_keys, run_member
 from workers.store.ledger import Ledger, connect, ensure_run
 from workers.store.sessions import SessionStore
-from workers.watchdog import Watchdog, clean_stale_lanes, stale_lanes
+from workers.watchdog import SweepReport, Watchdog, clean_stale_lanes, stale_lanes
 
 T0 = int(time.time() * 1000)  # lanes expire at absolute times: use the real clock
 MIN = 60_000
@@ -209,3 +210,80 @@ def test_stale_lanes_are_found_and_cleaned(store: SessionStore) -> None:
     assert cleaned == 1
     assert store.lane("gone") is None
     assert store.lane("live") is not None
+
+
+def _mixed_runs(store: SessionStore) -> None:
+    """One run of every kind the sweep tells apart, including ids that need quoting."""
+    led = store.ledger
+    for session in ("active", "long", "s p{x}/é", "stalled", "stuck", "late", "gone", "ended", "lost"):
+        deadline = T0 + MIN if session == "late" else T0 + 60 * MIN
+        store.begin_run(session, "r1", "main", T0, deadline, writer="gw")
+    _register(store, "active", "r1", "c1", T0 + 50 * MIN)
+    done = synthetic_result(
+        ToolCall(id="c1", name="echo"), SyntheticReason.CANCELLED, elapsed_ms=1, attempt=1
+    )
+    led.finish(led.keys("active", "r1"), done, now_ms=T0 + 5 * MIN, writer="w")
+    for session, call_id, beat in (("long", "c1", T0 + 5 * MIN), ("s p{x}/é", "c:1/é", T0 + 5 * MIN),
+                                   ("stalled", "c1", T0 + MIN), ("lost", "c1", T0 + 5 * MIN)):  # fmt: skip
+        _register(store, session, "r1", call_id, T0 + 50 * MIN)
+        keys = led.keys(session, "r1")
+        led.claim(keys, call_id, worker_id="w:1", now_ms=T0 + 1)
+        store.client.set(keys.lease(call_id), "w:1", px=60_000 if session != "lost" else 1)
+        led.heartbeat(keys, call_id, now_ms=beat, details={})
+    _register(store, "stuck", "r1", "c1", T0 + 50 * MIN)
+    _register(store, "late", "r1", "c1", T0 + 50 * MIN)
+    store.client.delete(led.keys("gone", "r1").run)
+    store.end_run("ended", "r1", RunStatus.COMPLETED, T0 + 1)
+    store.client.zadd(run_index_keys(store.prefix).by_progress, {run_member("ended", "r1"): T0})
+    store.client.zadd(due_index_key(store.prefix), {led.keys("gone", "r1").due_member("x"): T0})
+
+
+def _state(store: SessionStore) -> dict[str, object]:
+    index = run_index_keys(store.prefix)
+    runs = {}
+    for session in ("active", "long", "s p{x}/é", "stalled", "stuck", "late", "gone", "ended", "lost"):
+        keys = store.ledger.keys(session, "r1")
+        record = store.client.hgetall(keys.run)
+        calls = [str(c) for c in store.client.zrange(keys.calls, 0, -1)]
+        results = store.ledger.results(keys, calls)
+        runs[session] = (
+            {k: record.get(k) for k in ("status", "class", "end_reason")},
+            store.client.zscore(index.by_progress, run_member(session, "r1")),
+            store.client.zscore(index.by_deadline, run_member(session, "r1")),
+            {c: (r.reason if r else None) for c, r in results.items()},
+            store.lane(session) is not None,
+        )
+    return {"runs": runs, "due": sorted(store.client.zrange(due_index_key(store.prefix), 0, -1))}
+
+
+def test_server_side_sweep_matches_the_pipelined_sweep(redis_url: str) -> None:
+    # Given the same runs under two prefixes, one swept by scripts, one pipelined
+    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
+    seen: dict[bool, tuple[list[SweepReport], list[dict[str, object]], dict[str, object]]] = {}
+    for server_side in (True, False):
+        store = SessionStore(Ledger(client, prefix=f"p{int(server_side)}", ttl_s=3600, lease_ttl_ms=3000))
+        _mixed_runs(store)
+        reports: list[SweepReport] = []
+        sent: list[dict[str, object]] = []
+        # When three sweeps run, the last one recovering stuck runs
+        for now, recover in ((T0 + 6 * MIN, False), (T0 + 7 * MIN, False), (T0 + 8 * MIN, True)):
+            sink = AlertSink()
+            sink.emit = sent.append  # type: ignore[method-assign,assignment]
+            settings = Settings(watchdog={"stalled_after_s": 120, "auto_recover": recover})
+            watchdog = Watchdog(store, settings, writer="wd", alerts=sink, server_side=server_side)
+            assert (watchdog.scripts is not None) is server_side
+            report = watchdog.sweep(now)
+            report.phases_ms.clear()
+            reports.append(report)
+        seen[server_side] = (reports, sent, _state(store))
+    # Then reports, alerts and stored state are the same
+    assert seen[True] == seen[False]
+    reports = seen[True][0]
+    assert [
+        (r.classes, r.timed_out, r.recovered, r.alerts, r.dropped, r.calls_answered) for r in reports
+    ] == [
+        ({"long_running": 2, "active": 2, "stuck": 2, "stalled": 1}, 1, 0, 3, 2, 1),
+        ({"stalled": 3, "stuck": 2}, 0, 0, 3, 0, 0),
+        ({"stalled": 3, "stuck": 3}, 0, 3, 1, 0, 0),
+    ]
+    client.close()

@@ -52,6 +52,13 @@ three single-slot steps (lane, run record, indexes), not one transaction; each s
 atomic on its own, they are ordered so a crash in between leaves only what expires or what
 the watchdog repairs, and the global indexes are hints re-checked against the run record.
 Index members are ``S/<run>`` (see :func:`run_member`).
+
+Single node only: the sweep's scripts ``sweep_calls.lua`` and ``sweep_runs.lua`` read the
+keys of many runs in one script, rebuilding ``P:{S/<run>}:run|calls|open|call:<call>|
+lease:<call>`` from index members exactly as :class:`RunKeys` spells them (members are
+already quoted; call ids from ``calls``/``open`` are quoted as :func:`quote_part` does).
+Redis Cluster refuses such scripts, so on a cluster client the sweep takes its pipelined
+path (see :mod:`workers.store.sweeps`).
 """
 
 from __future__ import annotations

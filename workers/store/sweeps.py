@@ -1,0 +1,73 @@
+"""The sweep's server-side phases: one script per phase over every due item (single Redis node).
+
+The pipelined path (:func:`workers.sweeper.sweep_due_calls` and :class:`SessionStore`
+reads) sends two or three commands per due item and parses every reply in Python; with
+10 000 due items that is seconds. These scripts do the same reads inside Redis and return
+only what needs the client: calls to reap, and runs that need an alert, an action or a
+drop. They read keys of many runs, which Redis Cluster refuses, so :func:`server_side_ok`
+keeps cluster clients on the pipelined path. The key grammar they rebuild from index
+members is documented in :mod:`workers.store.keys`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from workers.store.keys import RunKeys, due_index_key, parse_due_member, parse_run_member, run_index_keys
+from workers.store.ledger import Ledger, store_errors
+
+__all__ = ["RunSweep", "SweepScripts", "server_side_ok"]
+
+
+def _script_text(name: str) -> str:
+    return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
+
+
+def server_side_ok(client: Any) -> bool:
+    """Whether ``client`` talks to a single Redis node, where cross-slot scripts may run."""
+    return isinstance(client, redis.Redis)
+
+
+@dataclass(frozen=True)
+class RunSweep:
+    """The run phase's outcome: runs settled in Redis by class, and runs left to the caller."""
+
+    settled: dict[str, int]
+    rest: list[tuple[str, str]]
+
+
+class SweepScripts:
+    """Runs the sweep's phases as scripts; raises ``StoreError`` on Redis failure."""
+
+    def __init__(self, ledger: Ledger, *, recent_calls: int) -> None:
+        self.ledger = ledger
+        self.recent_calls = recent_calls
+        self._calls = ledger.client.register_script(_script_text("sweep_calls.lua"))
+        self._runs = ledger.client.register_script(_script_text("sweep_runs.lua"))
+
+    def due_calls(self, *, now_ms: int, lease_ms: int, limit: int) -> list[tuple[RunKeys, str]]:
+        """Calls of the due index to reap (overdue, lost, never dispatched); drops expired members."""
+        prefix = self.ledger.prefix
+        with store_errors():
+            members: Any = self._calls(keys=[due_index_key(prefix)], args=[prefix, now_ms, lease_ms, limit])
+        return [parse_due_member(prefix, str(m)) for m in members]
+
+    def runs(self, *, now_ms: int, stalled_after_ms: int, auto_recover: bool, limit: int) -> RunSweep:
+        """Classify the due runs; settle the steady ones in Redis, return the others."""
+        index = run_index_keys(self.ledger.prefix)
+        args: list[str | int] = [
+            self.ledger.prefix,
+            now_ms,
+            stalled_after_ms,
+            int(auto_recover),
+            limit,
+            self.recent_calls,
+        ]
+        with store_errors():
+            counts, rest = self._runs(keys=[index.by_deadline, index.by_progress], args=args)
+        settled = {str(counts[n]): int(counts[n + 1]) for n in range(0, len(counts), 2)}
+        return RunSweep(settled, [parse_run_member(str(m)) for m in rest])
