@@ -13,8 +13,7 @@ for i = 1, #rows, 2 do
     reap[#reap + 1] = member -- malformed: the caller's parser reports it
   else
     local base = prefix .. ':{' .. s .. '/' .. r .. '}:'
-    local f = redis.call('HMGET', base .. 'call:' .. c, 'state', 'submitted_ms', 'dispatched')
-    local state = f[1]
+    local state = redis.call('HGET', base .. 'call:' .. c, 'state')
     if not state then
       redis.call('ZREM', KEYS[1], member)
     elseif deadline <= now then
@@ -23,8 +22,11 @@ for i = 1, #rows, 2 do
       if redis.call('EXISTS', base .. 'lease:' .. c) == 0 then
         reap[#reap + 1] = member
       end
-    elseif state == 'pending' and f[3] ~= '1' and (tonumber(f[2] or 0) or 0) <= now - lease_ms then
-      reap[#reap + 1] = member
+    elseif state == 'pending' then
+      local f = redis.call('HMGET', base .. 'call:' .. c, 'submitted_ms', 'dispatched')
+      if f[2] ~= '1' and (tonumber(f[1] or 0) or 0) <= now - lease_ms then
+        reap[#reap + 1] = member
+      end
     end
   end
 end

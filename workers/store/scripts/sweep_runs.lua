@@ -17,10 +17,15 @@ local function num(v)
   return tonumber(v or 0) or 0
 end
 
+local function hex(ch)
+  return string.format('%%%02X', string.byte(ch))
+end
+
 local function quote(part) -- as workers.store.keys.quote_part
-  return (string.gsub(part, '[^%w%-_%.~@]', function(ch)
-    return string.format('%%%02X', string.byte(ch))
-  end))
+  if not string.find(part, '[^%w%-_%.~@]') then
+    return part
+  end
+  return (string.gsub(part, '[^%w%-_%.~@]', hex))
 end
 
 local members, seen = {}, {}
@@ -34,6 +39,8 @@ local function add(list)
 end
 add(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, limit))
 add(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now - stalled), 'LIMIT', 0, limit))
+
+local moved = {} -- score, member, ...: progress found in the calls, one ZADD per batch
 
 -- Returns the class of a running run, or nil when the caller must judge it.
 local function settle(member, base)
@@ -90,9 +97,17 @@ local function settle(member, base)
     redis.call('HSET', base .. 'run', 'class', klass)
   end
   if klass == 'active' or klass == 'long_running' then
-    redis.call('ZADD', KEYS[2], 'XX', 'GT', string.format('%.0f', last), member)
+    moved[#moved + 1] = string.format('%.0f', last)
+    moved[#moved + 1] = member
   end
   return klass
+end
+
+local function flush()
+  if #moved > 0 then
+    redis.call('ZADD', KEYS[2], 'XX', 'GT', unpack(moved))
+    moved = {}
+  end
 end
 
 local counts, rest = {}, {}
@@ -104,7 +119,11 @@ for _, member in ipairs(members) do
   else
     rest[#rest + 1] = member
   end
+  if #moved >= 1000 then
+    flush()
+  end
 end
+flush()
 local flat = {}
 for klass, n in pairs(counts) do
   flat[#flat + 1] = klass
