@@ -6,7 +6,8 @@ have had no indexed progress for longer than ``stalled_after_s`` and each runs o
 that heartbeats (so the sweep must read real activity and finds them ``long_running``).
 Those 10 000 calls are also the due index. Baseline, in the same run: one bare
 ``ZRANGEBYSCORE`` of the 10 000 due runs. Before each timed sweep the due runs' index
-scores are put back, so every repetition does the full work.
+scores are put back, so every repetition does the full work. ``BENCH_PATH=pipelined``
+measures the cluster-safe path instead of the server-side scripts.
 """
 
 from __future__ import annotations
