@@ -13,6 +13,7 @@ from workers.cli.config_cmd import redact_url
 from workers.cli.flower_cmd import BASIC_AUTH_ENV, flower_argv, flower_env, is_loopback
 from workers.cli.main import main
 from workers.errors import ConfigError
+from workers.tools import registry
 
 
 @pytest.fixture(autouse=True)
@@ -24,6 +25,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    # The tool registry is process-wide: tools other test tiers imported (e.g. the 1 s
+    # misbehaving ones) must not change what `config check` warns about here.
+    builtins = {
+        name: spec for name, spec in registry._REGISTRY.items() if spec.func.__module__.startswith("workers.")
+    }
+    monkeypatch.setattr(registry, "_REGISTRY", builtins)
+
     def write(data: dict[str, Any]) -> Path:
         path = tmp_path / "unstuck.json"
         path.write_text(json.dumps(data), encoding="utf-8")
