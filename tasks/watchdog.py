@@ -30,7 +30,12 @@ def _watchdog() -> Watchdog:
         SessionStore(rt.ledger),
         rt.settings,
         writer=f"{worker_id()}/watchdog",
-        alerts=AlertSink(rt.settings.watchdog.webhook_url),
+        alerts=AlertSink(
+            rt.settings.watchdog.webhook_url,
+            publish=lambda event: rt.ledger.publish_event(
+                str(event.get("kind", "alert")), **{k: v for k, v in event.items() if k != "kind"}
+            ),
+        ),
         revoke=_revoke,
     )
 

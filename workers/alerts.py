@@ -45,8 +45,10 @@ class AlertSink:
         timeout_s: float = 5.0,
         capacity: int = 1000,
         post: Callable[[str, dict[str, Any], float], None] = post_json,
+        publish: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.webhook_url = webhook_url
+        self._publish = publish
         self._attempts = attempts
         self._first_backoff_s = first_backoff_s
         self._max_backoff_s = max_backoff_s
@@ -60,6 +62,8 @@ class AlertSink:
     def emit(self, event: dict[str, Any]) -> None:
         """Log ``event`` and queue it for the webhook; never blocks."""
         log.warning("watchdog alert: %s", json.dumps(event, sort_keys=True, default=str))
+        if self._publish is not None:
+            self._publish(event)
         if not self.webhook_url:
             return
         self._ensure_thread()

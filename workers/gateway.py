@@ -345,6 +345,7 @@ class ToolGateway:
             ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
 
     def _emit_event(self, event_type: str, fields: dict[str, Any]) -> None:
+        self._rt.ledger.publish_event(event_type.removeprefix("unstuck-"), **fields)
         try:
             with self._app.events.default_dispatcher() as dispatcher:
                 dispatcher.send(event_type, **fields)

@@ -1,27 +1,37 @@
-"""Status lines for ``unstuck up``: calls answered synthetically and sessions stalled.
+"""Status lines for ``unstuck up``: synthetic answers, loop verdicts, stalled work.
 
-Found by polling the ledger's due index (``P:due``, unanswered calls by deadline). A call
-that leaves the index between two polls is looked up: a synthetic result is reported. A
-call still in the index a grace period past its deadline is reported as stalled, once.
-Calls answered before any poll sees them (arguments rejected at submission, a tool
-that crashes within one poll interval) go straight back to their caller and are not
-reported here.
+:class:`StreamWatcher` reads the events stream (``P:events``) that the ledger (every
+synthetic answer that won), the gateways (loop warnings and blocks) and the watchdog
+(sessions entering stalled or stuck) append to, so nothing is missed between polls.
+:class:`DueWatcher` adds one thing the stream cannot say: a call still unanswered a grace
+period past its deadline (is beat running?).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from workers.store.keys import due_index_key, parse_due_member
+from workers.errors import StoreError
+from workers.store.keys import due_index_key, events_stream_key, parse_due_member
 from workers.store.ledger import Ledger, store_errors
 
-__all__ = ["DueWatcher", "Event", "EventPrinter"]
+__all__ = ["DueWatcher", "Event", "EventPrinter", "StreamWatcher"]
 
-_COLOURS = {"synthetic": "\033[33m", "stalled": "\033[31m", "exited": "\033[31m", "started": "\033[32m"}
+_COLOURS = {
+    "synthetic": "\033[33m",
+    "loop-warning": "\033[33m",
+    "loop-critical": "\033[31m",
+    "session.stalled": "\033[31m",
+    "session.stuck": "\033[31m",
+    "stalled": "\033[31m",
+    "exited": "\033[31m",
+    "started": "\033[32m",
+}
 _RESET = "\033[0m"
 
 
@@ -33,10 +43,51 @@ class Event:
     fields: Mapping[str, Any]
 
 
-class DueWatcher:
-    """Polls the due index and turns its changes into events."""
+class StreamWatcher:
+    """Follows the events stream from the moment it is created."""
 
-    def __init__(self, ledger: Ledger, *, stalled_after_ms: int) -> None:
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._last_id = "$"
+        with contextlib.suppress(StoreError):
+            self._resolve_start()
+
+    def _resolve_start(self) -> None:
+        """Pin "$" to the stream's current last id, so events between polls are never lost."""
+        key = events_stream_key(self._ledger.prefix)
+        with store_errors():
+            info = self._ledger.client.xinfo_stream(key) if self._ledger.client.exists(key) else None
+        self._last_id = str(info["last-generated-id"]) if info else "0-0"
+
+    def poll(self, block_ms: int) -> list[Event]:
+        """Events appended since the previous poll, waiting up to ``block_ms`` for the first."""
+        if self._last_id == "$":
+            self._resolve_start()
+        key = events_stream_key(self._ledger.prefix)
+        with store_errors():
+            reply: Any = self._ledger.client.xread({key: self._last_id}, block=max(1, block_ms), count=500)
+        events: list[Event] = []
+        for _stream, entries in reply or []:
+            for entry_id, raw in entries:
+                self._last_id = str(entry_id)
+                fields = {str(k): v for k, v in dict(raw).items()}
+                kind = str(fields.pop("kind", "event"))
+                events.append(Event(kind, {k: _decode(v) for k, v in fields.items()}))
+        return events
+
+
+def _decode(value: Any) -> Any:
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value
+
+
+class DueWatcher:
+    """Polls the due index for calls left unanswered past their deadline."""
+
+    def __init__(self, ledger: Ledger, *, stalled_after_ms: int, report_answered: bool = True) -> None:
+        self._report_answered = report_answered
         self._ledger = ledger
         self._stalled_after_ms = stalled_after_ms
         self._seen: dict[str, int] = {}
@@ -47,7 +98,8 @@ class DueWatcher:
         with store_errors():
             rows = self._ledger.client.zrange(due_index_key(self._ledger.prefix), 0, -1, withscores=True)
         current = {str(row[0]): int(row[1]) for row in rows}
-        events = [e for m in self._seen.keys() - current.keys() if (e := self._answered(m)) is not None]
+        gone = self._seen.keys() - current.keys() if self._report_answered else set()
+        events = [e for m in gone if (e := self._answered(m)) is not None]
         for member, deadline_ms in current.items():
             if member not in self._stalled and now_ms > deadline_ms + self._stalled_after_ms:
                 self._stalled.add(member)

@@ -26,7 +26,7 @@ from workers.up import (
     stop_on_signals,
     write_state,
 )
-from workers.up_events import DueWatcher, EventPrinter
+from workers.up_events import DueWatcher, EventPrinter, StreamWatcher
 
 __all__ = ["register"]
 
@@ -88,7 +88,10 @@ def _watch(stack: Stack, printer: EventPrinter, poll_interval_s: float) -> int:
     """Report events until a child dies (exit 1) or a signal arrives (raises ``Interrupted``)."""
     rt = build_runtime(stack.settings)
     settings = stack.settings
-    watcher = DueWatcher(rt.ledger, stalled_after_ms=int(settings.gateway.grace_s * 1000))
+    watcher = DueWatcher(
+        rt.ledger, stalled_after_ms=int(settings.gateway.grace_s * 1000), report_answered=False
+    )
+    stream = StreamWatcher(rt.ledger)
     store_down = False
     while True:
         for child in stack.children():
@@ -96,6 +99,9 @@ def _watch(stack: Stack, printer: EventPrinter, poll_interval_s: float) -> int:
                 printer.emit("exited", process=child.name, code=child.process.returncode, log=child.log_path)
                 return _EXIT_CHILD_DIED
         try:
+            # Blocks on the stream: events print as they happen, not on the next tick.
+            for event in stream.poll(int(poll_interval_s * 1000)):
+                printer.print(event)
             for event in watcher.poll(int(time.time() * 1000)):
                 printer.print(event)
             store_down = False
@@ -103,4 +109,4 @@ def _watch(stack: Stack, printer: EventPrinter, poll_interval_s: float) -> int:
             if not store_down:
                 printer.emit("store", problem=str(exc))
             store_down = True
-        time.sleep(poll_interval_s)
+            time.sleep(poll_interval_s)  # Redis is down: nothing to block on, retry later

@@ -23,6 +23,10 @@ key                                type    TTL              written by          
 ``P:due``                          ZSET    ledger.ttl_s,    register (hint),    watchdog
                                            refreshed on     finish, watchdog
                                            every write
+``P:events``                       STREAM  ledger.ttl_s,    finish (synthetic   unstuck up
+                                           refreshed on     winners), gateway
+                                           every write;     (loop verdicts),
+                                           MAXLEN ~10000    watchdog (alerts)
 ``P:{S}:lane``                     HASH    PEXPIREAT the    sessions (begin,    gateway (fence),
                                            run's deadline   end, release)       watchdog, CLI
                                            + 60 s (lease)
@@ -71,6 +75,7 @@ __all__ = [
     "RunKeys",
     "SessionKeys",
     "due_index_key",
+    "events_stream_key",
     "lane_pattern",
     "parse_due_member",
     "parse_lane_key",
@@ -143,6 +148,11 @@ class RunKeys:
     def due_member(self, call_id: str) -> str:
         """This call's member in the global due index."""
         return "/".join((quote_part(self.session_key), quote_part(self.run_id), quote_part(call_id)))
+
+
+def events_stream_key(prefix: str) -> str:
+    """Capped stream of significant events (synthetic answers, loop verdicts, alerts)."""
+    return f"{prefix}:events"
 
 
 def due_index_key(prefix: str) -> str:

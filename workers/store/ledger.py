@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
 from workers.errors import StoreError
-from workers.store.keys import RunKeys, due_index_key
+from workers.store.keys import RunKeys, due_index_key, events_stream_key
 
 __all__ = [
     "CallRecord",
@@ -200,7 +200,33 @@ class Ledger:
                 [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
                 lambda pipe: self._unindex_due(pipe, keys.due_member(call_id)),
             )
+        if won and result.synthetic:
+            self.publish_event(
+                "synthetic",
+                session=keys.session_key,
+                run=keys.run_id,
+                call=call_id,
+                tool=result.tool_name,
+                reason=result.reason or "",
+                writer=writer,
+                elapsed_s=round(int(result.details.get("elapsed_ms", 0)) / 1000, 2),
+            )
         return bool(won)
+
+    def publish_event(self, kind: str, **fields: Any) -> None:
+        """Append an event to the capped events stream (read by ``unstuck up``); best effort."""
+        entry = {
+            "kind": kind,
+            **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in fields.items()},
+        }
+        key = events_stream_key(self.prefix)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(key, entry, maxlen=10_000, approximate=True)  # type: ignore[arg-type]
+            pipe.expire(key, self.ttl_s)
+            pipe.execute()
+        except redis.RedisError:
+            pass  # an event is a convenience for operators, never a reason to fail a call
 
     def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int) -> bool:
         """Make a lost idempotent call pending again; True when this caller should re-dispatch."""
