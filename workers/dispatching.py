@@ -42,7 +42,7 @@ class Dispatcher:
         self._writer = writer
         self._now_ms = now_ms
 
-    def reject_early(self, call: ToolCall, now_ms: int) -> ToolResult | None:
+    def reject_early(self, call: ToolCall) -> ToolResult | None:
         """The answer to a call that must not run (unknown tool, invalid or oversized arguments)."""
         size = len(json.dumps(call.arguments, default=str))
         cap = self.settings.limits.max_argument_bytes
@@ -51,16 +51,7 @@ class Dispatcher:
                 raise InvalidArguments(call.name, [f"arguments are {size} bytes; the limit is {cap}"])
             validate_arguments(get_tool(call.name), call.arguments)
         except (ToolNotFound, InvalidArguments) as exc:
-            job = CallJob(
-                session_key="-",
-                run_id="-",
-                call=call,
-                submitted_ms=now_ms,
-                deadline_ms=now_ms,
-                soft_s=1,
-                hard_s=1,
-            )
-            return rejected_result(job, exc, 0)
+            return rejected_result(call, exc, 0)
         return None
 
     def job(
@@ -89,13 +80,15 @@ class Dispatcher:
             heartbeat_s=limits.heartbeat_s,
         )
 
-    def record_immediate(self, keys: RunKeys, result: ToolResult) -> None:
-        """Record a call answered without running, so the ledger holds every call."""
+    def record_immediate(self, keys: RunKeys, result: ToolResult) -> bool:
+        """Record a call answered without running; False when the call id existed already."""
         now = self._now_ms()
         ledger = self._ledger
         fields = {"tool": result.tool_name, "idempotent": "0", "dispatched": "1"}
-        if ledger.register(keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields):
-            ledger.finish(keys, result, now_ms=now, writer=self._writer)
+        if not ledger.register(keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields):
+            return False
+        ledger.finish(keys, result, now_ms=now, writer=self._writer)
+        return True
 
     def register_and_dispatch(self, keys: RunKeys, job: CallJob) -> Registration:
         """Register the call and publish it unless it existed or its run refuses new calls."""

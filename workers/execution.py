@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolResult
+from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolCall, ToolResult
 from workers.core.results import fallback_result, success_result, synthetic_result, tool_error_result
 from workers.errors import InvalidArguments, ToolNotFound
 from workers.redact import redact
@@ -18,15 +18,15 @@ from workers.tools.registry import ToolSpec, get_tool, validate_arguments
 __all__ = ["bounded_result", "interrupted_result", "rejected_result", "run_tool"]
 
 
-def rejected_result(job: CallJob, error: ToolNotFound | InvalidArguments, elapsed_ms: int) -> ToolResult:
+def rejected_result(call: ToolCall, error: ToolNotFound | InvalidArguments, elapsed_ms: int) -> ToolResult:
     """The answer to a call that must not run: unknown tool or invalid arguments (R5)."""
     if isinstance(error, ToolNotFound):
         hint = f"; closest: {', '.join(error.closest)}" if error.closest else ""
         return synthetic_result(
-            job.call, SyntheticReason.UNKNOWN_TOOL, elapsed_ms=elapsed_ms, attempt=0, detail=hint
+            call, SyntheticReason.UNKNOWN_TOOL, elapsed_ms=elapsed_ms, attempt=0, detail=hint
         )
     return synthetic_result(
-        job.call,
+        call,
         SyntheticReason.INVALID_ARGUMENTS,
         elapsed_ms=elapsed_ms,
         attempt=0,
@@ -67,7 +67,7 @@ def run_tool(
         spec = get_tool(job.call.name)
         arguments = validate_arguments(spec, job.call.arguments)
     except (ToolNotFound, InvalidArguments) as exc:
-        return rejected_result(job, exc, clock_ms() - started)
+        return rejected_result(job.call, exc, clock_ms() - started)
     soft_end_ms = clock_ms() + int(job.soft_s * 1000)
     attempt = 1
     while True:

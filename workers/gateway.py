@@ -197,28 +197,23 @@ class ToolGateway:
             if verdict.abort_run:
                 batch.abort = verdict
             return
-        early = self._dispatcher.reject_early(call, now)
-        job = (
-            self._dispatcher.job(batch.keys, agent_id, call, now, batch.run_deadline_ms)
-            if early is None
-            else None
-        )
-        batch.deadlines[call.id] = job.deadline_ms if job else now
+        early = self._dispatcher.reject_early(call)
+        if early is not None:
+            self._answer_now(batch, call, early)
+            return
+        job = self._dispatcher.job(batch.keys, agent_id, call, now, batch.run_deadline_ms)
+        batch.deadlines[call.id] = job.deadline_ms
         try:
-            if job is None:
-                assert early is not None
-                self._dispatcher.record_immediate(batch.keys, early)
-            else:
-                registration = self._dispatcher.register_and_dispatch(batch.keys, job)
-                batch.guard_armed = batch.guard_armed or registration.guard_armed
-                if registration.refused:
-                    self._refuse(batch, call, registration.run_status)
+            registration = self._dispatcher.register_and_dispatch(batch.keys, job)
+            batch.guard_armed = batch.guard_armed or registration.guard_armed
+            if registration.refused:
+                self._refuse(batch, call, registration.run_status)
         except StoreError as exc:
             log.warning("store unavailable while submitting %s: %s", call.id, exc)
             # Answered by the waiter once the grace margin passes, stored first if Redis is
             # back by then, so the ledger and the agent loop agree.
             batch.deadlines[call.id] = now
-            batch.fallbacks[call.id] = early or synthetic_result(
+            batch.fallbacks[call.id] = synthetic_result(
                 call,
                 SyntheticReason.DISPATCH_FAILED,
                 elapsed_ms=0,
@@ -256,12 +251,15 @@ class ToolGateway:
     def _answer_now(self, batch: Batch, call: ToolCall, result: ToolResult) -> None:
         batch.tools[call.id] = call.name
         batch.deadlines[call.id] = self._now_ms()
-        batch.answers[call.id] = result
         try:
-            self._dispatcher.record_immediate(batch.keys, result)
-            batch.answers[call.id] = self._rt.ledger.results(batch.keys, [call.id]).get(call.id, result)
+            if self._dispatcher.record_immediate(batch.keys, result):
+                batch.answers[call.id] = result
+            else:
+                # A resubmitted call id: the stored answer is the one that counts.
+                batch.answers[call.id] = self._rt.ledger.results(batch.keys, [call.id]).get(call.id, result)
         except StoreError as exc:
             log.warning("store unavailable while answering %s: %s", call.id, exc)
+            batch.fallbacks[call.id] = result  # answered by the waiter, stored first if it can
 
     def _open_run(self, batch: Batch) -> RunAbort | None:
         """Create or read the run record: one round trip the first time this gateway sees a run.
