@@ -67,8 +67,9 @@ def _up(args: argparse.Namespace) -> int:
     try:
         with stop_on_signals():
             stack.start()
-            printer.started(stack.describe(), state_file=str(state_file))
+            # The state file first: whoever reads "started" may read the file it names at once.
             write_state(state_file, stack.describe())
+            printer.started(stack.describe(), state_file=str(state_file))
             code = _watch(stack, printer, args.poll_interval)
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
