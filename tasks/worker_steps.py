@@ -129,20 +129,20 @@ class LeaseKeeper(bootsteps.StartStopStep):
         rt = runtime()
         jobs = [(req, found) for req in _invoke_requests() if (found := _job_keys(req, rt.ledger.prefix))]
         rows = rt.ledger.running_states([(keys, call_id) for _, (keys, call_id, _) in jobs])
-        renew: list[str] = []
+        renew: list[tuple[RunKeys, str]] = []
         host, now = socket.gethostname(), now_ms()
         for (req, (keys, call_id, beat_s)), (call_state, worker, last_beat) in zip(jobs, rows, strict=True):
             call = RunningCall(call_state, worker, last_beat, beat_s)
             verdict = judge_running_call(call, host=host, child_alive=_pid_alive(worker), now_ms=now)
             if verdict is Verdict.RENEW:
-                renew.append(keys.lease(call_id))
+                renew.append((keys, call_id))
             elif verdict is Verdict.CHILD_DIED:
                 answer_from_main_process(
                     req.kwargs, SyntheticReason.CRASHED, detail=f"pool process {worker} died"
                 )
             elif verdict is Verdict.HEARTBEAT_STALE:
                 self._interrupt(req, worker)
-        rt.ledger.renew_leases(renew, worker_id())
+        rt.ledger.renew_leases(renew, worker_id(), now_ms=now)
 
     def _interrupt(self, req: Any, worker: str) -> None:
         answer_from_main_process(req.kwargs, SyntheticReason.HEARTBEAT_TIMEOUT)

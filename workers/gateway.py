@@ -28,7 +28,7 @@ from workers.loop_gate import LoopGate
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
-from workers.store.ledger import RunAbort, mark_run_aborted, open_run, run_abort
+from workers.store.runs import RunAbort, mark_run_aborted, open_run, run_abort
 from workers.store.sessions import SessionStore
 from workers.waiting import Batch, Waiter
 

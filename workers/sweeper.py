@@ -7,43 +7,76 @@ from typing import Any
 
 from workers.reaping import reap
 from workers.settings import Settings
-from workers.store.keys import RunKeys, due_index_key, parse_due_member
+from workers.store.keys import RunKeys, due_index_key, lease_index_key, parse_due_member
 from workers.store.ledger import Ledger, store_errors
 from workers.store.sweeps import SweepScripts
 
 __all__ = ["sweep_due_calls"]
 
 
-def _needs_reap(row: list[object], lease_alive: int, deadline_ms: int, now_ms: int, lease_ms: int) -> bool:
-    state, submitted, dispatched = row
-    if deadline_ms <= now_ms:
-        return True
+_PROBED = ["state", "deadline_ms", "submitted_ms", "dispatched"]
+
+
+def _probe_verdict(fields: list[Any], lease_left_ms: int, *, now_ms: int, lease_ms: int) -> str:
+    """What the sweep does with one candidate; the same rules as ``sweep_calls.lua``.
+
+    ``reap``, ``drop`` (record gone or answered: leave both indexes), ``rescore`` (lease
+    alive: index lagging), ``unhold`` (pending in the queue: leave the lease index) or ``keep``.
+    """
+    state, deadline, submitted, dispatched = fields
+    if state is None or state == "done":
+        return "drop"
+    if _int(deadline) <= now_ms:
+        return "reap"
     if state == "running":
-        return not lease_alive
-    old = int(str(submitted or 0)) <= now_ms - lease_ms
-    return state == "pending" and dispatched != "1" and old
+        return "reap" if lease_left_ms == -2 else "rescore"
+    if dispatched == "1":
+        return "unhold"
+    return "reap" if _int(submitted) <= now_ms - lease_ms else "keep"
+
+
+def _int(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def _candidates(ledger: Ledger, now_ms: int, limit: int) -> list[str]:
+    """Members past their deadline or their recorded lease, by score: O(due)."""
+    pipe = ledger.client.pipeline(transaction=False)
+    for index in (due_index_key(ledger.prefix), lease_index_key(ledger.prefix)):
+        pipe.zrangebyscore(index, float("-inf"), now_ms, start=0, num=limit)
+    overdue, lapsed = pipe.execute()
+    return [str(m) for m in dict.fromkeys([*overdue, *lapsed])]
 
 
 def _probe(ledger: Ledger, *, now_ms: int, lease_ms: int, limit: int) -> list[tuple[RunKeys, str]]:
-    """The pipelined (cluster-safe) probe: every unanswered call's state and lease, one round trip."""
+    """The pipelined (cluster-safe) probe: candidates by score, then each one's record and lease."""
+    due, leases = due_index_key(ledger.prefix), lease_index_key(ledger.prefix)
     with store_errors():
-        members: Any = ledger.client.zrange(due_index_key(ledger.prefix), 0, limit - 1, withscores=True)
-        parsed = [(*parse_due_member(ledger.prefix, str(m)), int(score)) for m, score in members]
+        members = _candidates(ledger, now_ms, limit)
+        parsed = [parse_due_member(ledger.prefix, m) for m in members]
         pipe = ledger.client.pipeline(transaction=False)
-        for keys, call_id, _ in parsed:
-            pipe.hmget(keys.call(call_id), ["state", "submitted_ms", "dispatched"])
-            pipe.exists(keys.lease(call_id))
+        for keys, call_id in parsed:
+            pipe.hmget(keys.call(call_id), _PROBED)
+            pipe.pttl(keys.lease(call_id))
         probes = pipe.execute() if parsed else []
-    found: list[tuple[RunKeys, str]] = []
-    gone: list[str] = []
-    for n, (keys, call_id, deadline_ms) in enumerate(parsed):
-        if probes[2 * n][0] is None:  # the record expired: the index member is a stale hint
-            gone.append(keys.due_member(call_id))
-        elif _needs_reap(probes[2 * n], probes[2 * n + 1], deadline_ms, now_ms, lease_ms):
-            found.append((keys, call_id))
-    if gone:
-        with store_errors():
-            ledger.client.zrem(due_index_key(ledger.prefix), *gone)
+        found: list[tuple[RunKeys, str]] = []
+        fix = ledger.client.pipeline(transaction=False)
+        for n, (member, (keys, call_id)) in enumerate(zip(members, parsed, strict=True)):
+            left = int(probes[2 * n + 1])
+            verdict = _probe_verdict(probes[2 * n], left, now_ms=now_ms, lease_ms=lease_ms)
+            if verdict == "reap":
+                found.append((keys, call_id))
+            elif verdict == "drop":
+                fix.zrem(due, member)
+                fix.zrem(leases, member)
+            elif verdict == "rescore":
+                fix.zadd(leases, {member: now_ms + (left if left > 0 else lease_ms)}, xx=True)
+            elif verdict == "unhold":
+                fix.zrem(leases, member)
+        fix.execute()
     return found
 
 
@@ -58,11 +91,11 @@ def sweep_due_calls(
 ) -> int:
     """Answer overdue and lost calls; returns how many were answered.
 
-    Overdue calls come straight from the due index (scored by deadline). A lost worker is
-    not visible in any score, so every unanswered call in the index is probed (state and
-    lease): inside Redis with ``scripts`` (one round trip, single node), else pipelined.
-    Only the runs with an overdue, lost or never-dispatched call are then read in full and
-    reaped.
+    Candidates come by score: overdue calls from the due index (by deadline), lost workers
+    from the lease index (by lease expiry as last renewed). Each is checked against its
+    record and lease key inside Redis with ``scripts`` (one round trip, single node), else
+    pipelined. Only the runs with an overdue, lost or never-dispatched call are then read
+    in full and reaped.
     """
     lease_ms = int(settings.lease.ttl_s * 1000)
     if scripts is not None:

@@ -18,7 +18,8 @@ from workers.errors import StoreError
 from workers.reaping import reap
 from workers.settings import Settings
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger, RunAbort
+from workers.store.ledger import Ledger
+from workers.store.runs import RunAbort
 
 __all__ = ["Batch", "Waiter"]
 

@@ -5,18 +5,22 @@ One sweep, under a sweep lock so two beats never act twice:
 1. overdue and lost calls get their synthetic results (:func:`workers.sweeper.sweep_due_calls`);
 2. runs past their deadline end ``timed_out``: unanswered calls answered
    ``deadline_exceeded``, queued tasks revoked, lane freed;
-3. runs with no indexed progress for ``stalled_after_s`` are re-read with their calls'
-   real activity and classified; entering ``stalled`` or ``stuck`` raises an alert, and with
-   ``auto_recover`` a stuck run is ended ``aborted`` (calls answered ``cancelled``, queued
-   tasks revoked, lane freed). Runs found active move forward in the progress index, so the
-   next sweep does not read them again before they could be stalled;
+3. runs with no indexed progress for ``stalled_after_s`` are re-read and classified from
+   their record's summary (latest activity of any call, unanswered and claimed call
+   counts: see :mod:`workers.store.keys`); entering ``stalled`` or ``stuck`` raises an
+   alert, and with ``auto_recover`` a stuck run is ended ``aborted`` (calls answered
+   ``cancelled``, queued tasks revoked, lane freed). An alert or a recovery is confirmed
+   first from the run's calls (state, lease), so a drifted summary cannot end live work.
+   Runs found active move forward in the progress index, so the next sweep does not read
+   them again before they could be stalled;
 4. index members of runs that ended or expired are dropped. Lanes clean themselves: each
    expires at its run's deadline plus a margin.
 
-Cost: O(due), never O(sessions) (see ``bench/watchdog.py``). On a single Redis node two
-scripts (:mod:`workers.store.sweeps`) probe the due calls and settle steady runs inside
-Redis, returning only what needs an alert, an action or a drop; on a cluster the same
-reads are pipelined. ``SweepReport.phases_ms`` times ``calls``, ``runs`` (script, or index
+Cost: O(due), never O(sessions) (see ``bench/watchdog.py``): calls are found by deadline
+and by lease expiry, runs by deadline and by progress, each read once. On a single Redis
+node two scripts (:mod:`workers.store.sweeps`) probe the due calls and settle steady runs
+inside Redis, returning only what needs an alert, an action or a drop; on a cluster the
+same reads are pipelined. ``SweepReport.phases_ms`` times ``calls``, ``runs`` (script, or index
 reads), ``judge`` (reading and judging returned runs) and ``apply``.
 """
 
@@ -37,10 +41,12 @@ from workers.core.watchdog import (
     Verdict,
     WatchdogAction,
     WatchdogPolicy,
+    judge,
     judge_all,
+    needs_confirmation,
 )
 from workers.settings import Settings
-from workers.store.sessions import RECENT_CALLS, Lane, SessionStore
+from workers.store.sessions import Lane, SessionStore
 from workers.store.sweeps import SweepScripts, server_side_ok
 from workers.sweeper import sweep_due_calls
 
@@ -123,7 +129,7 @@ class Watchdog:
         self.lock_ttl_ms = int(max(30.0, watchdog.interval_s * 3) * 1000)
         if server_side is None:
             server_side = server_side_ok(sessions.client)
-        self.scripts = SweepScripts(sessions.ledger, recent_calls=RECENT_CALLS) if server_side else None
+        self.scripts = SweepScripts(sessions.ledger) if server_side else None
 
     def sweep(self, now_ms: int) -> SweepReport:
         """One sweep; does nothing (``locked_out``) while another sweep holds the lock."""
@@ -161,7 +167,7 @@ class Watchdog:
             quiet = self.sessions.quiet_since(now_ms - self.policy.stalled_after_ms, self.limit)
             pairs = list(dict.fromkeys((s, r) for s, r, _ in [*due, *quiet]))
         clock.lap("runs")
-        verdicts = judge_all(self._views(pairs), now_ms=now_ms, policy=self.policy)
+        verdicts = self._judge(pairs, now_ms)
         clock.lap("judge")
         seen = {(v.session_key, v.run_id) for v in verdicts}
         for session_key, run_id in pairs:
@@ -172,10 +178,9 @@ class Watchdog:
         clock.lap("apply")
         return report
 
-    def _views(self, pairs: Sequence[tuple[str, str]]) -> list[RunView]:
-        infos = self.sessions.runs(pairs)
-        activity = self.sessions.activity([(i.session_key, i.run_id) for i in infos])
-        return [
+    def _judge(self, pairs: Sequence[tuple[str, str]], now_ms: int) -> list[Verdict]:
+        """Judge runs from their summaries; confirm alerts and recoveries from their calls."""
+        views = [
             RunView(
                 session_key=i.session_key,
                 run_id=i.run_id,
@@ -184,10 +189,18 @@ class Watchdog:
                 deadline_ms=i.deadline_ms,
                 progress_ms=i.progress_ms,
                 previous_class=i.klass,
-                calls=tuple(activity.get((i.session_key, i.run_id), ())),
+                open_calls=i.open_calls,
+                claimed_calls=i.claimed_calls,
             )
-            for i in infos
+            for i in self.sessions.runs(pairs)
         ]
+        verdicts = judge_all(views, now_ms=now_ms, policy=self.policy)
+        doubtful = [n for n, v in enumerate(verdicts) if needs_confirmation(v)]
+        activity = self.sessions.activity([(views[n].session_key, views[n].run_id) for n in doubtful])
+        for n in doubtful:
+            calls = activity[(views[n].session_key, views[n].run_id)]
+            verdicts[n] = judge(views[n].with_calls(calls), now_ms=now_ms, policy=self.policy)
+        return verdicts
 
     def _apply(self, verdicts: list[Verdict], now_ms: int, report: SweepReport) -> None:
         classes: list[tuple[str, str, str]] = []

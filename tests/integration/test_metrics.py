@@ -14,7 +14,8 @@ from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import success_result, synthetic_result, tool_error_result
 from workers.metrics import LedgerCollector
 from workers.store.embedded import free_port
-from workers.store.ledger import Ledger, connect, ensure_run
+from workers.store.ledger import Ledger, connect
+from workers.store.runs import ensure_run
 
 NOW_MS = 1_800_000_000_000
 PREFIX = "unstuck"

@@ -13,8 +13,9 @@ from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.core.watchdog import RunStatus
 from workers.settings import Settings
-from workers.store.keys import SessionKeys, due_index_key, run_index_keys, run_member
-from workers.store.ledger import Ledger, connect, ensure_run
+from workers.store.keys import SessionKeys, due_index_key, lease_index_key, run_index_keys, run_member
+from workers.store.ledger import Ledger, connect
+from workers.store.runs import ensure_run
 from workers.store.sessions import SessionStore
 from workers.watchdog import SweepReport, Watchdog, clean_stale_lanes, stale_lanes
 
@@ -253,7 +254,11 @@ def _state(store: SessionStore) -> dict[str, object]:
             {c: (r.reason if r else None) for c, r in results.items()},
             store.lane(session) is not None,
         )
-    return {"runs": runs, "due": sorted(store.client.zrange(due_index_key(store.prefix), 0, -1))}
+    return {
+        "runs": runs,
+        "due": sorted(store.client.zrange(due_index_key(store.prefix), 0, -1)),
+        "leases": sorted(store.client.zrange(lease_index_key(store.prefix), 0, -1)),
+    }
 
 
 def test_server_side_sweep_matches_the_pipelined_sweep(redis_url: str) -> None:

@@ -13,6 +13,7 @@ from workers.core.watchdog import (
     classify,
     judge,
     last_activity_ms,
+    needs_confirmation,
 )
 
 STALL_MS = 120_000
@@ -34,7 +35,7 @@ def call(
 def run(
     *calls: CallActivity, progress: int = T0, status: str = "running", prev: str = "", deadline: int = 0
 ) -> RunView:
-    return RunView("s1", "r1", status, T0, deadline or T0 + 10**9, progress, prev, tuple(calls))
+    return RunView("s1", "r1", status, T0, deadline or T0 + 10**9, progress, prev, calls=tuple(calls))
 
 
 @pytest.mark.parametrize(
@@ -107,3 +108,50 @@ def test_alert_again_when_the_class_changes() -> None:
     # Then
     assert verdict.klass is SessionClass.STUCK
     assert verdict.alert
+
+
+def summary(*, open_calls: int = 0, claimed: int = 0, progress: int = T0, prev: str = "") -> RunView:
+    return RunView("s1", "r1", "running", T0, T0 + 10**9, progress, prev, open_calls, claimed)
+
+
+@pytest.mark.parametrize(
+    ("name", "view", "now", "expected"),
+    [
+        ("nothing open, recent", summary(), T0 + STALL_MS - 1, SessionClass.ACTIVE),
+        ("an open call, recent", summary(open_calls=1), T0 + STALL_MS - 1, SessionClass.LONG_RUNNING),
+        ("a claimed call, quiet", summary(open_calls=1, claimed=1), T0 + STALL_MS, SessionClass.STALLED),
+        ("only queued calls, quiet", summary(open_calls=2), T0 + STALL_MS, SessionClass.STUCK),
+        (
+            "heartbeats raised progress",
+            summary(open_calls=1, claimed=1, progress=T0 + STALL_MS),
+            T0 + STALL_MS + 1,
+            SessionClass.LONG_RUNNING,
+        ),
+    ],
+)
+def test_classify_from_the_record_summary(name: str, view: RunView, now: int, expected: SessionClass) -> None:
+    assert classify(view, now_ms=now, stalled_after_ms=STALL_MS) is expected, name
+
+
+def test_calls_once_read_win_over_the_summary() -> None:
+    # Given a summary that says nobody holds a call, while a call runs under a live lease
+    drifted = summary(open_calls=1, claimed=0)
+    # When the calls are read
+    confirmed = drifted.with_calls([call(started=T0)])
+    # Then the run is stalled (alive), not stuck
+    assert classify(drifted, now_ms=T0 + STALL_MS, stalled_after_ms=STALL_MS) is SessionClass.STUCK
+    assert classify(confirmed, now_ms=T0 + STALL_MS, stalled_after_ms=STALL_MS) is SessionClass.STALLED
+
+
+@pytest.mark.parametrize(
+    ("view", "recover", "confirm"),
+    [
+        (summary(), False, True),  # entering stuck: alert
+        (summary(prev="stuck"), False, False),  # already alerted, nothing to do
+        (summary(prev="stuck"), True, True),  # recovery
+        (summary(open_calls=1, claimed=1, prev="stalled"), True, False),  # stalled: never recovered
+    ],
+)
+def test_alerts_and_recoveries_need_confirmation(view: RunView, recover: bool, confirm: bool) -> None:
+    verdict = judge(view, now_ms=T0 + STALL_MS, policy=WatchdogPolicy(STALL_MS, auto_recover=recover))
+    assert needs_confirmation(verdict) is confirm

@@ -69,7 +69,7 @@ def session_rows(store: SessionStore, *, now: int, stalled_after_ms: int) -> lis
         calls = tuple(activity.get((info.session_key, info.run_id), ()))
         view = RunView(
             info.session_key, info.run_id, info.status, info.started_ms, info.deadline_ms,
-            info.progress_ms, info.klass, calls,
+            info.progress_ms, info.klass, info.open_calls, info.claimed_calls, calls,
         )  # fmt: skip
         running = info.status == RunStatus.RUNNING.value
         klass = classify(view, now_ms=now, stalled_after_ms=stalled_after_ms).value if running else "-"

@@ -4,6 +4,12 @@ Classes follow the reference system (spec other-systems §10), with its mistake 
 progress is *any* activity the ledger saw — a call submitted, started, finished, or a tool
 heartbeat — not a narrow list of events, so a tool that keeps reporting is never stalled.
 
+A run is judged from its record's summary (latest activity, unanswered and claimed call
+counts, which the ledger keeps up to date with every call change), so a sweep reads one
+record per run. Before alerting or acting, the sweep reads the run's calls and judges
+again: a view with ``calls`` is judged from them, so a summary that drifted can never
+get a run with live work recovered as stuck.
+
 * ``active`` — recent activity, no unanswered call (the agent is between tool batches);
 * ``long_running`` — unanswered calls and recent activity: work visible and progressing;
 * ``stalled`` — a call is running (its worker's lease is alive) but nothing happened for
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "CallActivity",
@@ -30,6 +36,7 @@ __all__ = [
     "judge",
     "judge_all",
     "last_activity_ms",
+    "needs_confirmation",
 ]
 
 
@@ -92,7 +99,7 @@ class CallActivity:
 
 @dataclass(frozen=True)
 class RunView:
-    """A running run as the sweep sees it: its record and its recent and open calls."""
+    """A run as the sweep sees it: its record's summary and, when they were read, its calls."""
 
     session_key: str
     run_id: str
@@ -101,7 +108,27 @@ class RunView:
     deadline_ms: int
     progress_ms: int
     previous_class: str
-    calls: tuple[CallActivity, ...] = ()
+    open_calls: int = 0  # calls without a result (the record's summary)
+    claimed_calls: int = 0  # calls a worker claimed and has not answered (the record's summary)
+    calls: tuple[CallActivity, ...] | None = None  # recent and open calls, when read: they win
+
+    @property
+    def has_open_call(self) -> bool:
+        """Whether any call waits for a result."""
+        if self.calls is None:
+            return self.open_calls > 0
+        return any(call.open for call in self.calls)
+
+    @property
+    def has_working_call(self) -> bool:
+        """Whether a worker runs a call right now (from the calls when read: a live lease)."""
+        if self.calls is None:
+            return self.claimed_calls > 0
+        return any(call.working for call in self.calls)
+
+    def with_calls(self, calls: Iterable[CallActivity]) -> RunView:
+        """The same run, judged from its calls instead of the summary."""
+        return replace(self, calls=tuple(calls))
 
 
 @dataclass(frozen=True)
@@ -127,15 +154,15 @@ class Verdict:
 
 def last_activity_ms(run: RunView) -> int:
     """The latest activity of the run: its recorded progress or any of its calls' activity."""
-    return max([run.started_ms, run.progress_ms, *(call.last_activity_ms for call in run.calls)])
+    return max([run.started_ms, run.progress_ms, *(call.last_activity_ms for call in run.calls or ())])
 
 
 def classify(run: RunView, *, now_ms: int, stalled_after_ms: int) -> SessionClass:
     """Classify a running run; ``stalled``/``stuck`` start exactly at ``stalled_after_ms`` idle."""
     idle = now_ms - last_activity_ms(run)
     if idle < stalled_after_ms:
-        return SessionClass.LONG_RUNNING if any(c.open for c in run.calls) else SessionClass.ACTIVE
-    if any(call.working for call in run.calls):
+        return SessionClass.LONG_RUNNING if run.has_open_call else SessionClass.ACTIVE
+    if run.has_working_call:
         return SessionClass.STALLED
     return SessionClass.STUCK
 
@@ -159,3 +186,12 @@ def judge(run: RunView, *, now_ms: int, policy: WatchdogPolicy) -> Verdict:
 def judge_all(runs: Iterable[RunView], *, now_ms: int, policy: WatchdogPolicy) -> list[Verdict]:
     """``judge`` for each run."""
     return [judge(run, now_ms=now_ms, policy=policy) for run in runs]
+
+
+def needs_confirmation(verdict: Verdict) -> bool:
+    """Whether a verdict reached from a summary must be confirmed from the calls before use.
+
+    Steady classes are only stored; an alert or a recovery is confirmed first. A time-out is
+    not: it depends on the deadline alone.
+    """
+    return verdict.alert or verdict.action is WatchdogAction.RECOVER

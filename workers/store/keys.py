@@ -19,10 +19,18 @@ key                                type    TTL              written by          
 ``P:{tag}:open``                   ZSET    ledger.ttl_s     register / finish   gateway, watchdog
 ``P:{tag}:done``                   LIST    ledger.ttl_s     finish script       gateway (BLPOP wake-up)
 ``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
-``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog   gateway, watchdog, CLI
+``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog,  gateway, watchdog, CLI
+                                                            worker (progress
+                                                            on claim, beat,
+                                                            finish)
 ``P:due``                          ZSET    ledger.ttl_s,    register (hint),    watchdog
                                            refreshed on     finish, watchdog
                                            every write
+``P:leases``                       ZSET    ledger.ttl_s,    worker (claim,      watchdog
+                                           refreshed on     renew XX GT),
+                                           every write      finish (remove),
+                                                            watchdog (re-score
+                                                            or drop a hint)
 ``P:events``                       STREAM  ledger.ttl_s,    finish (synthetic   unstuck up
                                            refreshed on     winners), gateway
                                            every write;     (loop verdicts),
@@ -45,9 +53,19 @@ key                                type    TTL              written by          
                                            intervals)       (SET NX)
 =================================  ======  ===============  ==================  ======================
 
-``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` is the only key
-outside a run's slot; it is an index that the watchdog re-checks against the ledger,
-so it never needs to change atomically with a run's keys.
+``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` and ``P:leases``
+are the only call keys outside a run's slot; they are indexes that the watchdog re-checks
+against the ledger, so they never need to change atomically with a run's keys. ``P:due``
+scores every unanswered call by its deadline; ``P:leases`` scores every claimed call by
+when its worker's lease runs out (as last written), so a sweep finds lost workers by score
+(O(due)) instead of probing every lease.
+
+The run record carries a summary of its calls, kept by the ledger scripts in the run's
+own slot (``lib_run_summary.lua``), so that a sweep reads one hash per due run and never
+its calls: ``progress_ms`` is the latest activity (raised by the gateway's
+``touch_progress`` and by register, claim, heartbeat and finish; never lowered),
+``open_n`` counts calls without a result and ``claimed_n`` calls a worker claimed and has
+not answered. None of them is written when the run record does not exist.
 
 Session lanes (``S`` is the percent-quoted session key) cannot share a run's tag: a lane
 outlives the runs that hold it in turn. So session keys get their own tag ``{S}``, and the
@@ -77,6 +95,7 @@ __all__ = [
     "due_index_key",
     "events_stream_key",
     "lane_pattern",
+    "lease_index_key",
     "parse_due_member",
     "parse_lane_key",
     "parse_run_member",
@@ -158,6 +177,11 @@ def events_stream_key(prefix: str) -> str:
 def due_index_key(prefix: str) -> str:
     """Global index of unanswered calls by deadline (ms), across all runs."""
     return f"{prefix}:due"
+
+
+def lease_index_key(prefix: str) -> str:
+    """Global index of claimed calls by lease expiry (ms), across all runs; members as ``P:due``."""
+    return f"{prefix}:leases"
 
 
 def parse_due_member(prefix: str, member: str) -> tuple[RunKeys, str]:

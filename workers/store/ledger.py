@@ -21,26 +21,26 @@ from redis.exceptions import NoScriptError
 from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
 from workers.errors import StoreError
-from workers.store.keys import RunKeys, due_index_key, events_stream_key
+from workers.store.keys import RunKeys, due_index_key, events_stream_key, lease_index_key
 
 __all__ = [
     "CallRecord",
     "Claim",
     "Ledger",
     "Registration",
-    "RunAbort",
-    "RunState",
     "connect",
-    "ensure_run",
-    "mark_run_aborted",
-    "open_run",
-    "run_abort",
+    "parse_int",
     "store_errors",
 ]
 
 
 def _script_text(name: str) -> str:
     return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
+
+
+def _activity_script(name: str) -> str:
+    """A script that changes a call, with the run-summary helpers of lib_run_summary.lua defined."""
+    return _script_text("lib_run_summary.lua") + _script_text(name)
 
 
 @contextmanager
@@ -98,7 +98,8 @@ class CallRecord:
     fields: dict[str, str]
 
 
-def _int(value: Any, default: int = 0) -> int:
+def parse_int(value: Any, default: int = 0) -> int:
+    """An integer field as Redis returned it; ``default`` when absent or malformed."""
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -113,10 +114,11 @@ class Ledger:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.lease_ttl_ms = lease_ttl_ms
-        self._register = client.register_script(_script_text("ledger_register.lua"))
-        self._claim = client.register_script(_script_text("ledger_claim.lua"))
-        self._finish = client.register_script(_script_text("ledger_finish.lua"))
-        self._requeue = client.register_script(_script_text("ledger_requeue.lua"))
+        self._register = client.register_script(_activity_script("ledger_register.lua"))
+        self._claim = client.register_script(_activity_script("ledger_claim.lua"))
+        self._finish = client.register_script(_activity_script("ledger_finish.lua"))
+        self._heartbeat = client.register_script(_activity_script("ledger_heartbeat.lua"))
+        self._requeue = client.register_script(_activity_script("ledger_requeue.lua"))
         self._open = client.register_script(_script_text("ledger_open.lua"))
 
     def _pipelined(
@@ -144,9 +146,16 @@ class Ledger:
         pipe.zadd(due_index_key(self.prefix), members, nx=True)
         pipe.expire(due_index_key(self.prefix), self.ttl_s)
 
-    def _unindex_due(self, pipe: Pipeline, member: str) -> None:
+    def _unindex_call(self, pipe: Pipeline, member: str) -> None:
         pipe.zrem(due_index_key(self.prefix), member)
         pipe.expire(due_index_key(self.prefix), self.ttl_s)
+        pipe.zrem(lease_index_key(self.prefix), member)
+
+    def _index_lease(self, pipe: Pipeline, member: str, until_ms: int) -> None:
+        # Added even when the claim found the call done or busy: the index is a hint the
+        # sweep re-checks against the call record and its lease key.
+        pipe.zadd(lease_index_key(self.prefix), {member: until_ms})
+        pipe.expire(lease_index_key(self.prefix), self.ttl_s)
 
     def keys(self, session_key: str, run_id: str) -> RunKeys:
         """The key builder for one run."""
@@ -165,28 +174,41 @@ class Ledger:
     ) -> Registration:
         """Record a new call and read its run's status and guard state, in one round trip."""
         flat = [item for pair in {**fields, "call_id": call_id}.items() for item in pair]
+        member = keys.due_member(call_id)
+
+        def index(pipe: Pipeline) -> None:
+            # The indexes are hints the watchdog re-checks, so they may be added even when
+            # the id existed or the run refused it. A call not yet marked dispatched is held
+            # by this process until it publishes: if it dies first, the sweep finds the call
+            # by that hold's expiry instead of waiting for the deadline.
+            self._index_due(pipe, {member: deadline_ms})
+            if fields.get("dispatched") != "1":
+                self._index_lease(pipe, member, now_ms + self.lease_ttl_ms)
+
         with store_errors():
-            # The due index is a hint the watchdog re-checks, so it may be added even when
-            # the id existed or the run refused it.
             created, status, guard = self._pipelined(
                 self._register,
                 [keys.call(call_id), keys.calls, keys.open, keys.run],
                 [call_id, now_ms, deadline_ms, self.ttl_s, *flat],
-                lambda pipe: self._index_due(pipe, {keys.due_member(call_id): deadline_ms}),
+                index,
             )
         return Registration(created == 1, str(status or "running"), int(guard) > 0)
 
     def mark_dispatched(self, keys: RunKeys, call_id: str, task_id: str) -> None:
         """Note that the broker accepted the call's message."""
+        # The registration's hold in the lease index stays: a worker may already have claimed
+        # the call and re-scored it. The sweep drops it once it finds the call queued.
         with store_errors():
             self.client.hset(keys.call(call_id), mapping={"dispatched": "1", "task_id": task_id})
 
     def claim(self, keys: RunKeys, call_id: str, *, worker_id: str, now_ms: int) -> Claim:
         """Claim a call for running; a finished call is never claimed again."""
         with store_errors():
-            status, attempt = self._claim(
-                keys=[keys.call(call_id), keys.lease(call_id)],
-                args=[now_ms, worker_id, self.lease_ttl_ms, self.ttl_s],
+            status, attempt = self._pipelined(
+                self._claim,
+                [keys.call(call_id), keys.lease(call_id), keys.run],
+                [now_ms, worker_id, self.lease_ttl_ms, self.ttl_s],
+                lambda pipe: self._index_lease(pipe, keys.due_member(call_id), now_ms + self.lease_ttl_ms),
             )
         return Claim(str(status), int(attempt))
 
@@ -196,9 +218,9 @@ class Ledger:
         with store_errors():
             won = self._pipelined(
                 self._finish,
-                [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id)],
+                [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id), keys.run],
                 [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
-                lambda pipe: self._unindex_due(pipe, keys.due_member(call_id)),
+                lambda pipe: self._unindex_call(pipe, keys.due_member(call_id)),
             )
         if won and result.synthetic:
             self.publish_event(
@@ -231,15 +253,14 @@ class Ledger:
     def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int) -> bool:
         """Make a lost idempotent call pending again; True when this caller should re-dispatch."""
         with store_errors():
-            return bool(
-                self._requeue(keys=[keys.call(call_id), keys.lease(call_id)], args=[expected_attempt])
-            )
+            script_keys = [keys.call(call_id), keys.lease(call_id), keys.run]
+            return bool(self._requeue(keys=script_keys, args=[expected_attempt]))
 
     def heartbeat(self, keys: RunKeys, call_id: str, *, now_ms: int, details: Any) -> None:
-        """Record a tool's progress report."""
+        """Record a tool's progress report (and so the run's progress)."""
         progress = json.dumps(details, default=str)[:2000]
         with store_errors():
-            self.client.hset(keys.call(call_id), mapping={"hb_ms": now_ms, "progress": progress})
+            self._heartbeat(keys=[keys.call(call_id), keys.run], args=[now_ms, progress])
 
     def add_process_group(self, keys: RunKeys, call_id: str, pgid: int) -> None:
         """Remember a process group the tool started (killed by the main process on a hard end)."""
@@ -252,14 +273,20 @@ class Ledger:
             fields = [str(f) for f in self.client.hkeys(keys.call(call_id))]
         return [int(f.split(":", 1)[1]) for f in fields if f.startswith("pgid:")]
 
-    def renew_leases(self, lease_keys: Sequence[str], worker_id: str) -> None:
-        """Extend live leases (``XX``: a finished call's lease is never brought back)."""
-        if not lease_keys:
+    def renew_leases(self, calls: Sequence[tuple[RunKeys, str]], worker_id: str, *, now_ms: int) -> None:
+        """Extend live leases and their scores in the lease index, in one round trip.
+
+        ``XX`` on both: a finished call's lease, or its index member, is never brought back.
+        """
+        if not calls:
             return
+        until = now_ms + self.lease_ttl_ms
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
-            for key in lease_keys:
-                pipe.set(key, worker_id, px=self.lease_ttl_ms, xx=True)
+            for keys, call_id in calls:
+                pipe.set(keys.lease(call_id), worker_id, px=self.lease_ttl_ms, xx=True)
+            members = {keys.due_member(call_id): until for keys, call_id in calls}
+            pipe.zadd(lease_index_key(self.prefix), members, xx=True, gt=True)
             pipe.execute()
 
     def running_states(self, calls: Sequence[tuple[RunKeys, str]]) -> list[tuple[str, str, int]]:
@@ -271,7 +298,7 @@ class Ledger:
             for keys, call_id in calls:
                 pipe.hmget(keys.call(call_id), ["state", "worker", "hb_ms"])
             rows = pipe.execute()
-        return [(str(state or ""), str(worker or ""), _int(hb)) for state, worker, hb in rows]
+        return [(str(state or ""), str(worker or ""), parse_int(hb)) for state, worker, hb in rows]
 
     def results(self, keys: RunKeys, call_ids: Sequence[str]) -> dict[str, ToolResult]:
         """The delivered results among ``call_ids``."""
@@ -332,86 +359,10 @@ def _open_call(row: list[Any]) -> OpenCall:
         call_id=str(call_id),
         tool=str(row[10] or ""),
         state=CallState(state or "pending"),
-        deadline_ms=_int(deadline),
-        attempt=_int(attempt),
-        lease_alive=bool(_int(lease)),
+        deadline_ms=parse_int(deadline),
+        attempt=parse_int(attempt),
+        lease_alive=bool(parse_int(lease)),
         idempotent=idempotent == "1",
         dispatched=dispatched == "1",
-        submitted_ms=_int(submitted),
+        submitted_ms=parse_int(submitted),
     )
-
-
-def ensure_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> int:
-    """Create the run record on first use; returns the run's deadline (ms)."""
-    return open_run(ledger, keys, now_ms=now_ms, deadline_ms=deadline_ms, agent_id=agent_id).deadline_ms
-
-
-@dataclass(frozen=True)
-class RunState:
-    """What a batch of calls needs to know about its run, read in one round trip."""
-
-    deadline_ms: int
-    abort: RunAbort | None
-    guard_armed: bool
-
-
-def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> RunState:
-    """Create the run record on first use and read its deadline, abort and guard state."""
-    with store_errors():
-        pipe = ledger.client.pipeline(transaction=True)
-        pipe.hsetnx(keys.run, "started_ms", now_ms)
-        pipe.hsetnx(keys.run, "deadline_ms", deadline_ms)
-        pipe.hsetnx(keys.run, "agent_id", agent_id)
-        pipe.hsetnx(keys.run, "status", "running")
-        pipe.expire(keys.run, ledger.ttl_s)
-        fields = [
-            "deadline_ms",
-            "status",
-            "abort_detector",
-            "abort_count",
-            "abort_message",
-            "guard_remaining",
-        ]
-        pipe.hmget(keys.run, fields)
-        stored, status, detector, count, message, guard = pipe.execute()[-1]
-    loop_abort = status == "aborted" and detector
-    abort = RunAbort(str(detector), _int(count), str(message or "")) if loop_abort else None
-    return RunState(_int(stored, deadline_ms), abort, _int(guard) > 0)
-
-
-def run_abort(ledger: Ledger, keys: RunKeys) -> RunAbort | None:
-    """The loop detector's abort record of a run, or None."""
-    with store_errors():
-        status, detector, count, message = ledger.client.hmget(
-            keys.run, ["status", "abort_detector", "abort_count", "abort_message"]
-        )
-    if status != "aborted" or not detector:
-        return None
-    return RunAbort(str(detector), _int(count), str(message or ""))
-
-
-@dataclass(frozen=True)
-class RunAbort:
-    """Why a run was aborted by the loop detector."""
-
-    detector: str
-    count: int
-    message: str
-
-
-def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: int) -> None:
-    """Mark the run aborted (later calls of the run are answered without running)."""
-    with store_errors():
-        pipe = ledger.client.pipeline(transaction=True)
-        pipe.hset(
-            keys.run,
-            mapping={
-                "status": "aborted",
-                "aborted_ms": now_ms,
-                "abort_detector": abort.detector,
-                "abort_count": abort.count,
-                "abort_message": abort.message,
-            },
-        )
-        pipe.expire(keys.run, ledger.ttl_s)
-        pipe.execute()

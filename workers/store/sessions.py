@@ -38,7 +38,7 @@ from workers.store.keys import (
     run_member,
     sweep_lock_key,
 )
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger, parse_int, store_errors
 
 __all__ = ["Lane", "RunInfo", "SessionStore"]
 
@@ -73,6 +73,8 @@ class RunInfo:
     klass: str
     ended_ms: int
     end_reason: str
+    open_calls: int = 0
+    claimed_calls: int = 0
 
 
 def _script_text(name: str) -> str:
@@ -88,19 +90,13 @@ def _scored(member: Any, score: Any) -> tuple[str, str, int]:
     return session_key, run_id, int(score)
 
 
-def _int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _run_info(session_key: str, run_id: str, raw: dict[str, str]) -> RunInfo:
-    num = {k: _int(raw.get(k)) for k in ("started_ms", "deadline_ms", "progress_ms", "token", "ended_ms")}
+    fields = ("started_ms", "deadline_ms", "progress_ms", "token", "ended_ms", "open_n", "claimed_n")
+    num = {k: parse_int(raw.get(k)) for k in fields}
     return RunInfo(
         session_key, run_id, raw.get("agent_id", ""), raw.get("status", ""), num["started_ms"],
         num["deadline_ms"], num["progress_ms"] or num["started_ms"], num["token"], raw.get("class", ""),
-        num["ended_ms"], raw.get("end_reason", ""),
+        num["ended_ms"], raw.get("end_reason", ""), max(0, num["open_n"]), max(0, num["claimed_n"]),
     )  # fmt: skip
 
 
@@ -388,8 +384,8 @@ _ACTIVITY_FIELDS = ["state", "tool", "submitted_ms", "started_ms", "hb_ms", "fin
 def _activity(call_id: str, fields: list[Any], lease_alive: bool) -> CallActivity:
     state, tool, submitted, started, hb, finished, dispatched = fields
     return CallActivity(
-        call_id, str(tool or ""), str(state or "pending"), _int(submitted), _int(started), _int(hb),
-        _int(finished), lease_alive, dispatched == "1",
+        call_id, str(tool or ""), str(state or "pending"), parse_int(submitted), parse_int(started),
+        parse_int(hb), parse_int(finished), lease_alive, dispatched == "1",
     )  # fmt: skip
 
 
@@ -397,8 +393,8 @@ def _lane(session_key: str, raw: dict[str, str]) -> Lane:
     return Lane(
         session_key=session_key,
         run_id=raw.get("run_id", ""),
-        token=_int(raw.get("token")),
+        token=parse_int(raw.get("token")),
         agent_id=raw.get("agent_id", ""),
-        since_ms=_int(raw.get("since_ms")),
-        lease_until_ms=_int(raw.get("lease_until_ms")),
+        since_ms=parse_int(raw.get("since_ms")),
+        lease_until_ms=parse_int(raw.get("lease_until_ms")),
     )

@@ -17,7 +17,14 @@ from typing import Any
 
 import redis
 
-from workers.store.keys import RunKeys, due_index_key, parse_due_member, parse_run_member, run_index_keys
+from workers.store.keys import (
+    RunKeys,
+    due_index_key,
+    lease_index_key,
+    parse_due_member,
+    parse_run_member,
+    run_index_keys,
+)
 from workers.store.ledger import Ledger, store_errors
 
 __all__ = ["RunSweep", "SweepScripts", "server_side_ok"]
@@ -43,17 +50,18 @@ class RunSweep:
 class SweepScripts:
     """Runs the sweep's phases as scripts; raises ``StoreError`` on Redis failure."""
 
-    def __init__(self, ledger: Ledger, *, recent_calls: int) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.recent_calls = recent_calls
         self._calls = ledger.client.register_script(_script_text("sweep_calls.lua"))
         self._runs = ledger.client.register_script(_script_text("sweep_runs.lua"))
 
     def due_calls(self, *, now_ms: int, lease_ms: int, limit: int) -> list[tuple[RunKeys, str]]:
-        """Calls of the due index to reap (overdue, lost, never dispatched); drops expired members."""
+        """Calls to reap (overdue, lost, never dispatched); fixes or drops stale index members."""
         prefix = self.ledger.prefix
         with store_errors():
-            members: Any = self._calls(keys=[due_index_key(prefix)], args=[prefix, now_ms, lease_ms, limit])
+            members: Any = self._calls(
+                keys=[due_index_key(prefix), lease_index_key(prefix)], args=[prefix, now_ms, lease_ms, limit]
+            )
         return [parse_due_member(prefix, str(m)) for m in members]
 
     def runs(self, *, now_ms: int, stalled_after_ms: int, auto_recover: bool, limit: int) -> RunSweep:
@@ -65,7 +73,6 @@ class SweepScripts:
             stalled_after_ms,
             int(auto_recover),
             limit,
-            self.recent_calls,
         ]
         with store_errors():
             counts, rest = self._runs(keys=[index.by_deadline, index.by_progress], args=args)

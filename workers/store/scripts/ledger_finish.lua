@@ -1,4 +1,4 @@
--- Store a call's result, first writer wins. KEYS: call, late, open, done, lease.
+-- Store a call's result, first writer wins. KEYS: call, late, open, done, lease, run.
 -- ARGV: call_id, result_json, reason, now_ms, ttl_s, writer.
 -- Returns 1 when this result is the one delivered, 0 when it was kept as late (audit only).
 if redis.call('HEXISTS', KEYS[1], 'result') == 1 then
@@ -6,11 +6,17 @@ if redis.call('HEXISTS', KEYS[1], 'result') == 1 then
   redis.call('EXPIRE', KEYS[2], ARGV[5])
   return 0
 end
+if redis.call('HGET', KEYS[1], 'state') == 'running' then
+  add_count(KEYS[6], 'claimed_n', -1)
+end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3],
            'finished_ms', ARGV[4], 'writer', ARGV[6])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+  add_count(KEYS[6], 'open_n', -1)
+end
 redis.call('RPUSH', KEYS[4], ARGV[1])
 redis.call('EXPIRE', KEYS[4], ARGV[5])
 redis.call('DEL', KEYS[5])
+raise_progress(KEYS[6], ARGV[4])
 return 1

@@ -1,4 +1,4 @@
--- Hand a lost idempotent call back to the queue. KEYS: call, lease. ARGV: expected_attempt.
+-- Hand a lost idempotent call back to the queue. KEYS: call, lease, run. ARGV: expected_attempt.
 -- Succeeds only if it is still unanswered, still running that attempt, and its lease is gone.
 if redis.call('HEXISTS', KEYS[1], 'result') == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
@@ -7,5 +7,6 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('HGET', KEYS[
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', 'pending')
+add_count(KEYS[3], 'claimed_n', -1)
 redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 return 1
