@@ -6,17 +6,13 @@ if redis.call('HEXISTS', KEYS[1], 'result') == 1 then
   redis.call('EXPIRE', KEYS[2], ARGV[5])
   return 0
 end
-if redis.call('HGET', KEYS[1], 'state') == 'running' then
-  add_count(KEYS[6], 'claimed_n', -1)
-end
+local was_claimed = redis.call('HGET', KEYS[1], 'state') == 'running'
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3],
            'finished_ms', ARGV[4], 'writer', ARGV[6])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
-if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
-  add_count(KEYS[6], 'open_n', -1)
-end
+local was_open = redis.call('ZREM', KEYS[3], ARGV[1]) == 1
 redis.call('RPUSH', KEYS[4], ARGV[1])
 redis.call('EXPIRE', KEYS[4], ARGV[5])
 redis.call('DEL', KEYS[5])
-raise_progress(KEYS[6], ARGV[4])
+touch_run(KEYS[6], ARGV[4], was_open and -1 or 0, was_claimed and -1 or 0)
 return 1

@@ -4,5 +4,5 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 redis.call('HSET', KEYS[1], 'hb_ms', ARGV[1], 'progress', ARGV[2])
-raise_progress(KEYS[2], ARGV[1])
+touch_run(KEYS[2], ARGV[1], 0, 0)
 return 1

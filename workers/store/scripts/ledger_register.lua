@@ -21,6 +21,5 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 redis.call('EXPIRE', KEYS[3], ARGV[4])
-raise_progress(KEYS[4], ARGV[2])
-add_count(KEYS[4], 'open_n', 1)
+touch_run(KEYS[4], ARGV[2], 1, 0)
 return {1, status, guard}

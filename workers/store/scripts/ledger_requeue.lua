@@ -7,6 +7,6 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('HGET', KEYS[
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', 'pending')
-add_count(KEYS[3], 'claimed_n', -1)
+touch_run(KEYS[3], nil, 0, -1)
 redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 return 1

@@ -5,21 +5,21 @@
 --   open_n       calls without a result (register +1, the winning finish -1)
 --   claimed_n    calls a worker has claimed and not answered (claim +1, finish or requeue -1)
 -- Nothing is written when the run record does not exist (a call outside a run, or a record
--- that expired): a summary never creates a run.
-local function raise_progress(run, now_ms)
+-- that expired): a summary never creates a run. Few calls on purpose: every call change
+-- pays for them.
+local function touch_run(run, now_ms, open_delta, claimed_delta)
   local progress = redis.call('HGET', run, 'progress_ms')
-  if progress then
-    if (tonumber(progress) or 0) < tonumber(now_ms) then
-      redis.call('HSET', run, 'progress_ms', now_ms)
-    end
-  elseif redis.call('EXISTS', run) == 1 then
+  if not progress and redis.call('EXISTS', run) == 0 then
+    return
+  end
+  if now_ms and (tonumber(progress) or 0) < tonumber(now_ms) then
     redis.call('HSET', run, 'progress_ms', now_ms)
   end
-end
-
-local function add_count(run, field, delta)
-  if redis.call('EXISTS', run) == 1 and redis.call('HINCRBY', run, field, delta) < 0 then
-    redis.call('HSET', run, field, 0)
+  if open_delta ~= 0 and redis.call('HINCRBY', run, 'open_n', open_delta) < 0 then
+    redis.call('HSET', run, 'open_n', 0)
+  end
+  if claimed_delta ~= 0 and redis.call('HINCRBY', run, 'claimed_n', claimed_delta) < 0 then
+    redis.call('HSET', run, 'claimed_n', 0)
   end
 end
 
