@@ -1,12 +1,12 @@
 """The sweep's server-side phases: one script per phase over every due item (single Redis node).
 
 The pipelined path (:func:`workers.sweeper.sweep_due_calls` and :class:`SessionStore`
-reads) sends two or three commands per due item and parses every reply in Python; with
-10 000 due items that is seconds. These scripts do the same reads inside Redis and return
-only what needs the client: calls to reap, and runs that need an alert, an action or a
-drop. They read keys of many runs, which Redis Cluster refuses, so :func:`server_side_ok`
-keeps cluster clients on the pipelined path. The key grammar they rebuild from index
-members is documented in :mod:`workers.store.keys`.
+reads) reads each due item's record and parses every reply in Python; with 10 000 due runs
+that is over a second (``BENCH_PATH=pipelined python -m bench.watchdog``). These scripts
+do the same reads inside Redis and return only what needs the client: calls to reap, and
+runs that need an alert, an action or a drop. They read keys of many runs, which Redis
+Cluster refuses, so :func:`server_side_ok` keeps cluster clients on the pipelined path. The
+key grammar they rebuild from index members is documented in :mod:`workers.store.keys`.
 """
 
 from __future__ import annotations
