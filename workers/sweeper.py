@@ -8,7 +8,7 @@ from typing import Any
 from workers.reaping import reap
 from workers.settings import Settings
 from workers.store.keys import RunKeys, due_index_key, lease_index_key, parse_due_member
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger, parse_int, store_errors
 from workers.store.sweeps import SweepScripts
 
 __all__ = ["sweep_due_calls"]
@@ -26,20 +26,13 @@ def _probe_verdict(fields: list[Any], lease_left_ms: int, *, now_ms: int, lease_
     state, deadline, submitted, dispatched = fields
     if state is None or state == "done":
         return "drop"
-    if _int(deadline) <= now_ms:
+    if parse_int(deadline) <= now_ms:
         return "reap"
     if state == "running":
         return "reap" if lease_left_ms == -2 else "rescore"
     if dispatched == "1":
         return "unhold"
-    return "reap" if _int(submitted) <= now_ms - lease_ms else "keep"
-
-
-def _int(value: object) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
+    return "reap" if parse_int(submitted) <= now_ms - lease_ms else "keep"
 
 
 def _candidates(ledger: Ledger, now_ms: int, limit: int) -> list[str]:
