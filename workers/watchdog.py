@@ -29,12 +29,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from workers.alerts import AlertSink
 from workers.core.models import SyntheticReason
 from workers.core.watchdog import (
+    CallActivity,
     RunStatus,
     RunView,
     SessionClass,
@@ -46,11 +47,11 @@ from workers.core.watchdog import (
     needs_confirmation,
 )
 from workers.settings import Settings
-from workers.store.sessions import Lane, SessionStore
+from workers.store.sessions import Lane, RunInfo, SessionStore
 from workers.store.sweeps import SweepScripts, server_side_ok
 from workers.sweeper import sweep_due_calls
 
-__all__ = ["SweepReport", "Watchdog", "clean_stale_lanes", "end_and_answer", "stale_lanes"]
+__all__ = ["SweepReport", "Watchdog", "clean_stale_lanes", "end_and_answer", "run_view", "stale_lanes"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,22 @@ class SweepReport:
     dropped: int = 0
     classes: dict[str, int] = field(default_factory=dict)
     phases_ms: dict[str, float] = field(default_factory=dict)
+
+
+def run_view(info: RunInfo, calls: Iterable[CallActivity] | None = None) -> RunView:
+    """The watchdog's view of a stored run: its summary, or its ``calls`` when they were read."""
+    return RunView(
+        session_key=info.session_key,
+        run_id=info.run_id,
+        status=info.status,
+        started_ms=info.started_ms,
+        deadline_ms=info.deadline_ms,
+        progress_ms=info.progress_ms,
+        previous_class=info.klass,
+        open_calls=info.open_calls,
+        claimed_calls=info.claimed_calls,
+        calls=None if calls is None else tuple(calls),
+    )
 
 
 def end_and_answer(
@@ -180,20 +197,7 @@ class Watchdog:
 
     def _judge(self, pairs: Sequence[tuple[str, str]], now_ms: int) -> list[Verdict]:
         """Judge runs from their summaries; confirm alerts and recoveries from their calls."""
-        views = [
-            RunView(
-                session_key=i.session_key,
-                run_id=i.run_id,
-                status=i.status,
-                started_ms=i.started_ms,
-                deadline_ms=i.deadline_ms,
-                progress_ms=i.progress_ms,
-                previous_class=i.klass,
-                open_calls=i.open_calls,
-                claimed_calls=i.claimed_calls,
-            )
-            for i in self.sessions.runs(pairs)
-        ]
+        views = [run_view(info) for info in self.sessions.runs(pairs)]
         verdicts = judge_all(views, now_ms=now_ms, policy=self.policy)
         doubtful = [n for n, v in enumerate(verdicts) if needs_confirmation(v)]
         activity = self.sessions.activity([(views[n].session_key, views[n].run_id) for n in doubtful])

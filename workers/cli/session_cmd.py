@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.core.models import SyntheticReason
-from workers.core.watchdog import RunStatus, RunView, classify, last_activity_ms
+from workers.core.watchdog import RunStatus, classify, last_activity_ms
 from workers.errors import ConfigError, StoreError
 from workers.runtime import now_ms, open_ledger, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.sessions import RunInfo, SessionStore
-from workers.watchdog import end_and_answer, stale_lanes
+from workers.watchdog import end_and_answer, run_view, stale_lanes
 
 __all__ = ["register", "session_rows", "timeline"]
 
@@ -67,10 +67,7 @@ def session_rows(store: SessionStore, *, now: int, stalled_after_ms: int) -> lis
     rows = []
     for info in infos:
         calls = tuple(activity.get((info.session_key, info.run_id), ()))
-        view = RunView(
-            info.session_key, info.run_id, info.status, info.started_ms, info.deadline_ms,
-            info.progress_ms, info.klass, info.open_calls, info.claimed_calls, calls,
-        )  # fmt: skip
+        view = run_view(info, calls)
         running = info.status == RunStatus.RUNNING.value
         klass = classify(view, now_ms=now, stalled_after_ms=stalled_after_ms).value if running else "-"
         rows.append(
