@@ -9,6 +9,7 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
+from tasks.requests import answer_if_holder_died
 from workers.celery_app import INVOKE_TASK, app
 from workers.core.models import CallJob, SyntheticReason, ToolResult
 from workers.execution import bounded_result, interrupted_result, run_tool
@@ -33,6 +34,8 @@ def invoke(self: Any, job: dict[str, Any]) -> str:
     rt = runtime()
     keys = rt.ledger.keys(parsed.session_key, parsed.run_id)
     claim = rt.ledger.claim(keys, parsed.call.id, worker_id=worker_id(), now_ms=now_ms())
+    if claim.status == "busy" and answer_if_holder_died({"job": job}):
+        return "crashed"  # a redelivery after its first child died holding the claim
     if claim.status != "claimed":
         return claim.status
     result = bounded_result(

@@ -1,7 +1,9 @@
-"""Main-process handlers: answer a call whose pool child was killed or hit its hard limit.
+"""Answer a call whose pool child was killed or hit its hard limit.
 
-The task's own code never runs again after a hard kill, so the result is written here, in
-the worker's main process, right after the pool reports the loss.
+The task's own code never runs again after a hard kill, so the result is written here: in
+the worker's main process right after the pool reports the loss, or by the next delivery of
+the same call on this host when it finds the claim held by a child that no longer exists
+(the pool may redeliver a job whose child died before it reported the job accepted).
 """
 
 from __future__ import annotations
@@ -10,18 +12,21 @@ import contextlib
 import logging
 import os
 import signal
+import socket
+from pathlib import Path
 from typing import Any
 
 from billiard.exceptions import TimeLimitExceeded
 from celery.worker.request import Request
 from pydantic import ValidationError
 
+from workers.core.heartbeats import RunningCall, Verdict, judge_running_call
 from workers.core.models import CallJob, SyntheticReason
 from workers.errors import StoreError
 from workers.execution import interrupted_result
 from workers.runtime import now_ms, runtime, worker_id
 
-__all__ = ["GuardedRequest", "answer_from_main_process"]
+__all__ = ["GuardedRequest", "answer_from_main_process", "answer_if_holder_died", "pid_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,37 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
     except StoreError as exc:
         # The gateway and watchdog still answer this call by its lease or deadline.
         log.warning("could not record %s for call %s: %s", reason.value, job.call.id, exc)
+
+
+def pid_alive(worker: str) -> bool:
+    """Whether the process of a ``host:pid`` worker id (on this host) is alive and not a zombie."""
+    pid = worker.rsplit(":", 1)[-1]
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def answer_if_holder_died(kwargs: dict[str, Any]) -> bool:
+    """Answer ``crashed`` when the call's claim is held by a dead child of this host; True if so."""
+    job = _job(kwargs)
+    if job is None:
+        return False
+    rt = runtime()
+    keys = rt.ledger.keys(job.session_key, job.run_id)
+    try:
+        ((state, holder, last_beat),) = rt.ledger.running_states([(keys, job.call.id)])
+    except StoreError:
+        return False  # the gateway and watchdog still answer it by its lease
+    call = RunningCall(state, holder, last_beat, None)
+    verdict = judge_running_call(
+        call, host=socket.gethostname(), child_alive=pid_alive(holder), now_ms=now_ms()
+    )
+    if verdict is not Verdict.CHILD_DIED:
+        return False
+    answer_from_main_process(kwargs, SyntheticReason.CRASHED, detail=f"pool process {holder} died")
+    return True
 
 
 class GuardedRequest(Request):

@@ -12,13 +12,12 @@ import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from celery import Celery, bootsteps, signals
 from celery.worker import state
 
-from tasks.requests import answer_from_main_process
+from tasks.requests import answer_from_main_process, pid_alive
 from workers.celery_app import INVOKE_TASK
 from workers.core.heartbeats import RunningCall, Verdict, judge_running_call
 from workers.core.models import SyntheticReason
@@ -91,15 +90,6 @@ def _job_keys(req: Any, prefix: str) -> tuple[RunKeys, str, float | None] | None
     return keys, str(job["call"].get("id")), float(beat) if beat else None
 
 
-def _pid_alive(worker: str) -> bool:
-    pid = worker.rsplit(":", 1)[-1]
-    try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError):
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-
-
 class LeaseKeeper(bootsteps.StartStopStep):
     """Renews leases of running calls, answers calls whose pool child died, stops silent tools."""
 
@@ -133,7 +123,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
         host, now = socket.gethostname(), now_ms()
         for (req, (keys, call_id, beat_s)), (call_state, worker, last_beat) in zip(jobs, rows, strict=True):
             call = RunningCall(call_state, worker, last_beat, beat_s)
-            verdict = judge_running_call(call, host=host, child_alive=_pid_alive(worker), now_ms=now)
+            verdict = judge_running_call(call, host=host, child_alive=pid_alive(worker), now_ms=now)
             if verdict is Verdict.RENEW:
                 renew.append((keys, call_id))
             elif verdict is Verdict.CHILD_DIED:
