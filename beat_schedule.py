@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.settings import Settings
+from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
 
 __all__ = ["build_beat_schedule"]
 
@@ -17,12 +18,12 @@ def build_beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     housekeeping_s = max(60.0, interval_s * HOUSEKEEPING_EVERY_SWEEPS)
     return {
         "unstuck-watchdog": {
-            "task": "unstuck.watchdog.sweep",
+            "task": SWEEP_TASK,
             "schedule": interval_s,
             "options": {"expires": interval_s},
         },
         "unstuck-housekeeping": {
-            "task": "unstuck.watchdog.housekeeping",
+            "task": HOUSEKEEPING_TASK,
             "schedule": housekeeping_s,
             "options": {"expires": housekeeping_s},
         },

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from tests.harness import Proc, base_env, kill_pids, start_beat, start_worker, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.errors import LoopDetected
+from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis, free_port
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 

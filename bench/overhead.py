@@ -30,8 +30,8 @@ import redis
 
 from tests.harness import REPO, Proc, base_env, kill_pids, start_worker, wait_until
 from workers import ToolCall, ToolGateway
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis
 
 HUNG_SOFT_S = 1.0  # the soft limit of tests.misbehaving_tools.sleepy
 

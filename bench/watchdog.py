@@ -30,14 +30,14 @@ from typing import Any
 
 import redis
 
-from workers.alerts import AlertSink
-from workers.core.watchdog import RunStatus
+from workers.core.run_health import RunStatus
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis
 from workers.store.keys import SessionKeys, due_index_key, lease_index_key, run_index_keys, run_member
 from workers.store.ledger import Ledger, connect
 from workers.store.sessions import SessionStore
-from workers.watchdog import Watchdog
+from workers.watchdog.alerts import AlertSink
+from workers.watchdog.sweep import Watchdog
 
 SESSIONS = int(os.environ.get("BENCH_SESSIONS", "100000"))
 DUE = int(os.environ.get("BENCH_DUE", "10000"))

@@ -10,12 +10,13 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from tasks.requests import answer_if_holder_died
-from workers.celery_app import INVOKE_TASK, app
+from workers.celery_app import app
 from workers.core.models import CallJob, SyntheticReason, ToolResult
-from workers.execution import bounded_result, interrupted_result, run_tool
 from workers.runtime import Runtime, now_ms, runtime, worker_id
+from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
 from workers.tools.registry import registered_tools
+from workers.worker.execution import bounded_result, interrupted_result, run_tool
 
 __all__ = ["invoke"]
 

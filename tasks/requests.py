@@ -20,11 +20,11 @@ from billiard.exceptions import TimeLimitExceeded
 from celery.worker.request import Request
 from pydantic import ValidationError
 
-from workers.core.heartbeats import RunningCall, Verdict, judge_running_call
+from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.models import CallJob, SyntheticReason
 from workers.errors import StoreError
-from workers.execution import interrupted_result
 from workers.runtime import now_ms, runtime, worker_id
+from workers.worker.execution import interrupted_result
 
 __all__ = ["GuardedRequest", "answer_from_main_process", "answer_if_holder_died", "pid_alive"]
 
@@ -87,7 +87,7 @@ def answer_if_holder_died(kwargs: dict[str, Any]) -> bool:
     verdict = judge_running_call(
         call, host=socket.gethostname(), child_alive=pid_alive(holder), now_ms=now_ms()
     )
-    if verdict is not Verdict.CHILD_DIED:
+    if verdict is not ChildVerdict.CHILD_DIED:
         return False
     answer_from_main_process(kwargs, SyntheticReason.CRASHED, detail=f"pool process {holder} died")
     return True

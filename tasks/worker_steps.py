@@ -18,13 +18,13 @@ from celery import Celery, bootsteps, signals
 from celery.worker import state
 
 from tasks.requests import answer_from_main_process, pid_alive
-from workers.celery_app import INVOKE_TASK
-from workers.core.heartbeats import RunningCall, Verdict, judge_running_call
+from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.models import SyntheticReason
 from workers.errors import ConfigError, StoreError, WorkerConfigError
 from workers.redact import install_log_redaction
 from workers.runtime import now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
+from workers.task_names import INVOKE_TASK
 
 __all__ = ["LeaseKeeper", "PoolGuard", "check_pool", "install_worker_steps"]
 
@@ -124,13 +124,13 @@ class LeaseKeeper(bootsteps.StartStopStep):
         for (req, (keys, call_id, beat_s)), (call_state, worker, last_beat) in zip(jobs, rows, strict=True):
             call = RunningCall(call_state, worker, last_beat, beat_s)
             verdict = judge_running_call(call, host=host, child_alive=pid_alive(worker), now_ms=now)
-            if verdict is Verdict.RENEW:
+            if verdict is ChildVerdict.RENEW:
                 renew.append((keys, call_id))
-            elif verdict is Verdict.CHILD_DIED:
+            elif verdict is ChildVerdict.CHILD_DIED:
                 answer_from_main_process(
                     req.kwargs, SyntheticReason.CRASHED, detail=f"pool process {worker} died"
                 )
-            elif verdict is Verdict.HEARTBEAT_STALE:
+            elif verdict is ChildVerdict.HEARTBEAT_STALE:
                 self._interrupt(req, worker)
         rt.ledger.renew_leases(renew, worker_id(), now_ms=now)
 

@@ -1,10 +1,20 @@
-"""unstuck: every tool call of an agent gets exactly one result, on time."""
+"""unstuck: every tool call of an agent gets exactly one result, on time.
 
-from workers.core.models import ToolCall, ToolResult
-from workers.errors import UnstuckError
-from workers.gateway import ToolGateway
-from workers.settings import Settings, load_settings
-from workers.tools import ToolContext, tool
+The names below are loaded on first use (PEP 562), so ``import workers.core`` stays pure:
+importing a subpackage does not pull in the gateway, Celery or Redis.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workers.core.models import ToolCall, ToolResult
+    from workers.errors import UnstuckError
+    from workers.gateway.client import ToolGateway
+    from workers.settings import Settings, load_settings
+    from workers.tools import ToolContext, tool
 
 __all__ = [
     "Settings",
@@ -16,3 +26,27 @@ __all__ = [
     "load_settings",
     "tool",
 ]
+
+_HOMES = {
+    "Settings": "workers.settings",
+    "ToolCall": "workers.core.models",
+    "ToolContext": "workers.tools",
+    "ToolGateway": "workers.gateway.client",
+    "ToolResult": "workers.core.models",
+    "UnstuckError": "workers.errors",
+    "load_settings": "workers.settings",
+    "tool": "workers.tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'workers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -10,12 +10,9 @@ from celery import Celery
 from beat_schedule import build_beat_schedule
 from workers.settings import Settings, load_settings
 
-__all__ = ["INVOKE_TASK", "SWEEP_TASK", "app", "celery_config", "create_app"]
+__all__ = ["app", "celery_config", "create_app"]
 
 app: Celery  # built lazily by __getattr__ below
-
-INVOKE_TASK = "unstuck.invoke"
-SWEEP_TASK = "unstuck.watchdog.sweep"
 
 
 def _largest_hard_limit_s(settings: Settings) -> float:
@@ -88,7 +85,7 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Cele
     ``worker=False`` gives a client-only app (the gateway) without the worker bootsteps.
     """
     settings = settings or load_settings()
-    celery = Celery("unstuck", include=["tasks.invoke", "tasks.watchdog"], set_as_current=worker)
+    celery = Celery("unstuck", include=["tasks.invoke", "tasks.control"], set_as_current=worker)
     celery.conf.update(celery_config(settings))
     celery.conf.beat_schedule = build_beat_schedule(settings)
     if worker:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness import REPO, Proc, base_env, kill_pids, start_beat, start_worker
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis
 
 
 def clean_env() -> dict[str, str]:

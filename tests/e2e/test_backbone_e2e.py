@@ -22,9 +22,9 @@ import pytest
 from tests.e2e.conftest import Processes
 from tests.harness import Proc, base_env, kill_pids, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
+from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.runtime import build_runtime
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis, free_port
 from workers.store.ledger import CallRecord, Ledger
 
 pytestmark = [pytest.mark.slow]

@@ -22,8 +22,8 @@ import redis
 
 from tests.harness import UNSTUCK, Proc, base_env, kill_pids, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
+from workers.local.embedded_redis import find_redis_server
 from workers.settings import Settings
-from workers.store.embedded import find_redis_server
 from workers.store.ledger import CallRecord, Ledger
 
 pytestmark = [pytest.mark.slow]

@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.conftest import alive, clean_env, pids_matching
 from tests.harness import REPO, UNSTUCK, wait_until
-from workers.store.embedded import free_port
+from workers.local.embedded_redis import free_port
 
 pytestmark = [pytest.mark.slow]
 

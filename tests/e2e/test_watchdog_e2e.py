@@ -19,13 +19,14 @@ import pytest
 from celery import Celery
 
 from tests.harness import Proc, base_env, start_beat, start_worker, wait_until
-from workers.celery_app import INVOKE_TASK, create_app
+from workers.celery_app import create_app
 from workers.core.models import CallJob, ToolCall
-from workers.core.watchdog import RunStatus
+from workers.core.run_health import RunStatus
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis
 from workers.store.ledger import Ledger, connect
 from workers.store.sessions import SessionStore
+from workers.task_names import INVOKE_TASK, SWEEP_TASK
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -248,7 +249,7 @@ def test_two_beats_answer_each_overdue_call_once(
             submit(app, store, "two-s", "r1", ToolCall(id=call_id, name="noop"), deadline_s=1.5, send=False)
         # When their deadline passes
         wait_until(lambda: all(answered(store, "two-s", "r1", c) for c in ids), timeout_s=20, what="answers")
-        wait_until(lambda: "unstuck.watchdog.sweep" in second.log(), timeout_s=10, what="second beat sent")
+        wait_until(lambda: SWEEP_TASK in second.log(), timeout_s=10, what="second beat sent")
     finally:
         second.stop()
     # Then each got exactly one answer, written by a watchdog sweep

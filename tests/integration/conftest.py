@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from tests.harness import Proc, base_env, start_worker
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")

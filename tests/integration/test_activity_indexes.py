@@ -10,14 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers.alerts import AlertSink
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.settings import Settings
 from workers.store.keys import RunKeys, due_index_key, lease_index_key
 from workers.store.ledger import Ledger, connect
 from workers.store.sessions import SessionStore
-from workers.watchdog import Watchdog
+from workers.watchdog.alerts import AlertSink
+from workers.watchdog.sweep import Watchdog
 
 T0 = int(time.time() * 1000)
 MIN = 60_000

@@ -15,6 +15,7 @@ import pytest
 from tests.harness import Proc, processes_with_cmdline, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.settings import Settings
+from workers.task_names import INVOKE_TASK
 
 GRACE_S = 2.0
 
@@ -195,10 +196,10 @@ def test_redelivered_message_for_a_finished_call_never_runs_again(worker: Proc, 
     assert record is not None
     assert record.fields["attempt"] == "1"
     # When the broker delivers the same message again
-    gateway._app.send_task("unstuck.invoke", kwargs={"job": __import__("json").loads(record.fields["job"])})
+    gateway._app.send_task(INVOKE_TASK, kwargs={"job": __import__("json").loads(record.fields["job"])})
     # Then the worker sees it finished: no second attempt, no late result, same answer
     wait_until(
-        lambda: "unstuck.invoke" in worker.log() and "succeeded" in worker.log().split("once")[-1],
+        lambda: INVOKE_TASK in worker.log() and "succeeded" in worker.log().split("once")[-1],
         timeout_s=10,
         what="redelivered task handled",
     )

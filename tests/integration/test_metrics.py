@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from workers.cli.metrics_cmd import serve
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import success_result, synthetic_result, tool_error_result
-from workers.metrics import LedgerCollector
-from workers.store.embedded import free_port
+from workers.local.embedded_redis import free_port
+from workers.ops.metrics import LedgerCollector
 from workers.store.ledger import Ledger, connect
 from workers.store.runs import ensure_run
 

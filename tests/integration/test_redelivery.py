@@ -16,8 +16,8 @@ import pytest
 
 from tests.harness import Proc, wait_until
 from workers import ToolGateway
-from workers.celery_app import INVOKE_TASK
 from workers.settings import Settings
+from workers.task_names import INVOKE_TASK
 
 
 @pytest.fixture

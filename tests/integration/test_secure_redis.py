@@ -11,8 +11,8 @@ import redis
 
 from tests.harness import Proc, base_env, start_worker, wait_until
 from workers import ToolCall, ToolGateway
+from workers.local.embedded_redis import EmbeddedRedis, find_redis_server, free_port
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis, find_redis_server, free_port
 
 PASSWORD = "s3cret-acl-pw"
 

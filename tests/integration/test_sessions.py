@@ -8,16 +8,16 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from workers.alerts import AlertSink
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
-from workers.core.watchdog import RunStatus
+from workers.core.run_health import RunStatus
 from workers.settings import Settings
 from workers.store.keys import SessionKeys, due_index_key, lease_index_key, run_index_keys, run_member
 from workers.store.ledger import Ledger, connect
 from workers.store.runs import ensure_run
 from workers.store.sessions import SessionStore
-from workers.watchdog import SweepReport, Watchdog, clean_stale_lanes, stale_lanes
+from workers.watchdog.alerts import AlertSink
+from workers.watchdog.sweep import SweepReport, Watchdog, clean_stale_lanes, stale_lanes
 
 T0 = int(time.time() * 1000)  # lanes expire at absolute times: use the real clock
 MIN = 60_000

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from workers.core import ToolCall, success_result
-from workers.execution import bounded_result
 from workers.redact import RedactingFilter
+from workers.worker.execution import bounded_result
 
 CALL = ToolCall(id="c1", name="exec")
 

@@ -12,10 +12,10 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from workers.core.limits import RetryPolicy
 from workers.core.models import CallJob, SyntheticReason, ToolCall
 from workers.errors import HeartbeatInterrupt, ToolExecutionError
-from workers.execution import interrupted_result, run_tool
 from workers.tools import registry
 from workers.tools.context import ToolContext
 from workers.tools.registry import get_tool, tool
+from workers.worker.execution import interrupted_result, run_tool
 
 SUBMITTED_MS = 1_000_000
 

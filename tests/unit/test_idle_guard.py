@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from workers.errors import ConfigError, StreamIdleTimeout
-from workers.idle_guard import aidle_guard, default_idle_timeout_s, idle_guard
+from workers.gateway.idle_guard import aidle_guard, default_idle_timeout_s, idle_guard
 from workers.settings import AgentOverride, AgentsSettings, Settings
 
 TINY_S = 0.05

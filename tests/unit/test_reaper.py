@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from workers.core.heartbeats import RunningCall, Verdict, judge_running_call
+from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.models import CallState, SyntheticReason
 from workers.core.reaper import Action, ActionKind, OpenCall, decide
 
@@ -143,24 +143,24 @@ RUNNING = RunningCall(state="running", worker=f"{HOST}:4242", last_beat_ms=NOW_M
 @pytest.mark.parametrize(
     ("changes", "child_alive", "expected"),
     [
-        ({}, True, Verdict.RENEW),
-        ({"state": "pending"}, True, Verdict.IGNORE),
-        ({"state": "done"}, False, Verdict.IGNORE),
-        ({"worker": "host-b:4242"}, False, Verdict.IGNORE),  # another host's call
-        ({"worker": "host-a-2:4242"}, False, Verdict.IGNORE),  # a prefix is not the same host
-        ({}, False, Verdict.CHILD_DIED),
-        ({"last_beat_ms": 0}, False, Verdict.CHILD_DIED),  # a dead child beats a stale heartbeat
+        ({}, True, ChildVerdict.RENEW),
+        ({"state": "pending"}, True, ChildVerdict.IGNORE),
+        ({"state": "done"}, False, ChildVerdict.IGNORE),
+        ({"worker": "host-b:4242"}, False, ChildVerdict.IGNORE),  # another host's call
+        ({"worker": "host-a-2:4242"}, False, ChildVerdict.IGNORE),  # a prefix is not the same host
+        ({}, False, ChildVerdict.CHILD_DIED),
+        ({"last_beat_ms": 0}, False, ChildVerdict.CHILD_DIED),  # a dead child beats a stale heartbeat
         # heartbeat boundaries: exactly at the timeout is still alive
-        ({"last_beat_ms": NOW_MS - 1_000}, True, Verdict.RENEW),
-        ({"last_beat_ms": NOW_MS - 1_001}, True, Verdict.HEARTBEAT_STALE),
-        ({"last_beat_ms": NOW_MS - 250, "heartbeat_timeout_s": 0.25}, True, Verdict.RENEW),
-        ({"last_beat_ms": NOW_MS - 251, "heartbeat_timeout_s": 0.25}, True, Verdict.HEARTBEAT_STALE),
-        ({"last_beat_ms": NOW_MS + 5_000}, True, Verdict.RENEW),  # beat stamped ahead (clock skew)
+        ({"last_beat_ms": NOW_MS - 1_000}, True, ChildVerdict.RENEW),
+        ({"last_beat_ms": NOW_MS - 1_001}, True, ChildVerdict.HEARTBEAT_STALE),
+        ({"last_beat_ms": NOW_MS - 250, "heartbeat_timeout_s": 0.25}, True, ChildVerdict.RENEW),
+        ({"last_beat_ms": NOW_MS - 251, "heartbeat_timeout_s": 0.25}, True, ChildVerdict.HEARTBEAT_STALE),
+        ({"last_beat_ms": NOW_MS + 5_000}, True, ChildVerdict.RENEW),  # beat stamped ahead (clock skew)
         # no heartbeat timeout declared: silence is fine
-        ({"last_beat_ms": 0, "heartbeat_timeout_s": None}, True, Verdict.RENEW),
+        ({"last_beat_ms": 0, "heartbeat_timeout_s": None}, True, ChildVerdict.RENEW),
     ],
 )
-def test_judge_running_call(changes: dict[str, object], child_alive: bool, expected: Verdict) -> None:
+def test_judge_running_call(changes: dict[str, object], child_alive: bool, expected: ChildVerdict) -> None:
     # Given
     call = replace(RUNNING, **changes)  # type: ignore[arg-type]
     # When
@@ -171,4 +171,4 @@ def test_judge_running_call(changes: dict[str, object], child_alive: bool, expec
 
 def test_host_names_may_contain_colons() -> None:
     call = replace(RUNNING, worker="[::1]:99")
-    assert judge_running_call(call, host="[::1]", child_alive=True, now_ms=NOW_MS) is Verdict.RENEW
+    assert judge_running_call(call, host="[::1]", child_alive=True, now_ms=NOW_MS) is ChildVerdict.RENEW

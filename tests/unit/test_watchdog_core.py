@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.core.watchdog import (
+from workers.core.run_health import (
     CallActivity,
     RunView,
     SessionClass,

@@ -16,6 +16,6 @@ def register(subparsers: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from workers.demo import run_demo
+    from workers.local.demo import run_demo
 
     return run_demo(json_output=args.json)

@@ -1,7 +1,7 @@
 """``unstuck metrics --port N [--bind ADDR]``: serve the ledger's Prometheus metrics on /metrics.
 
 The endpoint has no authentication, as usual for Prometheus exporters: it binds to
-loopback unless told otherwise. See :mod:`workers.metrics` for the metrics and their cost.
+loopback unless told otherwise. See :mod:`workers.ops.metrics` for the metrics and their cost.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from workers.errors import ConfigError, StoreError
-from workers.metrics import LedgerCollector
+from workers.ops.metrics import LedgerCollector
 from workers.runtime import redis_client
 from workers.settings import Settings, load_settings
 

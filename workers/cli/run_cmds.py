@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from typing import Any
 
 from workers.errors import ConfigError, StoreError
-from workers.redact import redact_url
-from workers.runtime import redis_client
+from workers.launch import beat_argv, preflight, worker_argv
 from workers.settings import Settings, load_settings
 
-__all__ = ["beat_argv", "preflight", "register", "worker_argv"]
+__all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
@@ -31,46 +29,6 @@ def register(subparsers: Any) -> None:
     version.set_defaults(func=_version)
 
 
-def preflight(settings: Settings) -> None:
-    """Fail fast, with the fix, when Redis is unreachable or tool modules do not import."""
-    from workers.tools.loader import load_tools
-
-    load_tools(settings.tool_modules)
-    client = redis_client(settings)
-    try:
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure here is the same advice
-        raise StoreError(
-            f"cannot reach Redis at {redact_url(settings.redis.url)} ({type(exc).__name__}); "
-            "start it or fix UNSTUCK_REDIS__URL"
-        ) from None
-    finally:
-        client.close()
-
-
-def worker_argv(settings: Settings, args: argparse.Namespace) -> list[str]:
-    """The celery command line of a worker: always prefork, events on, our queue."""
-    return [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
-        "--pool", "prefork",
-        "--concurrency", str(args.concurrency or settings.worker.concurrency),
-        "--queues", settings.broker.queue,
-        "--hostname", args.hostname,
-        "--loglevel", args.loglevel,
-        "--task-events",
-        "--without-mingle", "--without-gossip",
-    ]  # fmt: skip
-
-
-def beat_argv(args: argparse.Namespace) -> list[str]:
-    """The celery command line of beat."""
-    schedule = args.schedule_file or os.path.join(tempfile.mkdtemp(prefix="unstuck-beat-"), "schedule")
-    return [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "beat",
-        "--loglevel", args.loglevel, "--schedule", schedule,
-    ]  # fmt: skip
-
-
 def _checked_settings() -> Settings | None:
     try:
         settings = load_settings()
@@ -85,7 +43,7 @@ def _worker(args: argparse.Namespace) -> int:
     settings = _checked_settings()
     if settings is None:
         return 2
-    argv = worker_argv(settings, args)
+    argv = worker_argv(settings, concurrency=args.concurrency, hostname=args.hostname, loglevel=args.loglevel)
     os.execv(argv[0], argv)
     return 0  # not reached: execv replaces this process
 
@@ -93,7 +51,7 @@ def _worker(args: argparse.Namespace) -> int:
 def _beat(args: argparse.Namespace) -> int:
     if _checked_settings() is None:
         return 2
-    argv = beat_argv(args)
+    argv = beat_argv(loglevel=args.loglevel, schedule_file=args.schedule_file)
     os.execv(argv[0], argv)
     return 0
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.core.models import SyntheticReason
-from workers.core.watchdog import RunStatus, classify, last_activity_ms
+from workers.core.run_health import RunStatus, classify, last_activity_ms
 from workers.errors import ConfigError, StoreError
 from workers.runtime import now_ms, open_ledger, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.sessions import RunInfo, SessionStore
-from workers.watchdog import end_and_answer, run_view, stale_lanes
+from workers.watchdog.sweep import end_and_answer, run_view, stale_lanes
 
 __all__ = ["register", "session_rows", "timeline"]
 

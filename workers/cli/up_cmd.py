@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.errors import ConfigError, StoreError
-from workers.runtime import build_runtime
-from workers.settings import load_settings
-from workers.up import (
+from workers.local.up import (
     Interrupted,
     Stack,
     StackOptions,
@@ -26,7 +24,9 @@ from workers.up import (
     stop_on_signals,
     write_state,
 )
-from workers.up_events import DueWatcher, EventPrinter, StreamWatcher
+from workers.local.up_events import DueWatcher, EventPrinter, StreamWatcher
+from workers.runtime import build_runtime
+from workers.settings import load_settings
 
 __all__ = ["register"]
 

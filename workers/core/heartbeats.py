@@ -5,10 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["RunningCall", "Verdict", "judge_running_call"]
+__all__ = ["ChildVerdict", "RunningCall", "judge_running_call"]
 
 
-class Verdict(enum.Enum):
+class ChildVerdict(enum.Enum):
     """What to do with one call a pool child is running."""
 
     IGNORE = "ignore"  # not running here (pending, finished, or another host's)
@@ -27,12 +27,12 @@ class RunningCall:
     heartbeat_timeout_s: float | None
 
 
-def judge_running_call(call: RunningCall, *, host: str, child_alive: bool, now_ms: int) -> Verdict:
+def judge_running_call(call: RunningCall, *, host: str, child_alive: bool, now_ms: int) -> ChildVerdict:
     """Classify a call claimed by a child of this host (``worker`` is ``host:pid``)."""
     if call.state != "running" or call.worker.rsplit(":", 1)[0] != host:
-        return Verdict.IGNORE
+        return ChildVerdict.IGNORE
     if not child_alive:
-        return Verdict.CHILD_DIED
+        return ChildVerdict.CHILD_DIED
     if call.heartbeat_timeout_s is not None and now_ms - call.last_beat_ms > call.heartbeat_timeout_s * 1000:
-        return Verdict.HEARTBEAT_STALE
-    return Verdict.RENEW
+        return ChildVerdict.HEARTBEAT_STALE
+    return ChildVerdict.RENEW

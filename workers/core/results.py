@@ -6,8 +6,16 @@ import json
 from typing import Any
 
 from workers.core.models import SyntheticReason, TextBlock, ToolCall, ToolResult
+from workers.errors import InvalidArguments, ToolNotFound
 
-__all__ = ["fallback_result", "render_value", "success_result", "synthetic_result", "tool_error_result"]
+__all__ = [
+    "fallback_result",
+    "rejected_result",
+    "render_value",
+    "success_result",
+    "synthetic_result",
+    "tool_error_result",
+]
 
 _R = SyntheticReason
 
@@ -136,4 +144,21 @@ def fallback_result(
             "elapsed_ms": int(elapsed_ms),
             "attempt": int(attempt),
         },
+    )
+
+
+def rejected_result(call: ToolCall, error: ToolNotFound | InvalidArguments, elapsed_ms: int) -> ToolResult:
+    """The answer to a call that must not run: unknown tool or invalid arguments (R5)."""
+    if isinstance(error, ToolNotFound):
+        hint = f"; closest: {', '.join(error.closest)}" if error.closest else ""
+        return synthetic_result(
+            call, SyntheticReason.UNKNOWN_TOOL, elapsed_ms=elapsed_ms, attempt=0, detail=hint
+        )
+    return synthetic_result(
+        call,
+        SyntheticReason.INVALID_ARGUMENTS,
+        elapsed_ms=elapsed_ms,
+        attempt=0,
+        detail="; ".join(error.problems),
+        extra={"problems": error.problems},
     )

@@ -80,7 +80,7 @@ keys of many runs in one script, rebuilding ``P:{S/<run>}:run|calls|open|call:<c
 lease:<call>`` from index members exactly as :class:`RunKeys` spells them (members are
 already quoted; call ids from ``calls``/``open`` are quoted as :func:`quote_part` does).
 Redis Cluster refuses such scripts, so on a cluster client the sweep takes its pipelined
-path (see :mod:`workers.store.sweeps`).
+path (see :mod:`workers.store.sweep_scripts`).
 """
 
 from __future__ import annotations

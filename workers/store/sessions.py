@@ -27,7 +27,7 @@ from typing import Any
 
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
-from workers.core.watchdog import CallActivity, RunStatus
+from workers.core.run_health import CallActivity, RunStatus
 from workers.store.keys import (
     RunKeys,
     SessionKeys,

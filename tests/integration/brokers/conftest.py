@@ -21,8 +21,8 @@ import pytest
 from kombu import Connection, Queue
 
 from tests.harness import Proc, base_env, start_worker
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.embedded import EmbeddedRedis
 
 RABBIT_HOST, RABBIT_PORT = "127.0.0.1", 5672
 RUN_TOKEN = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"

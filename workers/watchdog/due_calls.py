@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from workers.reaping import reap
+from workers.answering import reap
 from workers.settings import Settings
 from workers.store.keys import RunKeys, due_index_key, lease_index_key, parse_due_member
 from workers.store.ledger import Ledger, parse_int, store_errors
-from workers.store.sweeps import SweepScripts
+from workers.store.sweep_scripts import SweepScripts
 
 __all__ = ["sweep_due_calls"]
 

@@ -23,13 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.core.models import ToolCall, ToolResult
-from workers.demo_report import Row, check_invariant, render_table, report_json
 from workers.errors import ConfigError, UnstuckError
-from workers.gateway import ToolGateway
+from workers.gateway.client import ToolGateway
+from workers.local.demo_report import Row, check_invariant, render_table, report_json
+from workers.local.up import Interrupted, Stack, StackOptions, StartupError, stop_on_signals
 from workers.runtime import build_runtime
 from workers.settings import Settings, load_settings
 from workers.store.ledger import Ledger
-from workers.up import Interrupted, Stack, StackOptions, StartupError, stop_on_signals
 
 __all__ = ["Demo", "demo_overrides", "run_demo"]
 
@@ -42,7 +42,7 @@ _EXIT_STARTUP = 2
 def demo_overrides(token: str) -> dict[str, Any]:
     """Settings of the demo: its tools, short leases and limits, and a private queue."""
     return {
-        "tool_modules": ("workers.demo_tools",),
+        "tool_modules": ("workers.local.demo_tools",),
         "lease": {"ttl_s": LEASE_TTL_S, "renew_interval_s": 0.5},
         "limits": {"queue_allowance_s": 3.0, "hard_grace_s": 1.0},
         "watchdog": {"interval_s": 2.0},
@@ -126,7 +126,7 @@ class Demo:
         row = Row("R3", "R3 gateway killed mid-call", "ok", _call("t2-report", "slow_report", seconds=3))
         row.via = "collect"
         self.rows.append(row)
-        argv = [sys.executable, "-m", "workers.demo", "gateway-child", self.session_key, run_id]
+        argv = [sys.executable, "-m", "workers.local.demo", "gateway-child", self.session_key, run_id]
         argv.append(row.call.model_dump_json())
         child = subprocess.Popen(argv, env=self.stack.child_env(), start_new_session=True)
         try:

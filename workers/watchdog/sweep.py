@@ -1,8 +1,8 @@
-"""The watchdog's edge: read what is due, let :mod:`workers.core.watchdog` decide, then act.
+"""The watchdog's edge: read what is due, let :mod:`workers.core.run_health` decide, then act.
 
 One sweep, under a sweep lock so two beats never act twice:
 
-1. overdue and lost calls get their synthetic results (:func:`workers.sweeper.sweep_due_calls`);
+1. overdue and lost calls get their synthetic results (:func:`workers.watchdog.due_calls.sweep_due_calls`);
 2. runs past their deadline end ``timed_out``: unanswered calls answered
    ``deadline_exceeded``, queued tasks revoked, lane freed;
 3. runs with no indexed progress for ``stalled_after_s`` are re-read and classified from
@@ -18,7 +18,7 @@ One sweep, under a sweep lock so two beats never act twice:
 
 Cost: O(due), never O(sessions) (see ``bench/watchdog.py``): calls are found by deadline
 and by lease expiry, runs by deadline and by progress, each read once. On a single Redis
-node two scripts (:mod:`workers.store.sweeps`) probe the due calls and settle steady runs
+node two scripts (:mod:`workers.store.sweep_scripts`) probe the due calls and settle steady runs
 inside Redis, returning only what needs an alert, an action or a drop; on a cluster the
 same reads are pipelined. ``SweepReport.phases_ms`` times ``calls``, ``runs`` (script, or index
 reads), ``judge`` (reading and judging returned runs) and ``apply``.
@@ -32,14 +32,13 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from workers.alerts import AlertSink
 from workers.core.models import SyntheticReason
-from workers.core.watchdog import (
+from workers.core.run_health import (
     CallActivity,
     RunStatus,
+    RunVerdict,
     RunView,
     SessionClass,
-    Verdict,
     WatchdogAction,
     WatchdogPolicy,
     judge,
@@ -48,8 +47,9 @@ from workers.core.watchdog import (
 )
 from workers.settings import Settings
 from workers.store.sessions import Lane, RunInfo, SessionStore
-from workers.store.sweeps import SweepScripts, server_side_ok
-from workers.sweeper import sweep_due_calls
+from workers.store.sweep_scripts import SweepScripts, server_side_ok
+from workers.watchdog.alerts import AlertSink
+from workers.watchdog.due_calls import sweep_due_calls
 
 __all__ = ["SweepReport", "Watchdog", "clean_stale_lanes", "end_and_answer", "run_view", "stale_lanes"]
 
@@ -195,7 +195,7 @@ class Watchdog:
         clock.lap("apply")
         return report
 
-    def _judge(self, pairs: Sequence[tuple[str, str]], now_ms: int) -> list[Verdict]:
+    def _judge(self, pairs: Sequence[tuple[str, str]], now_ms: int) -> list[RunVerdict]:
         """Judge runs from their summaries; confirm alerts and recoveries from their calls."""
         views = [run_view(info) for info in self.sessions.runs(pairs)]
         verdicts = judge_all(views, now_ms=now_ms, policy=self.policy)
@@ -206,7 +206,7 @@ class Watchdog:
             verdicts[n] = judge(views[n].with_calls(calls), now_ms=now_ms, policy=self.policy)
         return verdicts
 
-    def _apply(self, verdicts: list[Verdict], now_ms: int, report: SweepReport) -> None:
+    def _apply(self, verdicts: list[RunVerdict], now_ms: int, report: SweepReport) -> None:
         classes: list[tuple[str, str, str]] = []
         active: dict[tuple[str, str], int] = {}
         for v in verdicts:
@@ -233,7 +233,9 @@ class Watchdog:
         self.sessions.set_class(classes)
         self.sessions.note_activity(active)
 
-    def _end(self, v: Verdict, status: RunStatus, reason: SyntheticReason, now_ms: int, detail: str) -> None:
+    def _end(
+        self, v: RunVerdict, status: RunStatus, reason: SyntheticReason, now_ms: int, detail: str
+    ) -> None:
         answered = end_and_answer(
             self.sessions,
             v.session_key,
@@ -254,7 +256,7 @@ class Watchdog:
             answered,
         )
 
-    def _alert(self, v: Verdict) -> None:
+    def _alert(self, v: RunVerdict) -> None:
         assert v.klass is not None
         self.alerts.emit(
             {

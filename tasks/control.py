@@ -5,15 +5,14 @@ from __future__ import annotations
 import logging
 from functools import cache
 
-from workers.alerts import AlertSink
-from workers.celery_app import SWEEP_TASK, app
+from workers.celery_app import app
 from workers.runtime import now_ms, runtime, worker_id
 from workers.store.sessions import SessionStore
-from workers.watchdog import Watchdog, clean_stale_lanes
+from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
+from workers.watchdog.alerts import AlertSink
+from workers.watchdog.sweep import Watchdog, clean_stale_lanes
 
-__all__ = ["HOUSEKEEPING_TASK", "housekeeping", "sweep"]
-
-HOUSEKEEPING_TASK = "unstuck.watchdog.housekeeping"
+__all__ = ["housekeeping", "sweep"]
 
 log = logging.getLogger(__name__)
 

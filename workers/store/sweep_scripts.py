@@ -1,6 +1,6 @@
 """The sweep's server-side phases: one script per phase over every due item (single Redis node).
 
-The pipelined path (:func:`workers.sweeper.sweep_due_calls` and :class:`SessionStore`
+The pipelined path (:func:`workers.watchdog.due_calls.sweep_due_calls` and :class:`SessionStore`
 reads) reads each due item's record and parses every reply in Python; with 10 000 due runs
 that is over a second (``BENCH_PATH=pipelined python -m bench.watchdog``). These scripts
 do the same reads inside Redis and return only what needs the client: calls to reap, and

@@ -19,18 +19,18 @@ from workers.celery_app import create_app
 from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
+from workers.core.run_health import RunStatus
 from workers.core.transcript import RepairedTranscript
-from workers.core.watchdog import RunStatus
-from workers.dispatching import Dispatcher
 from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
-from workers.ledger_repair import repair_with_ledger
-from workers.loop_gate import LoopGate
+from workers.gateway.dispatching import Dispatcher
+from workers.gateway.ledger_repair import repair_with_ledger
+from workers.gateway.loop_gate import LoopGate
+from workers.gateway.waiting import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
 from workers.store.runs import RunAbort, mark_run_aborted, open_run, run_abort
 from workers.store.sessions import SessionStore
-from workers.waiting import Batch, Waiter
 
 __all__ = ["ToolGateway"]
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 __all__ = [
     "CallActivity",
     "RunStatus",
+    "RunVerdict",
     "RunView",
     "SessionClass",
-    "Verdict",
     "WatchdogAction",
     "WatchdogPolicy",
     "classify",
@@ -140,7 +140,7 @@ class WatchdogPolicy:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RunVerdict:
     """The watchdog's view of one run and what to do about it."""
 
     session_key: str
@@ -167,11 +167,11 @@ def classify(run: RunView, *, now_ms: int, stalled_after_ms: int) -> SessionClas
     return SessionClass.STUCK
 
 
-def judge(run: RunView, *, now_ms: int, policy: WatchdogPolicy) -> Verdict:
+def judge(run: RunView, *, now_ms: int, policy: WatchdogPolicy) -> RunVerdict:
     """Class, alert (on entering stalled or stuck) and action of one run."""
     last = last_activity_ms(run)
     if run.status != RunStatus.RUNNING.value:
-        return Verdict(run.session_key, run.run_id, None, last, now_ms - last, WatchdogAction.DROP, False)
+        return RunVerdict(run.session_key, run.run_id, None, last, now_ms - last, WatchdogAction.DROP, False)
     klass = classify(run, now_ms=now_ms, stalled_after_ms=policy.stalled_after_ms)
     alert = klass in (SessionClass.STALLED, SessionClass.STUCK) and run.previous_class != klass.value
     if run.deadline_ms and now_ms >= run.deadline_ms:
@@ -180,15 +180,15 @@ def judge(run: RunView, *, now_ms: int, policy: WatchdogPolicy) -> Verdict:
         action = WatchdogAction.RECOVER
     else:
         action = WatchdogAction.NONE
-    return Verdict(run.session_key, run.run_id, klass, last, now_ms - last, action, alert)
+    return RunVerdict(run.session_key, run.run_id, klass, last, now_ms - last, action, alert)
 
 
-def judge_all(runs: Iterable[RunView], *, now_ms: int, policy: WatchdogPolicy) -> list[Verdict]:
+def judge_all(runs: Iterable[RunView], *, now_ms: int, policy: WatchdogPolicy) -> list[RunVerdict]:
     """``judge`` for each run."""
     return [judge(run, now_ms=now_ms, policy=policy) for run in runs]
 
 
-def needs_confirmation(verdict: Verdict) -> bool:
+def needs_confirmation(verdict: RunVerdict) -> bool:
     """Whether a verdict reached from a summary must be confirmed from the calls before use.
 
     Steady classes are only stored; an alert or a recovery is confirmed first. A time-out is

@@ -8,31 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolCall, ToolResult
-from workers.core.results import fallback_result, success_result, synthetic_result, tool_error_result
+from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolResult
+from workers.core.results import (
+    fallback_result,
+    rejected_result,
+    success_result,
+    synthetic_result,
+    tool_error_result,
+)
 from workers.errors import InvalidArguments, ToolNotFound
 from workers.redact import redact
 from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, get_tool, validate_arguments
 
-__all__ = ["bounded_result", "interrupted_result", "rejected_result", "run_tool"]
-
-
-def rejected_result(call: ToolCall, error: ToolNotFound | InvalidArguments, elapsed_ms: int) -> ToolResult:
-    """The answer to a call that must not run: unknown tool or invalid arguments (R5)."""
-    if isinstance(error, ToolNotFound):
-        hint = f"; closest: {', '.join(error.closest)}" if error.closest else ""
-        return synthetic_result(
-            call, SyntheticReason.UNKNOWN_TOOL, elapsed_ms=elapsed_ms, attempt=0, detail=hint
-        )
-    return synthetic_result(
-        call,
-        SyntheticReason.INVALID_ARGUMENTS,
-        elapsed_ms=elapsed_ms,
-        attempt=0,
-        detail="; ".join(error.problems),
-        extra={"problems": error.problems},
-    )
+__all__ = ["bounded_result", "interrupted_result", "run_tool"]
 
 
 def interrupted_result(

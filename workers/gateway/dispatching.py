@@ -9,15 +9,14 @@ from datetime import UTC, datetime
 
 from celery import Celery
 
-from workers.celery_app import INVOKE_TASK
 from workers.core.limits import resolve_limits
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
-from workers.core.results import synthetic_result
+from workers.core.results import rejected_result, synthetic_result
 from workers.errors import InvalidArguments, ToolNotFound
-from workers.execution import rejected_result
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, Registration
+from workers.task_names import INVOKE_TASK
 from workers.tools.registry import get_tool, validate_arguments
 
 __all__ = ["Dispatcher", "task_id"]

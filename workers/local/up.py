@@ -7,7 +7,6 @@ redis-server is stopped last. ``unstuck up`` and ``unstuck demo`` both use :clas
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import json
@@ -25,10 +24,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from workers.cli.run_cmds import beat_argv, preflight, worker_argv
 from workers.errors import ConfigError, StoreError, UnstuckError
+from workers.launch import beat_argv, preflight, worker_argv
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings, process_environment
-from workers.store.embedded import EmbeddedRedis
 
 __all__ = [
     "Child",
@@ -226,7 +225,7 @@ class Stack:
         self._start_redis()
         self._preflight()
         self.worker = self._spawn_worker()
-        self.beat = Child.spawn("beat", beat_argv(self._beat_args()), self.child_env(), self.log_dir)
+        self.beat = Child.spawn("beat", self._beat_argv(), self.child_env(), self.log_dir)
         if self.options.flower_port is not None:
             self.flower = self._spawn_flower(self.options.flower_port)
         self.worker.wait_for_log(" ready.", timeout_s=self.options.ready_timeout_s)
@@ -306,18 +305,16 @@ class Stack:
         return child_env(self.options.env, keep_unstuck=self.options.keep_unstuck_env)
 
     def _spawn_worker(self, suffix: str = "") -> Child:
-        args = argparse.Namespace(
+        argv = worker_argv(
+            self.settings,
             concurrency=self.options.concurrency,
             hostname=self.options.node_name,
             loglevel=self.options.loglevel,
         )
-        return Child.spawn(
-            f"worker{suffix}", worker_argv(self.settings, args), self.child_env(), self.log_dir
-        )
+        return Child.spawn(f"worker{suffix}", argv, self.child_env(), self.log_dir)
 
-    def _beat_args(self) -> argparse.Namespace:
-        schedule = str(self.log_dir / "beat-schedule")
-        return argparse.Namespace(loglevel=self.options.loglevel, schedule_file=schedule)
+    def _beat_argv(self) -> list[str]:
+        return beat_argv(loglevel=self.options.loglevel, schedule_file=str(self.log_dir / "beat-schedule"))
 
     def _spawn_flower(self, port: int) -> Child:
         argv = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "flower"]

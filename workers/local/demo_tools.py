@@ -1,6 +1,6 @@
 """Tools of ``unstuck demo``: two healthy ones and one for each way a tool can misbehave.
 
-Loaded by the demo's own worker through ``UNSTUCK_TOOL_MODULES=workers.demo_tools``.
+Loaded by the demo's own worker through ``UNSTUCK_TOOL_MODULES=workers.local.demo_tools``.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from workers.answering import reap
 from workers.core.loops import LoopVerdict, PendingCall
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.errors import StoreError
-from workers.reaping import reap
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger

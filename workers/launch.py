@@ -1,0 +1,58 @@
+"""Command lines of the processes unstuck runs, and the pre-flight check they share.
+
+Used by the ``unstuck worker``/``beat`` commands and by ``unstuck up``; library code, so that
+neither imports the other's module (nothing outside ``workers.cli`` imports the CLI).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+from workers.errors import StoreError
+from workers.redact import redact_url
+from workers.runtime import redis_client
+from workers.settings import Settings
+
+__all__ = ["beat_argv", "preflight", "worker_argv"]
+
+
+def preflight(settings: Settings) -> None:
+    """Fail fast, with the fix, when Redis is unreachable or tool modules do not import."""
+    from workers.tools.loader import load_tools
+
+    load_tools(settings.tool_modules)
+    client = redis_client(settings)
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure here is the same advice
+        raise StoreError(
+            f"cannot reach Redis at {redact_url(settings.redis.url)} ({type(exc).__name__}); "
+            "start it or fix UNSTUCK_REDIS__URL"
+        ) from None
+    finally:
+        client.close()
+
+
+def worker_argv(settings: Settings, *, concurrency: int | None, hostname: str, loglevel: str) -> list[str]:
+    """The celery command line of a tool worker: always prefork, events on, the tool queue only."""
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+        "--pool", "prefork",
+        "--concurrency", str(concurrency or settings.worker.concurrency),
+        "--queues", settings.broker.queue,
+        "--hostname", hostname,
+        "--loglevel", loglevel,
+        "--task-events",
+        "--without-mingle", "--without-gossip",
+    ]  # fmt: skip
+
+
+def beat_argv(*, loglevel: str, schedule_file: str | None) -> list[str]:
+    """The celery command line of beat (``schedule_file`` default: a fresh temp dir)."""
+    schedule = schedule_file or os.path.join(tempfile.mkdtemp(prefix="unstuck-beat-"), "schedule")
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.celery_app", "beat",
+        "--loglevel", loglevel, "--schedule", schedule,
+    ]  # fmt: skip

@@ -1,0 +1,1 @@
+"""Operator processes that read the cluster without taking part in it: the Prometheus exporter."""
