@@ -13,9 +13,9 @@ import logging
 import os
 import signal
 import socket
-from pathlib import Path
 from typing import Any
 
+import psutil
 from billiard.exceptions import TimeLimitExceeded
 from celery.worker.request import Request
 from pydantic import ValidationError
@@ -66,10 +66,9 @@ def pid_alive(worker: str) -> bool:
     """Whether the process of a ``host:pid`` worker id (on this host) is alive and not a zombie."""
     pid = worker.rsplit(":", 1)[-1]
     try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError):
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+        return psutil.Process(int(pid)).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False  # AccessDenied: the pid now belongs to another user, so not to our pool
 
 
 def answer_if_holder_died(kwargs: dict[str, Any]) -> bool:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 UNSTUCK = str(Path(sys.executable).parent / "unstuck")
 
@@ -116,15 +118,9 @@ def start_beat(env: dict[str, str]) -> Proc:
 def processes_with_cmdline(fragment: str) -> list[int]:
     """Pids whose command line contains ``fragment`` (excluding this process)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if fragment in cmdline:
-            found.append(int(entry.name))
+    for process in psutil.process_iter(["cmdline"]):  # gone: skipped; unreadable: None
+        if process.pid != os.getpid() and fragment in " ".join(process.info["cmdline"] or []):
+            found.append(process.pid)
     return found
 
 

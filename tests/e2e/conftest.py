@@ -6,6 +6,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from tests.harness import REPO, Proc, base_env, kill_pids, start_beat, start_worker
@@ -30,9 +31,8 @@ def pids_matching(pattern: str) -> list[int]:
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 

@@ -1,9 +1,10 @@
 """Every deploy/ manifest parses and runs only real ``unstuck`` commands with valid options.
 
-PyYAML is not a dependency, so the YAML manifests are written in a small strict subset read
-by ``_yaml_documents`` below: block mappings and sequences, ``|`` literal blocks, quoted or
-plain scalars, and flow collections in JSON form. Anchors, tags, folded blocks, multi-line
-plain scalars and the YAML 1.1 booleans (``yes``/``on``) are refused with the line number.
+The YAML manifests are read with PyYAML (``SafeLoader``) and kept to a small strict subset,
+checked by ``_yaml_documents`` below: block mappings and sequences, ``|`` literal blocks, quoted
+or plain scalars, and flow collections in JSON form. Anchors, aliases, tags, folded blocks,
+multi-line plain scalars, duplicate keys and the YAML 1.1 booleans (``yes``/``on``, which YAML
+1.1 and 1.2 readers disagree on) are refused with the line number.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import io
 import json
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from workers.cli.main import build_parser
@@ -35,175 +37,60 @@ class ManifestError(ValueError):
     """Raised when a manifest leaves the YAML subset or the systemd unit syntax."""
 
 
-# --- YAML subset -------------------------------------------------------------------------
+# --- YAML: PyYAML, with the manifests' subset enforced on top ------------------------------
+
+# Booleans to YAML 1.1 readers (PyYAML too), strings to YAML 1.2 ones; y/n only by the 1.1 spec.
+_YAML11_BOOLS = {"yes", "no", "on", "off"}
+_YAML11_YN = {"y", "n"}
+_JSON_PLAIN = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?|true|false|null")
+_FLOW_START = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken)
+_FLOW_END = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)
 
 
-@dataclass
-class _Line:
-    indent: int
-    text: str
-    number: int
-    block: str | None = None  # content of a ``|`` literal block that ends this line
+class _StrictLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses a duplicate key (PyYAML would keep the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[str] = set()
+        for key, _value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    raise ManifestError(f"line {key.start_mark.line + 1}: duplicate key {key.value!r}")
+                seen.add(key.value)
+        return super().construct_mapping(node, deep=deep)
 
 
-_KEY = re.compile(r"""^(?P<key>[A-Za-z0-9_.$/@-]+|"[^"]*"|'[^']*'):(?:[ ]+(?P<rest>.*))?$""")
-_PLAIN_FORBIDDEN = ("&", "*", "!", ">", "%", "@", "`", "|")
-_YAML11_BOOLS = {"yes", "no", "on", "off", "y", "n"}
-
-
-def _strip_comment(text: str) -> str:
-    quote = ""
-    for index, char in enumerate(text):
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "#" and (index == 0 or text[index - 1] in " \t"):
-            return text[:index].rstrip()
-    return text.rstrip()
-
-
-def _lines(raw: list[str], first_number: int) -> list[_Line]:
-    out: list[_Line] = []
-    index = 0
-    while index < len(raw):
-        number, line = first_number + index, raw[index]
-        index += 1
-        if "\t" in line[: len(line) - len(line.lstrip())]:
-            raise ManifestError(f"line {number}: tab in indentation")
-        text = _strip_comment(line)
-        if not text.strip():
+def _check_subset(text: str) -> None:
+    """Refuse, by token, what the manifests keep out of their YAML."""
+    flow, previous = 0, None
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        number, is_key, previous = token.start_mark.line + 1, isinstance(previous, yaml.KeyToken), token
+        if isinstance(token, _FLOW_START):
+            flow += 1
+        elif isinstance(token, _FLOW_END):
+            flow -= 1
+        elif isinstance(token, yaml.AnchorToken | yaml.AliasToken | yaml.TagToken):
+            kind = type(token).__name__.removesuffix("Token").lower()
+            raise ManifestError(f"line {number}: outside the YAML subset: {kind} {token.value!r}")
+        elif not isinstance(token, yaml.ScalarToken):
             continue
-        indent = len(text) - len(text.lstrip(" "))
-        entry = _Line(indent, text.strip(), number)
-        if re.search(r"(^|:|-)\s*\|-?$", entry.text):
-            block: list[str] = []
-            while index < len(raw) and (not raw[index].strip() or _indent(raw[index]) > indent):
-                block.append(raw[index])
-                index += 1
-            entry.block = _literal(block, keep_newline=not entry.text.endswith("-"))
-            entry.text = entry.text.rstrip("|-").rstrip()
-        out.append(entry)
-    return out
-
-
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
-
-
-def _literal(block: list[str], *, keep_newline: bool) -> str:
-    while block and not block[-1].strip():
-        block.pop()
-    if not block:
-        return ""
-    margin = min(_indent(line) for line in block if line.strip())
-    text = "\n".join(line[margin:] for line in block)
-    return text + "\n" if keep_newline else text
-
-
-def _scalar(text: str, number: int) -> Any:
-    if text[0] == '"' or text[0] in "[{":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ManifestError(f"line {number}: not JSON-form: {text!r} ({exc.msg})") from None
-    if text[0] == "'":
-        if len(text) < 2 or not text.endswith("'"):
-            raise ManifestError(f"line {number}: unterminated quote: {text!r}")
-        return text[1:-1].replace("''", "'")
-    if text.startswith(_PLAIN_FORBIDDEN) or text.lower() in _YAML11_BOOLS:
-        raise ManifestError(f"line {number}: outside the YAML subset: {text!r}")
-    if text in ("null", "~"):
-        return None
-    if text in ("true", "false"):
-        return text == "true"
-    if re.fullmatch(r"-?\d+", text):
-        return int(text)
-    if re.fullmatch(r"-?\d+\.\d+", text):
-        return float(text)
-    return text
-
-
-def _value(lines: list[_Line], index: int, parent: int) -> tuple[Any, int]:
-    """The value after a ``key:`` or ``-`` with nothing else on its line."""
-    if index < len(lines) and lines[index].indent > parent:
-        return _node(lines, index)
-    return None, index
-
-
-def _node(lines: list[_Line], index: int) -> tuple[Any, int]:
-    if lines[index].text == "-" or lines[index].text.startswith("- "):
-        return _sequence(lines, index, lines[index].indent)
-    return _mapping(lines, index, lines[index].indent)
-
-
-def _sequence(lines: list[_Line], index: int, indent: int) -> tuple[list[Any], int]:
-    items: list[Any] = []
-    while index < len(lines) and lines[index].indent == indent and lines[index].text[:1] == "-":
-        line = lines[index]
-        rest = line.text[1:].lstrip()
-        if line.block is not None and not rest:
-            items.append(line.block)
-            index += 1
-        elif not rest:
-            value, index = _value(lines, index + 1, indent)
-            items.append(value)
-        elif _KEY.match(rest):
-            offset = line.indent + len(line.text) - len(rest)
-            lines[index] = _Line(offset, rest, line.number, line.block)
-            value, index = _mapping(lines, index, offset)
-            items.append(value)
-        else:
-            items.append(_scalar(rest, line.number))
-            index += 1
-    return items, _check_dedent(lines, index, indent)
-
-
-def _mapping(lines: list[_Line], index: int, indent: int) -> tuple[dict[str, Any], int]:
-    out: dict[str, Any] = {}
-    while index < len(lines) and lines[index].indent == indent and lines[index].text[:1] != "-":
-        line = lines[index]
-        match = _KEY.match(line.text)
-        if match is None:
-            raise ManifestError(f"line {line.number}: expected `key: value`, got {line.text!r}")
-        key = match["key"].strip("'\"") if match["key"][0] in "'\"" else match["key"]
-        if key in out:
-            raise ManifestError(f"line {line.number}: duplicate key {key!r}")
-        rest = match["rest"]
-        index += 1
-        if line.block is not None:
-            out[key] = line.block
-        elif rest:
-            out[key] = _scalar(rest, line.number)
-        elif index < len(lines) and lines[index].indent == indent and lines[index].text[:1] == "-":
-            out[key], index = _sequence(lines, index, indent)
-        else:
-            out[key], index = _value(lines, index, indent)
-    return out, _check_dedent(lines, index, indent)
-
-
-def _check_dedent(lines: list[_Line], index: int, indent: int) -> int:
-    if index < len(lines) and lines[index].indent > indent:
-        line = lines[index]
-        raise ManifestError(f"line {line.number}: unexpected indentation: {line.text!r}")
-    return index
+        elif token.style == ">" or (
+            token.plain and token.value.lower() in (_YAML11_BOOLS if is_key else _YAML11_BOOLS | _YAML11_YN)
+        ):
+            raise ManifestError(f"line {number}: outside the YAML subset: {token.value!r}")
+        elif token.plain and token.end_mark.line != token.start_mark.line:
+            raise ManifestError(f"line {number + 1}: unexpected indentation: {token.value!r}")
+        elif flow and token.style != '"' and not (token.plain and _JSON_PLAIN.fullmatch(token.value)):
+            raise ManifestError(f"line {number}: not JSON-form: {token.value!r}")
 
 
 def _yaml_documents(text: str) -> list[Any]:
-    """Parse the YAML subset; one value per ``---``-separated document."""
-    documents: list[Any] = []
-    raw = text.splitlines()
-    starts = [0, *[i + 1 for i, line in enumerate(raw) if line.rstrip() == "---"]]
-    ends = [i for i, line in enumerate(raw) if line.rstrip() == "---"] + [len(raw)]
-    for start, end in zip(starts, ends, strict=True):
-        lines = _lines(raw[start:end], start + 1)
-        if not lines:
-            continue
-        value, index = _node(lines, 0)
-        if index != len(lines):
-            raise ManifestError(f"line {lines[index].number}: unexpected {lines[index].text!r}")
-        documents.append(value)
-    return documents
+    """One value per ``---``-separated document; empty documents are skipped."""
+    try:
+        _check_subset(text)
+        return [doc for doc in yaml.load_all(text, Loader=_StrictLoader) if doc is not None]
+    except yaml.YAMLError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 # --- systemd units -----------------------------------------------------------------------

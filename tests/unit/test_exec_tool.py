@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from workers.errors import HeartbeatInterrupt, ToolExecutionError
@@ -57,18 +58,14 @@ def _call(name: str, recorder: Recorder | None = None, **arguments: Any) -> Any:
 
 
 def _live_members(pgid: int) -> list[int]:
-    """Pids in process group ``pgid`` that are not zombies (read from /proc)."""
+    """Pids in process group ``pgid`` that are not zombies."""
     live = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in psutil.pids():
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            if os.getpgid(pid) == pgid and _alive(pid):
+                live.append(pid)
+        except ProcessLookupError:
             continue
-        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
-        if int(pgrp) == pgid and state not in ("Z", "X"):
-            live.append(int(entry.name))
     return live
 
 
@@ -160,7 +157,7 @@ def test_exec_kills_background_children_when_the_call_returns() -> None:
     # Then the child, and every other member of the call's group, is gone
     child = int(result["stdout"])
     (pgid,) = recorder.groups
-    # (/proc rather than killpg(pgid, 0): killed members stay zombies until their new parent,
+    # (process states rather than killpg(pgid, 0): killed members stay zombies until their new parent,
     # possibly a non-reaping pid 1 in a container, reaps them, and killpg still sees zombies.)
     assert _wait_group_dead(pgid) == []
     assert not _alive(child)
@@ -168,10 +165,9 @@ def test_exec_kills_background_children_when_the_call_returns() -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def test_exec_returns_when_the_shell_exits_even_if_a_background_child_holds_the_pipes() -> None:
