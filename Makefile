@@ -1,5 +1,11 @@
 # One set of targets for people, pre-commit and CI (.ci/run).
-PY ?= python3.11
+# The first of these on PATH that runs and is Python >= 3.11 (a pyenv shim may exist but not run);
+# `make PY=...` overrides.
+PY_CANDIDATES := python3.13 python3.12 python3.11 python3
+PY_OK := -c 'import sys; sys.exit(sys.version_info < (3, 11))'
+ifeq ($(origin PY),undefined)
+PY := $(shell for p in $(PY_CANDIDATES); do $$p $(PY_OK) >/dev/null 2>&1 && { echo $$p; break; }; done)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,7 +13,8 @@ STAMP := $(VENV)/.installed
 .PHONY: install format lint typecheck test test-unit test-integration test-e2e all demo bench chaos clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 1; }
+	@test -n "$(PY)" || { echo "need Python >= 3.11: none of $(PY_CANDIDATES) on PATH qualifies (or run make PY=/path/to/python)"; exit 1; }
+	@$(PY) $(PY_OK) >/dev/null 2>&1 || { echo "need Python >= 3.11: $(PY) is missing or older"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
