@@ -5,12 +5,14 @@
 --
 -- Reads the runs past their deadline and the runs quiet for stalled_after_ms in the index
 -- (as the pipelined path does) and classifies each from its record's summary exactly as
--- workers.core.watchdog.judge does: progress_ms (latest activity of any call), open_n
--- (calls without a result) and claimed_n (calls a worker holds), kept by the ledger
--- scripts. One hash read per run. A running run that needs no alert and no action is
--- settled here: its class stored when it changed, its progress score moved forward to
--- its latest activity when active or long_running. Every other run (record gone, not
--- running, alert, time-out, recovery) is returned for the caller to confirm and act on.
+-- workers.core.run_health.judge does: the later of started_ms and progress_ms (latest
+-- activity of any call), open_n (calls without a result) and claimed_n (calls a worker
+-- holds), kept by the ledger scripts. One hash read per run. A running run that needs no
+-- alert and no action is settled here: its class stored when it changed, its progress
+-- score moved forward to its latest activity when active or long_running. Every other run
+-- (record gone, not running, alert, time-out, recovery) is returned for the caller to
+-- confirm and act on. tests/integration/test_sweep_parity_runs.py holds this to judge()
+-- on every generated row of the decision table.
 -- Returns {{class, count, ...}, {member, ...}}.
 local prefix, now, stalled = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local recover, limit = ARGV[4] == '1', tonumber(ARGV[5])
@@ -34,18 +36,24 @@ end
 local moved = {} -- score, member, ...: progress found in the records, one ZADD per batch
 
 -- Returns the class of a running run, or nil when the caller must judge it. Written for
--- speed (it runs once per due run): one HMGET, no helper calls, the stored progress string
+-- speed (it runs once per due run): one HMGET, no helper calls, a stored time string
 -- reused as the new index score.
 local function settle(member, run_key)
-  local run = redis.call('HMGET', run_key, 'status', 'progress_ms', 'deadline_ms', 'class', 'open_n', 'claimed_n')
+  local run = redis.call('HMGET', run_key, 'status', 'progress_ms', 'deadline_ms', 'class', 'open_n',
+                         'claimed_n', 'started_ms')
   if run[1] ~= 'running' then
     return nil
   end
-  local last_text = run[2] -- the start script sets progress_ms to started_ms; every call raises it
-  if not last_text then
-    last_text = redis.call('HGET', run_key, 'started_ms') or '0'
+  -- The latest activity is the later of start and progress, as judge() takes it: progress_ms
+  -- may be missing, or behind started_ms when the record was opened by a host whose clock is
+  -- ahead of the one that reported the progress.
+  local last, last_text = tonumber(run[2] or 0) or 0, run[2] -- the text is reused as index score
+  local started = tonumber(run[7] or 0) or 0
+  if started > last then
+    last, last_text = started, run[7]
+  elseif last == 0 then
+    last_text = '0'
   end
-  local last = tonumber(last_text) or 0
   local klass
   if now - last < stalled then
     klass = (tonumber(run[5] or 0) or 0) > 0 and 'long_running' or 'active'

@@ -1,0 +1,294 @@
+"""The lease probe exists once: ``sweep_calls.lua`` is checked against the pure rules, row by row.
+
+On a single Redis node the sweep probes due calls with ``sweep_calls.lua``; on a cluster the
+pipelined probe reads the same records and decides with ``_probe_verdict``. Either way the
+calls found are then reaped by :func:`workers.core.reaper.decide`. Every combination of the
+inputs the probe and ``decide`` branch on is generated (``CALL_TABLE``), written once through
+the ledger's write paths, copied to one prefix per path (:mod:`tests.integration.sweep_parity`),
+swept by :func:`sweep_due_calls`, and checked case by case: each path against the pure probe
+and ``decide`` computed from the case itself (the call's answer, its index members, its lease),
+and the two paths against each other, down to every key and index member of the case.
+
+Inputs: state (record gone, answered, queued, running), deadline (one ms past, exactly now, one
+ms ahead, exactly ``min_rerun`` ahead), the lease key (missing, no expiry, alive), dispatched,
+submission age (one ms under, exactly at, twice a lease), membership of the due index and of the
+lease index (absent, score exactly now, one ms ahead) and idempotency. A lease is crossed with
+running calls only: no write path leaves one on a call that is not running. Written directly:
+the lease's expiry and the index members (their scores are the probe's input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+
+from tests.integration.sweep_parity import (
+    ALIVE_MS,
+    CALL,
+    LEASE_MS,
+    NOW,
+    PATHS,
+    RUN,
+    RecordingScripts,
+    Swept,
+    clients,
+    copy_prefix,
+    dump,
+    lease_score,
+    mutant,
+    ok_result,
+    product,
+    sweep_settings,
+)
+from workers.core.models import CallState, SyntheticReason
+from workers.core.reaper import OpenCall, decide
+from workers.local.embedded_redis import EmbeddedRedis
+from workers.store.keys import due_index_key, lease_index_key
+from workers.store.ledger import Ledger
+from workers.store.sweep_probe import _probe_verdict
+from workers.watchdog.due_calls import sweep_due_calls
+
+CALLS_BOUNDARY = (
+    "elseif (tonumber(f[2] or 0) or 0) <= now then",
+    "elseif (tonumber(f[2] or 0) or 0) < now then",
+)
+
+
+CALL_DEADLINES = {"past": NOW - 1, "now": NOW, "ahead": NOW + 1, "rerun": NOW + LEASE_MS}
+SUBMITTED = {"fresh": NOW - LEASE_MS + 1, "lease": NOW - LEASE_MS, "old": NOW - 2 * LEASE_MS}
+LEASE_LEFT = {"missing": -2, "no_ttl": -1, "alive": ALIVE_MS}
+LEASE_INDEX = {"absent": None, "lapsed": NOW, "ahead": NOW + 1}
+
+
+@dataclass(frozen=True)
+class CallCase:
+    """One row of the call table: a call record, its lease and its index members as written."""
+
+    state: str  # gone | done | pending | running
+    deadline: str
+    lease: str
+    dispatched: bool
+    submitted: str
+    due_index: bool
+    lease_index: str
+    idempotent: bool
+
+    @property
+    def id(self) -> str:
+        return (
+            f"{self.state}-deadline:{self.deadline}-lease:{self.lease}"
+            f"-{'dispatched' if self.dispatched else 'undispatched'}-submitted:{self.submitted}"
+            f"-due_index:{'in' if self.due_index else 'out'}-lease_index:{self.lease_index}"
+            f"-{'idempotent' if self.idempotent else 'once'}"
+        )
+
+    @property
+    def candidate(self) -> bool:
+        """Whether the probe reads it: due by deadline, or its recorded lease ran out."""
+        lease_score = LEASE_INDEX[self.lease_index]
+        return (self.due_index and CALL_DEADLINES[self.deadline] <= NOW) or (
+            lease_score is not None and lease_score <= NOW
+        )
+
+
+CALL_TABLE: dict[str, Iterable[Any]] = {
+    "state": ("gone", "done", "pending", "running"),
+    "deadline": CALL_DEADLINES,
+    "lease": LEASE_LEFT,
+    "dispatched": (True, False),
+    "submitted": SUBMITTED,
+    "due_index": (True, False),
+    "lease_index": LEASE_INDEX,
+    "idempotent": (True, False),
+}
+CALL_CASES = [
+    case
+    for case in (CallCase(**row) for row in product(**CALL_TABLE))
+    if case.state == "running" or case.lease == "missing"
+]
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What a sweep leaves of a call: its state and reason, index scores, lease key."""
+
+    state: str | None
+    reason: str | None
+    due: int | None
+    leases: int | str | None
+    lease_key: bool
+
+
+def _call_as_written(case: CallCase) -> CallOutcome:
+    return CallOutcome(
+        None if case.state == "gone" else case.state,
+        "" if case.state == "done" else None,
+        CALL_DEADLINES[case.deadline] if case.due_index else None,
+        LEASE_INDEX[case.lease_index],
+        case.lease != "missing",
+    )
+
+
+def _open_call(case: CallCase) -> OpenCall:
+    return OpenCall(
+        CALL, "echo", CallState(case.state), CALL_DEADLINES[case.deadline], int(case.state == "running"),
+        case.lease != "missing", case.idempotent, case.dispatched, SUBMITTED[case.submitted],
+    )  # fmt: skip
+
+
+def probe_verdict(case: CallCase) -> str:
+    """The pure probe: reap, drop, rescore, unhold or keep."""
+    fields: list[Any] = [None] * 4
+    if case.state != "gone":
+        deadline, submitted = CALL_DEADLINES[case.deadline], SUBMITTED[case.submitted]
+        fields = [case.state, str(deadline), str(submitted), "1" if case.dispatched else "0"]
+    return _probe_verdict(fields, LEASE_LEFT[case.lease], now_ms=NOW, lease_ms=LEASE_MS)
+
+
+def expected_call(case: CallCase, verdict: str | None = None) -> CallOutcome:
+    """What the sweep must leave, from the pure probe and ``decide`` (``verdict`` overrides)."""
+    before = _call_as_written(case)
+    if not case.candidate:
+        return before
+    verdict = verdict or probe_verdict(case)
+    if verdict == "drop":
+        return replace(before, due=None, leases=None)
+    if verdict == "unhold":
+        return replace(before, leases=None)
+    if verdict == "rescore":
+        left = LEASE_LEFT[case.lease]
+        score = lease_score(NOW + (left if left > 0 else LEASE_MS))
+        return replace(before, leases=None if before.leases is None else score)
+    if verdict == "keep":
+        return before
+    actions = decide([_open_call(case)], now_ms=NOW, min_rerun_ms=LEASE_MS, undispatched_after_ms=LEASE_MS)
+    if not actions:
+        return before
+    reason = actions[0].reason or SyntheticReason.WORKER_LOST  # nobody re-dispatches in a sweep
+    return CallOutcome("done", reason.value, None, None, False)
+
+
+def write_call(ledger: Ledger, n: int, case: CallCase) -> None:
+    """Write one call case under ``ledger``'s prefix, in session ``s<n>`` (no run record)."""
+    keys = ledger.keys(f"s{n}", RUN)
+    deadline, submitted = CALL_DEADLINES[case.deadline], SUBMITTED[case.submitted]
+    flags = {"idempotent": str(int(case.idempotent)), "dispatched": str(int(case.dispatched))}
+    ledger.register_call(keys, CALL, now_ms=submitted, deadline_ms=deadline, fields={"tool": "echo", **flags})
+    if case.state in ("running", "done"):
+        ledger.claim(keys, CALL, worker_id="w:1", now_ms=submitted)
+    if case.state == "done":
+        ledger.finish(keys, ok_result(CALL), now_ms=submitted, writer="w:1")
+    # The lease's expiry and the index members as the case has them: written directly.
+    pipe = ledger.client.pipeline(transaction=True)
+    lease = keys.lease(CALL)
+    pipe.delete(lease)
+    if case.lease == "no_ttl":
+        pipe.set(lease, "w:1")
+    elif case.lease == "alive":
+        pipe.set(lease, "w:1", px=ALIVE_MS)
+    if case.state == "gone":
+        pipe.delete(keys.call(CALL))
+    member, due, leases = keys.due_member(CALL), due_index_key(ledger.prefix), lease_index_key(ledger.prefix)
+    pipe.zrem(due, member)
+    if case.due_index:
+        pipe.zadd(due, {member: deadline})
+    pipe.zrem(leases, member)
+    if (score := LEASE_INDEX[case.lease_index]) is not None:
+        pipe.zadd(leases, {member: score})
+    pipe.execute()
+
+
+def _observe_calls(ledger: Ledger) -> dict[int, CallOutcome]:
+    due, leases = due_index_key(ledger.prefix), lease_index_key(ledger.prefix)
+    pipe = ledger.client.pipeline(transaction=False)
+    for n in range(len(CALL_CASES)):
+        keys = ledger.keys(f"s{n}", RUN)
+        pipe.hmget(keys.call(CALL), ["state", "reason"])
+        pipe.zscore(due, keys.due_member(CALL))
+        pipe.zscore(leases, keys.due_member(CALL))
+        pipe.exists(keys.lease(CALL))
+    rows = pipe.execute()
+    out: dict[int, CallOutcome] = {}
+    for n in range(len(CALL_CASES)):
+        (state, reason), due_score, leases_score, lease_key = rows[4 * n : 4 * n + 4]
+        out[n] = CallOutcome(
+            state, reason, None if due_score is None else int(due_score),
+            None if leases_score is None else lease_score(leases_score), bool(lease_key),
+        )  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def call_sweeps(redis_server: EmbeddedRedis) -> Iterator[dict[str, Swept]]:
+    """Every call case, swept by each path from one template."""
+    with clients(redis_server.url) as (client, raw):
+        ledger = Ledger(client, prefix="calls", ttl_s=3600, lease_ttl_ms=LEASE_MS)
+        for n, case in enumerate(CALL_CASES):
+            write_call(ledger, n, case)
+        swept = {path: Swept() for path in PATHS}
+        for path in PATHS:
+            prefix = f"calls-{path}"
+            copy_prefix(raw, "calls", prefix)
+            swept_ledger = Ledger(client, prefix=prefix, ttl_s=3600, lease_ttl_ms=LEASE_MS)
+            calls_lua = mutant("sweep_calls.lua", *CALLS_BOUNDARY) if path == "mutant" else ""
+            scripts = RecordingScripts(swept_ledger, calls_lua=calls_lua) if path != "pipelined" else None
+            answered = sweep_due_calls(
+                swept_ledger, now_ms=NOW, settings=sweep_settings(), writer="wd", scripts=scripts
+            )
+            swept[path].outcomes = _observe_calls(swept_ledger)
+            if path == "mutant":
+                continue
+            owned, shared = dump(client, prefix)
+            swept[path].states = {n: owned.get(n, {}) for n in range(len(CALL_CASES))}
+            swept[path].shared = {"answered": answered, **shared}
+        yield swept
+
+
+@pytest.mark.parametrize("n", range(len(CALL_CASES)), ids=[case.id for case in CALL_CASES])
+def test_both_probe_paths_treat_each_call_as_the_pure_rules(call_sweeps: dict[str, Swept], n: int) -> None:
+    # Given one generated call, probed by sweep_calls.lua and by the pipelined probe
+    case, scripts, pipelined = CALL_CASES[n], call_sweeps["scripts"], call_sweeps["pipelined"]
+    # Then each did what the pure probe and decide say, and left exactly the same keys
+    expected = expected_call(case)
+    assert scripts.outcomes[n] == expected
+    assert pipelined.outcomes[n] == expected
+    assert scripts.states[n] == pipelined.states[n]
+
+
+def test_both_probe_paths_answer_the_same_calls(call_sweeps: dict[str, Swept]) -> None:
+    assert call_sweeps["scripts"].shared == call_sweeps["pipelined"].shared
+    assert call_sweeps["scripts"].shared["answered"] > 100
+
+
+def test_an_altered_probe_verdict_is_detected(call_sweeps: dict[str, Swept]) -> None:
+    # Given the pure probe with one verdict altered: calls whose worker was lost kept, not reaped
+    def altered(case: CallCase) -> CallOutcome:
+        verdict = probe_verdict(case)
+        overdue = CALL_DEADLINES[case.deadline] <= NOW
+        lost = case.state == "running" and case.lease == "missing" and not overdue and verdict == "reap"
+        return expected_call(case, "keep" if lost else verdict)
+
+    lost = {
+        n for n, case in enumerate(CALL_CASES)
+        if case.candidate and altered(case) != expected_call(case)
+    }  # fmt: skip
+    # When both paths' outcomes are compared with it
+    for path in ("scripts", "pipelined"):
+        outcomes = call_sweeps[path].outcomes
+        wrong = {n for n, case in enumerate(CALL_CASES) if outcomes[n] != altered(case)}
+        # Then exactly the altered rows fail
+        assert wrong == lost
+    assert len(lost) > 10
+
+
+def test_a_probe_with_the_deadline_boundary_moved_is_detected(call_sweeps: dict[str, Swept]) -> None:
+    # Given the probe script treating a deadline of exactly now as not yet due (the mutant path)
+    outcomes = call_sweeps["mutant"].outcomes
+    # When its outcomes are compared with the pure rules
+    wrong = [case for n, case in enumerate(CALL_CASES) if outcomes[n] != expected_call(case)]
+    # Then rows fail, and only rows whose deadline is exactly now
+    assert wrong
+    assert {case.deadline for case in wrong} == {"now"}
