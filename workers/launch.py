@@ -12,8 +12,8 @@ import tempfile
 
 from workers.errors import StoreError
 from workers.redact import redact_url
-from workers.runtime import redis_client
 from workers.settings import Settings
+from workers.store.server import ping_error
 
 __all__ = ["beat_argv", "preflight", "worker_argv"]
 
@@ -23,16 +23,16 @@ def preflight(settings: Settings) -> None:
     from workers.tools.loader import load_tools
 
     load_tools(settings.tool_modules)
-    client = redis_client(settings)
-    try:
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure here is the same advice
+    failure = ping_error(
+        settings.redis.url,
+        socket_timeout_s=settings.redis.socket_timeout_s,
+        socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
+    )
+    if failure is not None:
         raise StoreError(
-            f"cannot reach Redis at {redact_url(settings.redis.url)} ({type(exc).__name__}); "
+            f"cannot reach Redis at {redact_url(settings.redis.url)} ({failure}); "
             "start it or fix UNSTUCK_REDIS__URL"
-        ) from None
-    finally:
-        client.close()
+        )
 
 
 def worker_argv(settings: Settings, *, concurrency: int | None, hostname: str, loglevel: str) -> list[str]:

@@ -8,14 +8,12 @@ import time
 from dataclasses import dataclass
 from functools import cache
 
-import redis
-
 from workers.settings import Settings, load_settings
 from workers.store.ledger import Ledger, connect
 from workers.tools.loader import load_tools
 from workers.tools.registry import ToolSpec
 
-__all__ = ["Runtime", "build_runtime", "now_ms", "open_ledger", "redis_client", "runtime", "worker_id"]
+__all__ = ["Runtime", "build_runtime", "now_ms", "open_ledger", "runtime", "worker_id"]
 
 
 def now_ms() -> int:
@@ -37,19 +35,15 @@ class Runtime:
     tools: dict[str, ToolSpec]
 
 
-def redis_client(settings: Settings) -> redis.Redis:
-    """A client for the configured Redis with its timeouts; raises ``StoreError`` without a URL."""
-    return connect(
+def open_ledger(settings: Settings) -> Ledger:
+    """The ledger on the configured Redis, with its timeouts; raises ``StoreError`` without a URL."""
+    client = connect(
         settings.redis.url,
         socket_timeout_s=settings.redis.socket_timeout_s,
         socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
     )
-
-
-def open_ledger(settings: Settings) -> Ledger:
-    """The ledger on the configured Redis."""
     return Ledger(
-        redis_client(settings),
+        client,
         prefix=settings.redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),

@@ -6,7 +6,6 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-import redis
 from prometheus_client import CollectorRegistry
 
 from workers.cli.metrics_cmd import serve
@@ -28,9 +27,9 @@ def ledger(redis_url: str) -> Iterator[Ledger]:
     client.close()
 
 
-def scrape(client: redis.Redis, **kwargs: int) -> CollectorRegistry:
+def scrape(ledger: Ledger, **kwargs: int) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(LedgerCollector(client, prefix=PREFIX, clock=lambda: NOW_MS / 1000, **kwargs))
+    registry.register(LedgerCollector(ledger, clock=lambda: NOW_MS / 1000, **kwargs))
     return registry
 
 
@@ -90,7 +89,7 @@ def test_scrape_counts_every_outcome_reason_and_duration(ledger: Ledger) -> None
     # Given calls with every outcome written through the ledger
     seed(ledger)
     # When the collector is scraped
-    registry = scrape(ledger.client)
+    registry = scrape(ledger)
     # Then calls are counted by tool and outcome
     assert value(registry, "unstuck_up") == 1
     expected_calls = {
@@ -125,7 +124,7 @@ def test_scrape_counts_every_outcome_reason_and_duration(ledger: Ledger) -> None
 
 
 def test_scrape_of_an_empty_ledger_is_all_zero(ledger: Ledger) -> None:
-    registry = scrape(ledger.client)
+    registry = scrape(ledger)
     assert value(registry, "unstuck_up") == 1
     assert value(registry, "unstuck_pending_calls") == 0
     assert value(registry, "unstuck_oldest_pending_call_age_seconds") == 0
@@ -138,7 +137,7 @@ def test_scrape_reads_at_most_max_keys(ledger: Ledger) -> None:
     seed(ledger)
     total = ledger.client.dbsize()
     # When scraped with a small bound
-    registry = scrape(ledger.client, max_keys=5)
+    registry = scrape(ledger, max_keys=5)
     # Then it stops there and says so
     assert total > 5
     assert value(registry, "unstuck_scrape_keys") == 5
@@ -148,8 +147,9 @@ def test_scrape_reads_at_most_max_keys(ledger: Ledger) -> None:
 def test_redis_down_gives_up_zero_not_an_error() -> None:
     # Given nothing listening where the ledger should be
     client = connect(f"redis://127.0.0.1:{free_port()}/0", socket_timeout_s=0.2, socket_connect_timeout_s=0.2)
+    down = Ledger(client, prefix=PREFIX, ttl_s=3600, lease_ttl_ms=10_000)
     # When scraped, Then the scrape succeeds and says the ledger is down
-    registry = scrape(client)
+    registry = scrape(down)
     assert value(registry, "unstuck_up") == 0
     assert value(registry, "unstuck_calls") is None
     client.close()
@@ -158,7 +158,7 @@ def test_redis_down_gives_up_zero_not_an_error() -> None:
 def test_metrics_endpoint_serves_the_collector(ledger: Ledger) -> None:
     # Given the endpoint on a free loopback port
     seed(ledger)
-    server, thread = serve(scrape(ledger.client), 0, "127.0.0.1")
+    server, thread = serve(scrape(ledger), 0, "127.0.0.1")
     try:
         # When Prometheus scrapes it
         url = f"http://127.0.0.1:{server.server_port}/metrics"

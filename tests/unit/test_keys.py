@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.store.keys import RunKeys, due_index_key, parse_due_member, quote_part
+from workers.store.keys import (
+    RunKeys,
+    SessionKeys,
+    due_index_key,
+    ledger_key_kind,
+    ledger_scan_pattern,
+    parse_due_member,
+    quote_part,
+    run_index_keys,
+)
 
 PREFIX = "unstuck"
 
@@ -113,3 +122,17 @@ def test_due_member_round_trips(session: str, run: str, call_id: str) -> None:
 def test_due_members_do_not_collide(a: tuple[str, str, str], b: tuple[str, str, str]) -> None:
     if a != b:
         assert RunKeys(PREFIX, a[0], a[1]).due_member(a[2]) != RunKeys(PREFIX, b[0], b[1]).due_member(b[2])
+
+
+@settings(max_examples=50)
+@given(session=any_id, run=any_id, call_id=any_id)
+def test_scanned_keys_are_classified_from_the_builders(session: str, run: str, call_id: str) -> None:
+    # Given every key of a run, of its session and of the run indexes
+    keys = RunKeys(PREFIX, session, run)
+    others = [k for k in all_keys(keys, call_id) if k not in (keys.call(call_id), keys.run)]
+    others += [SessionKeys(PREFIX, session).lane, run_index_keys(PREFIX).by_deadline]
+    # Then only call and run records are told apart, and the scan pattern's prefix matches them all
+    assert ledger_key_kind(keys.call(call_id)) == "call"
+    assert ledger_key_kind(keys.run) == "run"
+    assert [ledger_key_kind(k) for k in others] == [None] * len(others)
+    assert all(k.startswith(ledger_scan_pattern(PREFIX).rstrip("*")) for k in [keys.run, *others])

@@ -17,7 +17,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from workers.core.loops import InMemoryLoopHistory, LoopHistory, compare_expectations, replay
-from workers.errors import ConfigError, UnstuckError
+from workers.errors import ConfigError, StoreError, UnstuckError
 
 __all__ = ["register"]
 
@@ -83,17 +83,14 @@ def _history_factory(args: argparse.Namespace) -> Iterator[_Factory]:
         yield _Factory(InMemoryLoopHistory, "replay")
         return
     # Imported here so the memory replay works without a Redis client configured.
-    import redis
-
     from workers.store.loop_history import RedisLoopHistory
 
-    client = redis.Redis.from_url(args.redis_url)
     session_key = f"replay-{uuid.uuid4().hex}"
-    store = RedisLoopHistory(client, prefix=args.prefix, ttl_s=600)
+    store = RedisLoopHistory.from_url(args.redis_url, prefix=args.prefix, ttl_s=600)
     try:
         yield _Factory(lambda: store, session_key)
     finally:
         # Store errors already surfaced as StoreError; clean-up must not mask them.
-        with suppress(redis.RedisError):
+        with suppress(StoreError):
             store.delete_session(session_key)
-        client.close()
+        store.close()

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from workers.errors import ConfigError, StoreError
 from workers.ops.metrics import LedgerCollector
-from workers.runtime import redis_client
+from workers.runtime import open_ledger
 from workers.settings import Settings, load_settings
 
 __all__ = ["build_registry", "register", "serve"]
@@ -43,9 +43,8 @@ def build_registry(settings: Settings, *, max_keys: int = 20_000) -> CollectorRe
     Raises:
         StoreError: when no Redis URL is configured.
     """
-    client = redis_client(settings)
     registry = CollectorRegistry()
-    registry.register(LedgerCollector(client, prefix=settings.redis.key_prefix, max_keys=max_keys))
+    registry.register(LedgerCollector(open_ledger(settings), max_keys=max_keys))
     return registry
 
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
 from celery import Celery
 
 from workers.celery_app import create_app
@@ -29,6 +28,7 @@ from workers.gateway.waiting import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
+from workers.store.loop_history import RedisLoopHistory
 from workers.store.runs import RunAbort, mark_run_aborted, open_run, run_abort
 from workers.store.sessions import SessionStore
 
@@ -67,7 +67,8 @@ class ToolGateway:
             self._dispatcher.redispatch,
             on_check=self._touch_progress,
         )
-        self._loops = LoopGate(self.settings, self._rt.ledger.client, emit=self._emit_event)
+        history = RedisLoopHistory.on_ledger(self._rt.ledger)
+        self._loops = LoopGate(self.settings, history, emit=self._emit_event)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -177,7 +178,7 @@ class ToolGateway:
 
     def close(self) -> None:
         """Release connections."""
-        self._rt.ledger.client.close()
+        self._rt.ledger.close()
 
     # -- submission -------------------------------------------------------------------------
 
@@ -225,7 +226,7 @@ class ToolGateway:
         keys = batch.keys
         try:
             pending = self._loops.before(keys.session_key, keys.run_id, batch.agent_id, call, now_ms)
-        except (StoreError, redis.RedisError) as exc:
+        except StoreError as exc:
             # Detection must never make a call unanswerable: without the store, it steps aside.
             log.warning("loop check skipped for %s: %s", call.id, exc)
             return None
@@ -242,7 +243,7 @@ class ToolGateway:
             batch.answers[call_id] = self._loops.with_warning(result, pending.verdict)
             try:
                 abort = self._loops.after(batch.agent_id, pending, result, self._now_ms())
-            except (StoreError, redis.RedisError) as exc:
+            except StoreError as exc:
                 log.warning("loop outcome of %s not recorded: %s", call_id, exc)
                 continue
             if abort is not None and batch.abort is None:

@@ -14,14 +14,19 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-import redis
-
-from workers.core.loops import Detector, LoopDetectionConfig, LoopGuard, LoopVerdict, PendingCall, RunScope
+from workers.core.loops import (
+    Detector,
+    LoopDetectionConfig,
+    LoopGuard,
+    LoopHistory,
+    LoopVerdict,
+    PendingCall,
+    RunScope,
+)
 from workers.core.loops.config import agent_path, resolve_loop_config
 from workers.core.models import SyntheticReason, TextBlock, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.settings import Settings
-from workers.store.loop_history import RedisLoopHistory
 
 __all__ = ["LoopGate", "detector_outcome"]
 
@@ -54,19 +59,17 @@ def _exec_details(text: str) -> dict[str, Any] | None:
 
 
 class LoopGate:
-    """Per-gateway loop checks backed by the per-run Redis history."""
+    """Per-gateway loop checks backed by a per-run history (the gateway's is in Redis)."""
 
     def __init__(
         self,
         settings: Settings,
-        client: redis.Redis,
+        history: LoopHistory,
         *,
         emit: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self._settings = settings
-        self._history = RedisLoopHistory(
-            client, prefix=settings.redis.key_prefix, ttl_s=settings.ledger.ttl_s
-        )
+        self._history = history
         self._emit = emit
         self._config = cache(self._resolve)
 

@@ -10,9 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
-
 from workers.errors import StoreError
+from workers.store.server import PingProbe
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
 
@@ -77,19 +76,18 @@ class EmbeddedRedis:
         return self
 
     def _await_ping(self, timeout_s: float) -> None:
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
+        probe = PingProbe(self.port)
         end = time.monotonic() + timeout_s
         try:
             while time.monotonic() < end:
                 if self.process is not None and self.process.poll() is not None:
                     err = self.process.stderr.read().decode() if self.process.stderr else ""
                     raise StoreError(f"redis-server exited at start on port {self.port}: {err.strip()[:300]}")
-                with contextlib.suppress(redis.RedisError):
-                    if client.ping():
-                        return
+                if probe.answers():
+                    return
                 time.sleep(0.02)
         finally:
-            client.close()
+            probe.close()
         raise StoreError(f"redis-server on port {self.port} did not answer within {timeout_s}s")
 
     def stop(self) -> None:

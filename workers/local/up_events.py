@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from workers.errors import StoreError
-from workers.store.keys import due_index_key, events_stream_key, parse_due_member
-from workers.store.ledger import Ledger, store_errors
+from workers.store.events import last_event_id, read_events
+from workers.store.keys import parse_due_member
+from workers.store.ledger import Ledger
+from workers.store.ledger_scan import due_deadlines
 
 __all__ = ["DueWatcher", "Event", "EventPrinter", "StreamWatcher"]
 
@@ -54,25 +56,17 @@ class StreamWatcher:
 
     def _resolve_start(self) -> None:
         """Pin "$" to the stream's current last id, so events between polls are never lost."""
-        key = events_stream_key(self._ledger.prefix)
-        with store_errors():
-            info = self._ledger.client.xinfo_stream(key) if self._ledger.client.exists(key) else None
-        self._last_id = str(info["last-generated-id"]) if info else "0-0"
+        self._last_id = last_event_id(self._ledger)
 
     def poll(self, block_ms: int) -> list[Event]:
         """Events appended since the previous poll, waiting up to ``block_ms`` for the first."""
         if self._last_id == "$":
             self._resolve_start()
-        key = events_stream_key(self._ledger.prefix)
-        with store_errors():
-            reply: Any = self._ledger.client.xread({key: self._last_id}, block=max(1, block_ms), count=500)
         events: list[Event] = []
-        for _stream, entries in reply or []:
-            for entry_id, raw in entries:
-                self._last_id = str(entry_id)
-                fields = {str(k): v for k, v in dict(raw).items()}
-                kind = str(fields.pop("kind", "event"))
-                events.append(Event(kind, {k: _decode(v) for k, v in fields.items()}))
+        for entry_id, fields in read_events(self._ledger, self._last_id, block_ms=block_ms):
+            self._last_id = entry_id
+            kind = str(fields.pop("kind", "event"))
+            events.append(Event(kind, {k: _decode(v) for k, v in fields.items()}))
         return events
 
 
@@ -95,9 +89,7 @@ class DueWatcher:
 
     def poll(self, now_ms: int) -> list[Event]:
         """Events since the previous poll; raises ``StoreError`` when Redis fails."""
-        with store_errors():
-            rows = self._ledger.client.zrange(due_index_key(self._ledger.prefix), 0, -1, withscores=True)
-        current = {str(row[0]): int(row[1]) for row in rows}
+        current = due_deadlines(self._ledger)
         gone = self._seen.keys() - current.keys() if self._report_answered else set()
         events = [e for m in gone if (e := self._answered(m)) is not None]
         for member, deadline_ms in current.items():

@@ -1,7 +1,8 @@
 """Prometheus metrics computed from the ledger on every scrape: what Flower cannot see.
 
-:class:`LedgerCollector` reads Redis when Prometheus scrapes, so the numbers are the same
-for every process and nothing has to be counted at the call sites. It exposes::
+:class:`LedgerCollector` reads the ledger (through :class:`workers.store.ledger_scan.LedgerScanner`)
+when Prometheus scrapes, so the numbers are the same for every process and nothing has to be
+counted at the call sites. It exposes::
 
     unstuck_up                                  1 when Redis answered this scrape, else 0
     unstuck_calls{tool,outcome}                 call records by outcome: pending, running,
@@ -34,17 +35,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
-import redis
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from workers.core.models import CallState, SyntheticReason
 from workers.errors import StoreError
-from workers.store.keys import RunKeys, due_index_key, parse_due_member
+from workers.store.ledger import Ledger
+from workers.store.ledger_scan import CallRow, LedgerScanner
 
 __all__ = [
     "DURATION_BUCKETS_S",
@@ -60,19 +61,6 @@ log = logging.getLogger(__name__)
 
 DURATION_BUCKETS_S: Final = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 UNKNOWN_TOOL_LABEL: Final = "<unknown>"
-_CALL_FIELDS: Final = ("tool", "state", "reason", "started_ms", "finished_ms")
-_BATCH: Final = 500
-
-
-@dataclass(frozen=True)
-class CallRow:
-    """The fields of one call record the metrics need."""
-
-    tool: str
-    state: str
-    reason: str
-    started_ms: int | None
-    finished_ms: int | None
 
 
 @dataclass
@@ -113,41 +101,20 @@ def tally(rows: Iterable[CallRow], into: LedgerTally | None = None) -> LedgerTal
     return out
 
 
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _ms(value: Any) -> int | None:
-    try:
-        return int(_text(value))
-    except ValueError:
-        return None
-
-
 class LedgerCollector(Collector):
     """A Prometheus collector that reads the ledger on every scrape (see the module docstring)."""
 
     def __init__(
         self,
-        client: redis.Redis,
+        ledger: Ledger,
         *,
-        prefix: str,
         max_keys: int = 20_000,
         oldest_sample: int = 1000,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.client = client
-        self.prefix = prefix
-        self.max_keys = max_keys
+        self.scanner = LedgerScanner(ledger, max_keys=max_keys)
         self.oldest_sample = oldest_sample
         self.clock = clock
-        # Derived from the key builders rather than spelt here: what follows a run's tag.
-        probe = RunKeys(prefix, "s", "r")
-        self._call_marker = probe.call("c")[len(prefix) + 1 + len(probe.tag) :].removesuffix("c")
-        self._run_suffix = probe.run[len(prefix) + 1 + len(probe.tag) :]
-        self._match = f"{prefix}:{probe.tag[0]}*"
 
     def describe(self) -> Iterable[Metric]:
         """Nothing: registering must not touch Redis."""
@@ -158,7 +125,7 @@ class LedgerCollector(Collector):
         now_ms = int(self.clock() * 1000)
         try:
             found = self.read()
-        except (redis.RedisError, StoreError) as exc:
+        except StoreError as exc:
             log.warning("metrics: cannot read the ledger: %s", exc)
             yield GaugeMetricFamily("unstuck_up", "1 when Redis answered this scrape", value=0)
             return
@@ -166,62 +133,14 @@ class LedgerCollector(Collector):
         yield from families(found, now_ms)
 
     def read(self) -> LedgerTally:
-        """One bounded pass over the ledger."""
-        out = LedgerTally()
-        call_keys, run_keys = self._scan(out)
-        for start in range(0, len(call_keys), _BATCH):
-            tally(self._call_rows(call_keys[start : start + _BATCH]), out)
-        for start in range(0, len(run_keys), _BATCH):
-            out.runs.update(self._run_statuses(run_keys[start : start + _BATCH]))
-        self._oldest_pending(out)
+        """One bounded pass over the ledger; raises ``StoreError`` when Redis fails."""
+        scan = self.scanner.keys()
+        out = tally(self.scanner.call_rows(scan.call_keys))
+        out.keys_read, out.truncated = scan.keys_read, scan.truncated
+        out.runs.update(self.scanner.run_statuses(scan.run_keys))
+        due = self.scanner.due_sample(self.oldest_sample)
+        out.pending, out.oldest_submitted_ms = due.pending, due.oldest_submitted_ms
         return out
-
-    def _scan(self, out: LedgerTally) -> tuple[list[str], list[str]]:
-        call_keys: list[str] = []
-        run_keys: list[str] = []
-        for raw in self.client.scan_iter(match=self._match, count=1000):
-            if out.keys_read >= self.max_keys:
-                out.truncated = True
-                break
-            out.keys_read += 1
-            key = _text(raw)
-            # Quoting keeps "}" out of session keys and run ids, so the first "}" ends the tag.
-            rest = key[key.find("}") + 1 :]
-            if rest.startswith(self._call_marker):
-                call_keys.append(key)
-            elif rest == self._run_suffix:
-                run_keys.append(key)
-        return call_keys, run_keys
-
-    def _call_rows(self, keys: Sequence[str]) -> Iterator[CallRow]:
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hmget(key, list(_CALL_FIELDS))
-        for tool, state, reason, started, finished in pipe.execute():
-            if state is None:  # expired between SCAN and HMGET
-                continue
-            yield CallRow(_text(tool), _text(state), _text(reason), _ms(started), _ms(finished))
-
-    def _run_statuses(self, keys: Sequence[str]) -> list[str]:
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hget(key, "status")
-        return [_text(status) for status in pipe.execute() if status is not None]
-
-    def _oldest_pending(self, out: LedgerTally) -> None:
-        index = due_index_key(self.prefix)
-        out.pending = int(self.client.zcard(index))
-        members = [_text(m) for m in self.client.zrange(index, 0, self.oldest_sample - 1)]
-        pipe = self.client.pipeline(transaction=False)
-        for member in members:
-            keys, call_id = parse_due_member(self.prefix, member)
-            pipe.hmget(keys.call(call_id), ["state", "submitted_ms"])
-        submitted = [
-            _ms(sub)
-            for state, sub in pipe.execute()
-            if state is not None and _text(state) != CallState.DONE.value
-        ]
-        out.oldest_submitted_ms = min((s for s in submitted if s is not None), default=None)
 
 
 def _histogram(durations_s: dict[str, list[float]]) -> HistogramMetricFamily:

@@ -86,6 +86,7 @@ path (see :mod:`workers.store.sweep_scripts`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import quote, unquote
 
 __all__ = [
@@ -96,6 +97,8 @@ __all__ = [
     "events_stream_key",
     "lane_pattern",
     "lease_index_key",
+    "ledger_key_kind",
+    "ledger_scan_pattern",
     "parse_due_member",
     "parse_lane_key",
     "parse_run_member",
@@ -182,6 +185,22 @@ def due_index_key(prefix: str) -> str:
 def lease_index_key(prefix: str) -> str:
     """Global index of claimed calls by lease expiry (ms), across all runs; members as ``P:due``."""
     return f"{prefix}:leases"
+
+
+def ledger_scan_pattern(prefix: str) -> str:
+    """SCAN pattern matching every key with a hash tag: run, session and run-index keys."""
+    return f"{prefix}:{{*"
+
+
+def ledger_key_kind(key: str) -> Literal["call", "run"] | None:
+    """What a key found by :func:`ledger_scan_pattern` holds: a call record, a run record or other.
+
+    Quoting keeps ``}`` out of session keys, run ids and call ids, so the first ``}`` ends the tag.
+    """
+    rest = key[key.find("}") + 1 :]
+    if rest.startswith(":call:"):
+        return "call"
+    return "run" if rest == ":run" else None
 
 
 def parse_due_member(prefix: str, member: str) -> tuple[RunKeys, str]:

@@ -161,6 +161,10 @@ class Ledger:
         """The key builder for one run."""
         return RunKeys(self.prefix, session_key, run_id)
 
+    def close(self) -> None:
+        """Release the client's connections (a later call reconnects)."""
+        self.client.close()
+
     def register(
         self, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, fields: dict[str, str]
     ) -> bool:

@@ -27,6 +27,7 @@ from workers.core.loops.guard import GuardTriple
 from workers.core.loops.history import WARNING_KEY_LIMIT, HistoryEntry, RunScope
 from workers.errors import StoreError
 from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger, store_errors
 
 __all__ = ["RedisLoopHistory"]
 
@@ -69,6 +70,20 @@ class RedisLoopHistory:
         self._arm = _script(client, "loop_guard_arm.lua")
         self._warning = _script(client, "loop_warning.lua")
         self._touched: set[RunScope] = set()
+
+    @classmethod
+    def on_ledger(cls, ledger: Ledger) -> RedisLoopHistory:
+        """The history next to ``ledger``'s records: same client, prefix and TTL."""
+        return cls(ledger.client, prefix=ledger.prefix, ttl_s=ledger.ttl_s)
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str, ttl_s: int) -> RedisLoopHistory:
+        """A history on its own client for ``url`` (the replay CLI); :meth:`close` releases it."""
+        return cls(redis.Redis.from_url(url), prefix=prefix, ttl_s=ttl_s)
+
+    def close(self) -> None:
+        """Release the client's connections."""
+        self._client.close()
 
     def _keys(self, scope: RunScope) -> RunKeys:
         self._touched.add(scope)
@@ -151,7 +166,11 @@ class RedisLoopHistory:
         return sorted({name for run in keys for name in (run.history, run.run)})
 
     def delete_session(self, session_key: str) -> None:
-        """Delete the keys this instance wrote for a throwaway session (the replay CLI, tests)."""
+        """Delete the keys this instance wrote for a throwaway session (the replay CLI, tests).
+
+        Raises:
+            StoreError: when Redis fails.
+        """
         names = [
             name
             for scope in self._touched
@@ -162,7 +181,8 @@ class RedisLoopHistory:
             )
         ]
         if names:
-            self._client.delete(*names)
+            with store_errors():
+                self._client.delete(*names)
 
 
 def _triple(line: str) -> GuardTriple:

@@ -1,6 +1,6 @@
 """The sweep's server-side phases: one script per phase over every due item (single Redis node).
 
-The pipelined path (:func:`workers.watchdog.due_calls.sweep_due_calls` and :class:`SessionStore`
+The pipelined path (:func:`workers.store.sweep_probe.probe_due_calls` and :class:`SessionStore`
 reads) reads each due item's record and parses every reply in Python; with 10 000 due runs
 that is over a second (``BENCH_PATH=pipelined python -m bench.watchdog``). These scripts
 do the same reads inside Redis and return only what needs the client: calls to reap, and
@@ -34,9 +34,9 @@ def _script_text(name: str) -> str:
     return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
 
 
-def server_side_ok(client: Any) -> bool:
-    """Whether ``client`` talks to a single Redis node, where cross-slot scripts may run."""
-    return isinstance(client, redis.Redis)
+def server_side_ok(ledger: Ledger) -> bool:
+    """Whether ``ledger``'s client talks to a single Redis node, where cross-slot scripts may run."""
+    return isinstance(ledger.client, redis.Redis)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,151 @@
+"""Read-only passes over the whole ledger for operators: the metrics scrape and ``unstuck up``.
+
+:class:`LedgerScanner` finds call and run records with one ``SCAN`` pass over the tagged keys
+of the prefix (``COUNT`` 1000 per step, at most ``max_keys`` keys, classified by
+:func:`~workers.store.keys.ledger_key_kind`), then reads them with pipelined ``HMGET``/``HGET``
+batches of 500. Every method raises ``StoreError`` when Redis fails; rows are plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from workers.core.models import CallState
+from workers.store.keys import due_index_key, ledger_key_kind, ledger_scan_pattern, parse_due_member
+from workers.store.ledger import Ledger, store_errors
+
+__all__ = ["CallRow", "DueSample", "KeyScan", "LedgerScanner", "due_deadlines"]
+
+_CALL_FIELDS: Final = ("tool", "state", "reason", "started_ms", "finished_ms")
+_BATCH: Final = 500
+_SCAN_COUNT: Final = 1000
+
+
+@dataclass(frozen=True)
+class CallRow:
+    """The fields of one call record the metrics need."""
+
+    tool: str
+    state: str
+    reason: str
+    started_ms: int | None
+    finished_ms: int | None
+
+
+@dataclass(frozen=True)
+class KeyScan:
+    """The record keys one bounded ``SCAN`` pass found."""
+
+    call_keys: list[str]
+    run_keys: list[str]
+    keys_read: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class DueSample:
+    """Unanswered calls in the due index, and the earliest submission among a sample of them."""
+
+    pending: int
+    oldest_submitted_ms: int | None
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _ms(value: Any) -> int | None:
+    try:
+        return int(_text(value))
+    except ValueError:
+        return None
+
+
+def _batches(keys: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(keys), _BATCH):
+        yield keys[start : start + _BATCH]
+
+
+class LedgerScanner:
+    """Bounded reads of every call and run record of one ledger's prefix."""
+
+    def __init__(self, ledger: Ledger, *, max_keys: int = 20_000) -> None:
+        self.ledger = ledger
+        self.max_keys = max_keys
+
+    def keys(self) -> KeyScan:
+        """One ``SCAN`` pass reading at most ``max_keys`` keys (``truncated`` when it stopped early)."""
+        call_keys: list[str] = []
+        run_keys: list[str] = []
+        read, truncated = 0, False
+        pattern = ledger_scan_pattern(self.ledger.prefix)
+        with store_errors():
+            for raw in self.ledger.client.scan_iter(match=pattern, count=_SCAN_COUNT):
+                if read >= self.max_keys:
+                    truncated = True
+                    break
+                read += 1
+                key = _text(raw)
+                kind = ledger_key_kind(key)
+                if kind == "call":
+                    call_keys.append(key)
+                elif kind == "run":
+                    run_keys.append(key)
+        return KeyScan(call_keys, run_keys, read, truncated)
+
+    def call_rows(self, keys: Sequence[str]) -> Iterator[CallRow]:
+        """The rows of ``keys``, read in pipelined batches; records expired since the scan are skipped."""
+        for batch in _batches(keys):
+            with store_errors():
+                pipe = self.ledger.client.pipeline(transaction=False)
+                for key in batch:
+                    pipe.hmget(key, list(_CALL_FIELDS))
+                replies = pipe.execute()
+            for tool, state, reason, started, finished in replies:
+                if state is None:  # expired between SCAN and HMGET
+                    continue
+                yield CallRow(_text(tool), _text(state), _text(reason), _ms(started), _ms(finished))
+
+    def run_statuses(self, keys: Sequence[str]) -> list[str]:
+        """The ``status`` of each run record still present among ``keys``."""
+        statuses: list[str] = []
+        for batch in _batches(keys):
+            with store_errors():
+                pipe = self.ledger.client.pipeline(transaction=False)
+                for key in batch:
+                    pipe.hget(key, "status")
+                replies = pipe.execute()
+            statuses.extend(_text(status) for status in replies if status is not None)
+        return statuses
+
+    def due_sample(self, sample: int) -> DueSample:
+        """The due index's size, and the earliest submission among its ``sample`` nearest deadlines.
+
+        The index is scored by deadline, not by submission time, so a call submitted earlier
+        with a later deadline can be missed.
+        """
+        prefix = self.ledger.prefix
+        index = due_index_key(prefix)
+        with store_errors():
+            pending = int(self.ledger.client.zcard(index))
+            members = [_text(m) for m in self.ledger.client.zrange(index, 0, sample - 1)]
+            pipe = self.ledger.client.pipeline(transaction=False)
+            for member in members:
+                keys, call_id = parse_due_member(prefix, member)
+                pipe.hmget(keys.call(call_id), ["state", "submitted_ms"])
+            replies = pipe.execute()
+        submitted = [
+            _ms(sub) for state, sub in replies if state is not None and _text(state) != CallState.DONE.value
+        ]
+        return DueSample(pending, min((s for s in submitted if s is not None), default=None))
+
+
+def due_deadlines(ledger: Ledger) -> dict[str, int]:
+    """Every member of the due index with its deadline (ms); raises ``StoreError``."""
+    with store_errors():
+        rows: Any = ledger.client.zrange(due_index_key(ledger.prefix), 0, -1, withscores=True)
+    return {str(member): int(score) for member, score in rows}

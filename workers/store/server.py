@@ -1,0 +1,50 @@
+"""Is a Redis server there? The pre-flight check of every process, and the wait for a fresh one."""
+
+from __future__ import annotations
+
+import redis
+
+from workers.store.ledger import connect
+
+__all__ = ["PingProbe", "ping_error"]
+
+
+def ping_error(url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float) -> str | None:
+    """PING the server at ``url`` once: None when it answered, else the failure's class name.
+
+    The name (``ConnectionError``, ``AuthenticationError``, ...) is what an operator needs to
+    fix the URL, the password or the server.
+
+    Raises:
+        StoreError: when ``url`` is empty (no Redis configured).
+    """
+    client = connect(
+        url, socket_timeout_s=socket_timeout_s, socket_connect_timeout_s=socket_connect_timeout_s
+    )
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure here is the same answer: not reachable
+        return type(exc).__name__
+    finally:
+        client.close()
+    return None
+
+
+class PingProbe:
+    """Repeated PINGs of a server on a loopback port over one client, until it answers."""
+
+    def __init__(self, port: int, *, connect_timeout_s: float = 0.2, timeout_s: float = 0.5) -> None:
+        self._client = redis.Redis(
+            port=port, socket_connect_timeout=connect_timeout_s, socket_timeout=timeout_s
+        )
+
+    def answers(self) -> bool:
+        """Whether the server answered this PING; a Redis failure is False, never an error."""
+        try:
+            return bool(self._client.ping())
+        except redis.RedisError:
+            return False
+
+    def close(self) -> None:
+        """Release the connection."""
+        self._client.close()
