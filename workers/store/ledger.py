@@ -10,7 +10,6 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import redis
@@ -22,6 +21,7 @@ from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
 from workers.errors import StoreError
 from workers.store.keys import RunKeys, due_index_key, events_stream_key, lease_index_key
+from workers.store.lua import load_script
 
 __all__ = [
     "CallRecord",
@@ -32,15 +32,6 @@ __all__ = [
     "parse_int",
     "store_errors",
 ]
-
-
-def _script_text(name: str) -> str:
-    return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
-
-
-def _activity_script(name: str) -> str:
-    """A script that changes a call, with the run-summary helpers of lib_run_summary.lua defined."""
-    return _script_text("lib_run_summary.lua") + _script_text(name)
 
 
 @contextmanager
@@ -114,12 +105,12 @@ class Ledger:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.lease_ttl_ms = lease_ttl_ms
-        self._register = client.register_script(_activity_script("ledger_register.lua"))
-        self._claim = client.register_script(_activity_script("ledger_claim.lua"))
-        self._finish = client.register_script(_activity_script("ledger_finish.lua"))
-        self._heartbeat = client.register_script(_activity_script("ledger_heartbeat.lua"))
-        self._requeue = client.register_script(_activity_script("ledger_requeue.lua"))
-        self._open = client.register_script(_script_text("ledger_open.lua"))
+        self._register = load_script(client, "ledger_register.lua", with_summary=True)
+        self._claim = load_script(client, "ledger_claim.lua", with_summary=True)
+        self._finish = load_script(client, "ledger_finish.lua", with_summary=True)
+        self._heartbeat = load_script(client, "ledger_heartbeat.lua", with_summary=True)
+        self._requeue = load_script(client, "ledger_requeue.lua", with_summary=True)
+        self._open = load_script(client, "ledger_open.lua")
 
     def _pipelined(
         self, script: Script, keys: list[str], args: list[Any], then: Callable[[Pipeline], None]

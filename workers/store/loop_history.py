@@ -18,7 +18,6 @@ Timestamps come in as script arguments; no script reads the server clock.
 from __future__ import annotations
 
 import json
-from importlib import resources
 from typing import Any
 
 import redis
@@ -28,13 +27,9 @@ from workers.core.loops.history import WARNING_KEY_LIMIT, HistoryEntry, RunScope
 from workers.errors import StoreError
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, store_errors
+from workers.store.lua import load_script
 
 __all__ = ["RedisLoopHistory"]
-
-
-def _script(client: redis.Redis, name: str) -> Any:
-    text = resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
-    return client.register_script(text)
 
 
 def _text(value: Any) -> str:
@@ -65,10 +60,10 @@ class RedisLoopHistory:
         self._client = client
         self._prefix = prefix
         self._ttl_s = ttl_s
-        self._record_call = _script(client, "loop_record_call.lua")
-        self._record_outcome = _script(client, "loop_record_outcome.lua")
-        self._arm = _script(client, "loop_guard_arm.lua")
-        self._warning = _script(client, "loop_warning.lua")
+        self._record_call = load_script(client, "loop_record_call.lua")
+        self._record_outcome = load_script(client, "loop_record_outcome.lua")
+        self._arm = load_script(client, "loop_guard_arm.lua")
+        self._warning = load_script(client, "loop_warning.lua")
         self._touched: set[RunScope] = set()
 
     @classmethod

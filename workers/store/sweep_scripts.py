@@ -12,7 +12,6 @@ key grammar they rebuild from index members is documented in :mod:`workers.store
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import redis
@@ -26,12 +25,9 @@ from workers.store.keys import (
     run_index_keys,
 )
 from workers.store.ledger import Ledger, store_errors
+from workers.store.lua import load_script
 
 __all__ = ["RunSweep", "SweepScripts", "server_side_ok"]
-
-
-def _script_text(name: str) -> str:
-    return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
 
 
 def server_side_ok(ledger: Ledger) -> bool:
@@ -52,8 +48,8 @@ class SweepScripts:
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self._calls = ledger.client.register_script(_script_text("sweep_calls.lua"))
-        self._runs = ledger.client.register_script(_script_text("sweep_runs.lua"))
+        self._calls = load_script(ledger.client, "sweep_calls.lua")
+        self._runs = load_script(ledger.client, "sweep_runs.lua")
 
     def due_calls(self, *, now_ms: int, lease_ms: int, limit: int) -> list[tuple[RunKeys, str]]:
         """Calls to reap (overdue, lost, never dispatched); fixes or drops stale index members."""
