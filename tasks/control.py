@@ -1,13 +1,21 @@
-"""Beat-driven watchdog tasks: the sweep (every ``watchdog.interval_s``) and housekeeping."""
+"""The watchdog's tasks: the sweep (every ``watchdog.interval_s``) and housekeeping.
+
+Registered only on the control app, consumed only from ``broker.control_queue`` by
+``unstuck watchdog``: no tool worker runs them, so nothing the watchdog watches can starve it.
+Each completed sweep is recorded (``P:{runs}:watchdog``), and a gap of more than two
+intervals since the previous one raises a ``watchdog_late`` alert.
+"""
 
 from __future__ import annotations
 
 import logging
 from functools import cache
 
-from workers.celery_app import app
+from workers.celery_app import control_app as app
+from workers.core.run_health import watchdog_late
 from workers.runtime import now_ms, runtime, worker_id
 from workers.store.sessions import SessionStore
+from workers.store.watchdog_liveness import WatchdogLiveness
 from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
 from workers.watchdog.alerts import AlertSink
 from workers.watchdog.sweep import Watchdog, clean_stale_lanes
@@ -39,18 +47,35 @@ def _watchdog() -> Watchdog:
     )
 
 
-@app.task(name=SWEEP_TASK, ignore_result=True)
+@cache
+def _liveness() -> WatchdogLiveness:
+    return WatchdogLiveness(runtime().ledger)
+
+
+@app.task(name=SWEEP_TASK, ignore_result=True, shared=False)
 def sweep() -> int:
     """One watchdog sweep; returns how many calls it answered (0 when another sweep held the lock)."""
-    report = _watchdog().sweep(now_ms())
+    watchdog = _watchdog()
+    report = watchdog.sweep(now_ms())
     if report.locked_out:
         log.info("watchdog sweep skipped: another sweep holds the lock")
-    elif report.calls_answered or report.timed_out or report.recovered or report.alerts:
+        return 0
+    if report.calls_answered or report.timed_out or report.recovered or report.alerts:
         log.warning("watchdog sweep: %s", report)
+    _note_completed(watchdog)
     return report.calls_answered
 
 
-@app.task(name=HOUSEKEEPING_TASK, ignore_result=True)
+def _note_completed(watchdog: Watchdog) -> None:
+    """Record the sweep; alert when the gap since the previous one shows the watchdog fell behind."""
+    done_ms = now_ms()
+    gap_ms = _liveness().sweep_completed(done_ms)
+    interval_ms = int(watchdog.settings.watchdog.interval_s * 1000)
+    if gap_ms is not None and watchdog_late(gap_ms, interval_ms=interval_ms):
+        watchdog.alerts.emit({"kind": "watchdog_late", "gap_ms": gap_ms, "interval_ms": interval_ms})
+
+
+@app.task(name=HOUSEKEEPING_TASK, ignore_result=True, shared=False)
 def housekeeping() -> int:
     """Release lanes whose run ended, expired or outlived its lease; returns how many."""
     return clean_stale_lanes(_watchdog().sessions, now_ms())

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from tasks.requests import answer_if_holder_died
 from workers.celery_app import app
 from workers.core.models import CallJob, SyntheticReason, ToolResult
+from workers.core.results import answer_by_deadline
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
@@ -23,7 +24,10 @@ __all__ = ["invoke"]
 log = logging.getLogger(__name__)
 
 
-@app.task(name=INVOKE_TASK, bind=True, ignore_result=True, Request="tasks.requests:GuardedRequest")
+# shared=False: registered on the tool worker's app only, never on the watchdog's.
+@app.task(
+    name=INVOKE_TASK, bind=True, ignore_result=True, shared=False, Request="tasks.requests:GuardedRequest"
+)
 def invoke(self: Any, job: dict[str, Any]) -> str:
     """Run one tool call; returns what happened to the claim (for logs and Flower)."""
     try:
@@ -42,8 +46,18 @@ def invoke(self: Any, job: dict[str, Any]) -> str:
     result = bounded_result(
         _execute(rt, parsed, claim.attempt), max_bytes=rt.settings.limits.max_result_bytes
     )
-    won = rt.ledger.finish(keys, result, now_ms=now_ms(), writer=worker_id())
-    return "answered" if won else "late"
+    finished_ms = now_ms()
+    answer = answer_by_deadline(
+        result,
+        parsed.call,
+        submitted_ms=parsed.submitted_ms,
+        deadline_ms=parsed.deadline_ms,
+        now_ms=finished_ms,
+    )
+    won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id())
+    if answer is not result:
+        rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id())  # kept as late (audit)
+    return "answered" if won and answer is result else "late"
 
 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:

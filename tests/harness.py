@@ -108,6 +108,13 @@ def start_worker(env: dict[str, str], *, concurrency: int = 2, name: str = "w1")
     return proc
 
 
+def start_watchdog(env: dict[str, str], *, name: str = "wd") -> Proc:
+    """Start ``unstuck watchdog`` (the control-queue consumer) and wait until it is ready."""
+    proc = Proc([UNSTUCK, "watchdog", "-n", f"watchdog-{name}@%h", "-l", "INFO"], env, f"watchdog-{name}")
+    proc.wait_for_log(" ready.", timeout_s=60)
+    return proc
+
+
 def start_beat(env: dict[str, str]) -> Proc:
     """Start ``unstuck beat`` and wait until it is scheduling."""
     proc = Proc([UNSTUCK, "beat", "-l", "INFO"], env, "beat")

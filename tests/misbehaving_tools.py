@@ -34,9 +34,7 @@ def sleepy(seconds: float) -> str:
     return "slept"
 
 
-@tool(soft_timeout_s=1.0, hard_timeout_s=2.0)
-def stubborn(seconds: float) -> str:
-    """Ignores the soft limit: swallows every interrupt, so only the hard kill stops it (R2)."""
+def _ignore_interrupts(seconds: float) -> str:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
@@ -44,6 +42,18 @@ def stubborn(seconds: float) -> str:
         except BaseException:  # noqa: BLE001 - deliberately misbehaving
             continue
     return "never"
+
+
+@tool(soft_timeout_s=1.0, hard_timeout_s=2.0)
+def stubborn(seconds: float) -> str:
+    """Ignores the soft limit: swallows every interrupt, so only the hard kill stops it (R2)."""
+    return _ignore_interrupts(seconds)
+
+
+@tool(soft_timeout_s=140.0, hard_timeout_s=150.0)
+def hog(seconds: float) -> str:
+    """Holds its pool slot for ``seconds`` whatever interrupts it gets (a slot-hogging hang)."""
+    return _ignore_interrupts(seconds)
 
 
 @tool(soft_timeout_s=5.0)

@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from celery import Celery
 
 from beat_schedule import build_beat_schedule
 from workers.settings import Settings, load_settings
+from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
 
-__all__ = ["app", "celery_config", "create_app"]
+__all__ = ["Role", "app", "celery_config", "control_app", "create_app"]
 
-app: Celery  # built lazily by __getattr__ below
+app: Celery  # the tool worker's app, built lazily by __getattr__ below
+control_app: Celery  # the watchdog's (control queue consumer and beat), likewise
+
+Role = Literal["worker", "control", "client"]
+"""Which process an app is for: a tool worker, the watchdog/beat, or a client that only sends."""
+
+# Each process registers only its own tasks: a tool worker cannot run a sweep, and the
+# watchdog cannot run a tool even if an invoke message reached the control queue.
+_TASK_MODULES: dict[Role, list[str]] = {
+    "worker": ["tasks.invoke"],
+    "control": ["tasks.control"],
+    "client": [],
+}
 
 
 def _largest_hard_limit_s(settings: Settings) -> float:
@@ -26,6 +39,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     # Redelivery must never beat the ledger: keep the visibility timeout above any hard limit.
     visibility_s = max(3600, int(_largest_hard_limit_s(settings) * 2))
     publish_s = settings.broker.publish_timeout_s
+    lock_s = settings.watchdog.sweep_lock_ttl_s
     config: dict[str, Any] = {
         "broker_url": settings.broker_url,
         "result_backend": settings.redis.url,
@@ -34,6 +48,18 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "accept_content": ["json"],
         "result_accept_content": ["json"],
         "task_default_queue": settings.broker.queue,
+        # The watchdog's tasks go to their own queue, which no tool worker consumes, so hung
+        # tools, a backlog of calls or dead tool workers can never delay a sweep.
+        "task_routes": {
+            SWEEP_TASK: {"queue": settings.broker.control_queue},
+            HOUSEKEEPING_TASK: {"queue": settings.broker.control_queue},
+        },
+        # A sweep that hangs (a Redis stall) is stopped while it still holds its lock, so two
+        # sweeps never act at once and the next one can run.
+        "task_annotations": {
+            name: {"soft_time_limit": lock_s * 0.8, "time_limit": lock_s * 0.9}
+            for name in (SWEEP_TASK, HOUSEKEEPING_TASK)
+        },
         "task_acks_late": False,
         "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
         "worker_send_task_events": True,
@@ -79,16 +105,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
-def create_app(settings: Settings | None = None, *, worker: bool = True) -> Celery:
-    """A Celery app configured from ``settings`` (default: the environment).
+def create_app(settings: Settings | None = None, *, role: Role = "worker") -> Celery:
+    """A Celery app configured from ``settings`` (default: the environment) for one ``role``.
 
-    ``worker=False`` gives a client-only app (the gateway) without the worker bootsteps.
+    ``worker`` registers the invoke task and the worker bootsteps; ``control`` registers the
+    watchdog's tasks; ``client`` (the gateway, the CLI) registers nothing and only sends.
     """
     settings = settings or load_settings()
-    celery = Celery("unstuck", include=["tasks.invoke", "tasks.control"], set_as_current=worker)
+    celery = Celery("unstuck", include=_TASK_MODULES[role], set_as_current=role != "client")
     celery.conf.update(celery_config(settings))
     celery.conf.beat_schedule = build_beat_schedule(settings)
-    if worker:
+    if role == "worker":
         from tasks.worker_steps import install_worker_steps
 
         install_worker_steps(celery)
@@ -96,13 +123,16 @@ def create_app(settings: Settings | None = None, *, worker: bool = True) -> Cele
 
 
 @cache
-def _worker_app() -> Celery:
-    return create_app()
+def _app(role: Role) -> Celery:
+    return create_app(role=role)
 
 
 def __getattr__(name: str) -> Any:
-    # Built on first use, so importing the task-name constants costs nothing and cannot
-    # fail on configuration; `celery -A workers.celery_app` still finds `app`.
+    # Built on first use, so importing this module costs nothing and cannot fail on
+    # configuration; `celery -A workers.celery_app` finds `app`, and
+    # `celery -A workers.celery_app:control_app` the watchdog's.
     if name == "app":
-        return _worker_app()
+        return _app("worker")
+    if name == "control_app":
+        return _app("control")
     raise AttributeError(name)

@@ -15,7 +15,7 @@ from workers.redact import redact_url
 from workers.settings import Settings
 from workers.store.server import ping_error
 
-__all__ = ["beat_argv", "preflight", "worker_argv"]
+__all__ = ["beat_argv", "preflight", "watchdog_argv", "worker_argv"]
 
 
 def preflight(settings: Settings) -> None:
@@ -49,10 +49,28 @@ def worker_argv(settings: Settings, *, concurrency: int | None, hostname: str, l
     ]  # fmt: skip
 
 
+def watchdog_argv(settings: Settings, *, hostname: str, loglevel: str) -> list[str]:
+    """The celery command line of the watchdog: the control queue only, one sweep at a time.
+
+    Prefork with one child, so a sweep that hangs is killed at its hard limit and the next
+    one still runs; the control app registers no tool task, so this process runs no tools.
+    """
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.celery_app:control_app", "worker",
+        "--pool", "prefork",
+        "--concurrency", "1",
+        "--queues", settings.broker.control_queue,
+        "--hostname", hostname,
+        "--loglevel", loglevel,
+        "--task-events",
+        "--without-mingle", "--without-gossip",
+    ]  # fmt: skip
+
+
 def beat_argv(*, loglevel: str, schedule_file: str | None) -> list[str]:
     """The celery command line of beat (``schedule_file`` default: a fresh temp dir)."""
     schedule = schedule_file or os.path.join(tempfile.mkdtemp(prefix="unstuck-beat-"), "schedule")
     return [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "beat",
+        sys.executable, "-m", "celery", "-A", "workers.celery_app:control_app", "beat",
         "--loglevel", loglevel, "--schedule", schedule,
     ]  # fmt: skip

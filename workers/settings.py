@@ -70,7 +70,10 @@ class BrokerSettings(BaseModel):
     model_config = _FROZEN
 
     url: str = Field("", description="broker URL (redis://, rediss://, amqp://); empty means redis.url")
-    queue: str = "unstuck.tools"
+    queue: str = Field("unstuck.tools", description="the tool queue: consumed by tool workers only")
+    control_queue: str = Field(
+        "unstuck.control", description="the watchdog's queue: consumed by `unstuck watchdog` only"
+    )
     publish_timeout_s: Seconds = 1.0
 
 
@@ -210,6 +213,11 @@ class WatchdogSettings(BaseModel):
     stalled_after_s: PositiveFloat = 120.0
     auto_recover: bool = False
     webhook_url: str = ""
+
+    @property
+    def sweep_lock_ttl_s(self) -> float:
+        """How long one sweep may hold the sweep lock; a sweep is stopped before it runs out."""
+        return max(30.0, self.interval_s * 3)
 
 
 class TranscriptSettings(BaseModel):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.harness import REPO, Proc, base_env, kill_pids, start_beat, start_worker
+from tests.harness import REPO, Proc, base_env, kill_pids, start_beat, start_watchdog, start_worker
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 
@@ -79,6 +79,11 @@ class Processes:
 
     def beat(self, env: dict[str, str]) -> Proc:
         proc = start_beat(env)
+        self.procs.append(proc)
+        return proc
+
+    def watchdog(self, env: dict[str, str], *, name: str = "wd") -> Proc:
+        proc = start_watchdog(env, name=name)
         self.procs.append(proc)
         return proc
 

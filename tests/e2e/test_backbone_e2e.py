@@ -293,6 +293,7 @@ def test_watchdog_answers_overdue_and_undispatched_calls_without_a_gateway(
 ) -> None:
     # Given beat (sweep every 1 s) and a worker, and no gateway anywhere
     processes.worker(backbone_env, name="w1")
+    processes.watchdog(backbone_env)
     processes.beat(backbone_env)
     ledger = build_runtime(backbone_settings).ledger
     keys = ledger.keys("s-dog", "r1")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from tests.harness import Proc, base_env, start_beat, start_worker, wait_until
+from tests.harness import Proc, base_env, start_beat, start_watchdog, start_worker, wait_until
 from workers.celery_app import create_app
 from workers.core.models import CallJob, ToolCall
 from workers.core.run_health import RunStatus
@@ -79,7 +79,7 @@ def env(redis_server: EmbeddedRedis, webhook: tuple[str, list[dict[str, Any]]]) 
 
 @pytest.fixture(scope="module")
 def processes(env: dict[str, str]) -> Iterator[list[Proc]]:
-    procs = [start_worker(env, concurrency=3, name="wd"), start_beat(env)]
+    procs = [start_worker(env, concurrency=3, name="wd"), start_watchdog(env), start_beat(env)]
     yield procs
     for proc in procs:
         proc.stop()
@@ -99,7 +99,7 @@ def store(settings: Settings) -> Iterator[SessionStore]:
 
 @pytest.fixture(scope="module")
 def app(settings: Settings) -> Iterator[Celery]:
-    celery = create_app(settings, worker=False)
+    celery = create_app(settings, role="client")
     yield celery
     celery.close()
 

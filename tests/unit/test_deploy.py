@@ -259,16 +259,16 @@ def test_each_manifest_command_is_a_real_command(command: Command) -> None:
     assert " ".join(needed) in joined, f"{command.manifest} ({command.where}): {joined} lacks {needed}"
 
 
-def test_the_manifests_run_worker_beat_and_flower() -> None:
+def test_the_manifests_run_worker_watchdog_beat_and_flower() -> None:
     by_manifest: dict[str, set[str]] = {}
     for command in COMMANDS:
         if Path(command.argv[0]).name == "unstuck":
             by_manifest.setdefault(command.manifest, set()).add(command.argv[1])
-    assert by_manifest["deploy/compose.yaml"] >= {"worker", "beat", "flower"}
+    assert by_manifest["deploy/compose.yaml"] >= {"worker", "watchdog", "beat", "flower"}
     k8s = set().union(*(v for k, v in by_manifest.items() if k.startswith("deploy/k8s/")))
     systemd = set().union(*(v for k, v in by_manifest.items() if k.startswith("deploy/systemd/")))
-    assert k8s >= {"worker", "beat", "flower"}
-    assert systemd >= {"worker", "beat", "flower"}
+    assert k8s >= {"worker", "watchdog", "beat", "flower"}
+    assert systemd >= {"worker", "watchdog", "beat", "flower"}
 
 
 def test_no_manifest_puts_the_flower_password_on_a_command_line() -> None:

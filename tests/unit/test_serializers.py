@@ -35,7 +35,7 @@ class _Payload:
 
 @pytest.fixture(scope="module")
 def app() -> Celery:
-    return create_app(Settings(redis={"url": "redis://127.0.0.1:1/0"}), worker=False)
+    return create_app(Settings(redis={"url": "redis://127.0.0.1:1/0"}), role="client")
 
 
 def _accepted(app: Celery) -> set[str]:

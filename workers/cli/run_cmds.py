@@ -1,4 +1,4 @@
-"""Sub-commands that run processes: ``worker`` and ``beat``, each against the configured Redis."""
+"""Sub-commands that run processes: ``worker``, ``watchdog`` and ``beat``, against the configured Redis."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from workers.errors import ConfigError, StoreError
-from workers.launch import beat_argv, preflight, worker_argv
+from workers.launch import beat_argv, preflight, watchdog_argv, worker_argv
 from workers.settings import Settings, load_settings
 
 __all__ = ["register"]
@@ -21,6 +21,12 @@ def register(subparsers: Any) -> None:
     worker.add_argument("-n", "--hostname", default="unstuck@%h", help="worker node name")
     worker.add_argument("-l", "--loglevel", default="INFO")
     worker.set_defaults(func=_worker)
+    watchdog = subparsers.add_parser(
+        "watchdog", help="start the watchdog: runs the sweeps beat schedules, never a tool"
+    )
+    watchdog.add_argument("-n", "--hostname", default="unstuck-watchdog@%h", help="node name")
+    watchdog.add_argument("-l", "--loglevel", default="INFO")
+    watchdog.set_defaults(func=_watchdog)
     beat = subparsers.add_parser("beat", help="start the scheduler (watchdog sweeps); run exactly one")
     beat.add_argument("-l", "--loglevel", default="INFO")
     beat.add_argument("--schedule-file", help="where beat keeps its state (default: a temp dir)")
@@ -46,6 +52,15 @@ def _worker(args: argparse.Namespace) -> int:
     argv = worker_argv(settings, concurrency=args.concurrency, hostname=args.hostname, loglevel=args.loglevel)
     os.execv(argv[0], argv)
     return 0  # not reached: execv replaces this process
+
+
+def _watchdog(args: argparse.Namespace) -> int:
+    settings = _checked_settings()
+    if settings is None:
+        return 2
+    argv = watchdog_argv(settings, hostname=args.hostname, loglevel=args.loglevel)
+    os.execv(argv[0], argv)
+    return 0
 
 
 def _beat(args: argparse.Namespace) -> int:

@@ -11,17 +11,19 @@ import hashlib
 import json
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from workers.core.models import SyntheticReason
-from workers.core.run_health import RunStatus, classify, last_activity_ms
+from workers.core.run_health import RunStatus, classify, last_activity_ms, watchdog_late
 from workers.errors import ConfigError, StoreError
 from workers.runtime import now_ms, open_ledger, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.sessions import RunInfo, SessionStore
+from workers.store.watchdog_liveness import SweepRecord, WatchdogLiveness
 from workers.watchdog.sweep import end_and_answer, run_view, stale_lanes
 
-__all__ = ["register", "session_rows", "timeline"]
+__all__ = ["register", "session_rows", "timeline", "watchdog_warning"]
 
 LIST_LIMIT = 1000
 
@@ -77,6 +79,11 @@ def session_rows(store: SessionStore, *, now: int, stalled_after_ms: int) -> lis
                 "agent": info.agent_id,
                 "status": info.status,
                 "class": klass,
+                "sessionKey": info.session_key,
+                "started_at": _iso(info.started_ms),
+                "last_activity": _iso(last_activity_ms(view)),
+                # Epoch ms, as the reference system's own `session list --json` spells it.
+                "lastActivity": last_activity_ms(view),
                 "age_s": round((now - info.started_ms) / 1000, 1),
                 "last_progress_s_ago": round((now - last_activity_ms(view)) / 1000, 1),
                 "pending_calls": sum(call.open for call in calls),
@@ -85,8 +92,36 @@ def session_rows(store: SessionStore, *, now: int, stalled_after_ms: int) -> lis
     return rows
 
 
+def _iso(ms: int) -> str:
+    """Absolute UTC time in ISO 8601, to the second (jq's ``fromdateiso8601`` reads it)."""
+    return datetime.fromtimestamp(ms // 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def watchdog_warning(record: SweepRecord | None, *, now: int, interval_s: float) -> str | None:
+    """A sentence for the operator when no sweep completed lately, else None."""
+    if record is None:
+        return "no watchdog sweep has completed: is `unstuck watchdog` running (and beat)?"
+    lag_ms = record.lag_ms(now)
+    if not watchdog_late(lag_ms, interval_ms=int(interval_s * 1000)):
+        return None
+    return (
+        f"the last watchdog sweep completed {lag_ms / 1000:.1f} s ago (interval {interval_s:g} s): "
+        "is `unstuck watchdog` running (and beat)?"
+    )
+
+
+def _warn_about_watchdog(settings: Settings, store: SessionStore, now: int) -> None:
+    warning = watchdog_warning(
+        WatchdogLiveness(store.ledger).last(), now=now, interval_s=settings.watchdog.interval_s
+    )
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
 def _list(args: argparse.Namespace, settings: Settings, store: SessionStore) -> int:
-    rows = session_rows(store, now=now_ms(), stalled_after_ms=int(settings.watchdog.stalled_after_s * 1000))
+    now = now_ms()
+    _warn_about_watchdog(settings, store, now)
+    rows = session_rows(store, now=now, stalled_after_ms=int(settings.watchdog.stalled_after_s * 1000))
     if args.status:
         rows = [r for r in rows if args.status in (r["status"], r["class"])]
     if args.json:
@@ -156,18 +191,23 @@ def _find(store: SessionStore, session_key: str) -> RunInfo | None:
 
 
 def _show(args: argparse.Namespace, settings: Settings, store: SessionStore) -> int:
+    _warn_about_watchdog(settings, store, now_ms())
     info = _find(store, args.id)
     if info is None:
         return 1
     calls = timeline(store, info)
+    agent = {
+        "last_heartbeat": _iso(info.agent_beat_ms) if info.agent_beat_ms else None,
+        "last_heartbeat_what": info.agent_beat_what or None,
+        "idle_streams": info.stream_idles,
+    }
     if args.json:
-        print(
-            json.dumps(
-                {"session": info.session_key, "run": info.run_id, "status": info.status, "calls": calls}
-            )
-        )
+        run = {"session": info.session_key, "run": info.run_id, "status": info.status}
+        print(json.dumps({**run, "agent": agent, "calls": calls}))
         return 0
     print(f"session {info.session_key}  run {info.run_id}  agent {info.agent_id}  status {info.status}")
+    beat = f"{agent['last_heartbeat']} ({agent['last_heartbeat_what']})" if info.agent_beat_ms else "never"
+    print(f"  agent heartbeat: {beat}  model streams gone idle: {info.stream_idles}")
     for c in calls:
         print(
             f"  {c['call_id']:<20} {c['tool']:<16} {c['arguments']:<20} {c['outcome']:<8} "
@@ -183,7 +223,7 @@ def _kill(args: argparse.Namespace, settings: Settings, store: SessionStore) -> 
         return 1
     from workers.celery_app import create_app
 
-    app = create_app(settings, worker=False)
+    app = create_app(settings, role="client")
     answered = end_and_answer(
         store,
         info.session_key,

@@ -37,7 +37,11 @@ __all__ = [
     "judge_all",
     "last_activity_ms",
     "needs_confirmation",
+    "watchdog_late",
 ]
+
+LATE_SWEEP_FACTOR = 2
+"""A watchdog is late once no sweep completed for this many sweep intervals."""
 
 
 class RunStatus(enum.StrEnum):
@@ -195,3 +199,8 @@ def needs_confirmation(verdict: RunVerdict) -> bool:
     not: it depends on the deadline alone.
     """
     return verdict.alert or verdict.action is WatchdogAction.RECOVER
+
+
+def watchdog_late(lag_ms: int, *, interval_ms: int) -> bool:
+    """Whether the time since the last completed sweep shows a watchdog that fell behind."""
+    return lag_ms > LATE_SWEEP_FACTOR * interval_ms

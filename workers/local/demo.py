@@ -19,19 +19,19 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from workers.core.models import ToolCall, ToolResult
 from workers.errors import ConfigError, UnstuckError
-from workers.gateway.client import ToolGateway
 from workers.local.demo_report import Row, check_invariant, render_table, report_json
 from workers.local.up import Interrupted, Stack, StackOptions, StartupError, stop_on_signals
 from workers.runtime import build_runtime
 from workers.settings import Settings, load_settings
 from workers.store.ledger import Ledger
 
-__all__ = ["Demo", "demo_overrides", "run_demo"]
+__all__ = ["Demo", "DemoGateway", "GatewaySide", "demo_overrides", "run_demo"]
 
 LEASE_TTL_S = 3.0
 _WAIT_RUNNING_S = 30.0
@@ -46,7 +46,7 @@ def demo_overrides(token: str) -> dict[str, Any]:
         "lease": {"ttl_s": LEASE_TTL_S, "renew_interval_s": 0.5},
         "limits": {"queue_allowance_s": 3.0, "hard_grace_s": 1.0},
         "watchdog": {"interval_s": 2.0},
-        "broker": {"queue": f"unstuck.demo.{token}"},
+        "broker": {"queue": f"unstuck.demo.{token}", "control_queue": f"unstuck.demo.{token}.control"},
     }
 
 
@@ -59,6 +59,35 @@ def _as_env(overrides: dict[str, Any], prefix: str = "UNSTUCK_") -> dict[str, st
         else:
             env[name] = ",".join(value) if isinstance(value, tuple) else str(value)
     return env
+
+
+class DemoGateway(Protocol):
+    """What the demo uses of :class:`workers.gateway.client.ToolGateway`."""
+
+    def call_tools(self, *, session_key: str, run_id: str, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """Run ``calls`` and return one result per call."""
+        ...
+
+    def collect(self, session_key: str, run_id: str) -> list[ToolResult]:
+        """Results of every call of the run."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(frozen=True)
+class GatewaySide:
+    """How the demo reaches the gateway, wired by the CLI so that ``workers.local`` never imports it.
+
+    ``make`` builds a gateway; ``child_argv`` starts a process that submits one call through a
+    gateway of its own and waits for it, given the session key, run id and call JSON as
+    three more arguments (R3 SIGKILLs that process).
+    """
+
+    make: Callable[[Settings], DemoGateway]
+    child_argv: tuple[str, ...]
 
 
 def _call(call_id: str, name: str, **arguments: Any) -> ToolCall:
@@ -81,12 +110,15 @@ def _turn1() -> list[Row]:
 class Demo:
     """Runs the turns against a started :class:`Stack` and keeps every delivered result."""
 
-    def __init__(self, stack: Stack, settings: Settings, progress: Callable[[str], None]) -> None:
+    def __init__(
+        self, stack: Stack, settings: Settings, progress: Callable[[str], None], gateway: GatewaySide
+    ) -> None:
         self.stack = stack
         self.settings = settings
         self.progress = progress
         self.session_key = f"demo-{uuid.uuid4().hex[:8]}"
-        self.gateway = ToolGateway(settings)
+        self.gateway_side = gateway
+        self.gateway = gateway.make(settings)
         self.ledger: Ledger = build_runtime(settings).ledger
         self.rows: list[Row] = []
         self.delivered: list[ToolResult] = []
@@ -126,8 +158,7 @@ class Demo:
         row = Row("R3", "R3 gateway killed mid-call", "ok", _call("t2-report", "slow_report", seconds=3))
         row.via = "collect"
         self.rows.append(row)
-        argv = [sys.executable, "-m", "workers.local.demo", "gateway-child", self.session_key, run_id]
-        argv.append(row.call.model_dump_json())
+        argv = [*self.gateway_side.child_argv, self.session_key, run_id, row.call.model_dump_json()]
         child = subprocess.Popen(argv, env=self.stack.child_env(), start_new_session=True)
         try:
             self._await_running(run_id, row.call.id, lambda: child.poll() is None)
@@ -138,7 +169,7 @@ class Demo:
                 child.kill()
             child.wait(timeout=10)
         self.progress("R3: a new ToolGateway collects the run")
-        fresh = ToolGateway(self.settings)
+        fresh = self.gateway_side.make(self.settings)
         try:
             self._deliver(run_id, fresh.collect(self.session_key, run_id))
         finally:
@@ -202,7 +233,7 @@ def row_deadline_s(settings: Settings) -> float:
     return settings.limits.queue_allowance_s + 40.0 + settings.gateway.grace_s
 
 
-def run_demo(*, json_output: bool) -> int:
+def run_demo(*, json_output: bool, gateway: GatewaySide) -> int:
     """Run the whole demo; returns 0 when every call got exactly one result as expected."""
     started = time.monotonic()
     token = uuid.uuid4().hex[:8]
@@ -221,7 +252,7 @@ def run_demo(*, json_output: bool) -> int:
     code = _EXIT_FAILED
     try:
         with stop_on_signals():
-            code = _run(stack, progress, json_output, started)
+            code = _run(stack, gateway, progress, json_output, started)
     except Interrupted:
         print("interrupted; stopping", file=sys.stderr)
         code = 130
@@ -238,13 +269,15 @@ def run_demo(*, json_output: bool) -> int:
     return code
 
 
-def _run(stack: Stack, progress: Callable[[str], None], json_output: bool, started: float) -> int:
+def _run(
+    stack: Stack, gateway: GatewaySide, progress: Callable[[str], None], json_output: bool, started: float
+) -> int:
     where = "embedded" if not stack.settings.redis.url else "from UNSTUCK_REDIS__URL"
     progress(f"starting Redis ({where}), a prefork worker and beat")
     stack.start()
     info = stack.describe()
     progress(f"Redis {info['redis_url']}, worker pid {info['worker_pid']}, beat pid {info['beat_pid']}")
-    demo = Demo(stack, stack.settings, progress)
+    demo = Demo(stack, stack.settings, progress, gateway)
     try:
         demo.run()
     finally:
@@ -259,17 +292,3 @@ def _run(stack: Stack, progress: Callable[[str], None], json_output: bool, start
         print(f"(session {demo.session_key}, {runtime_s}s)")
     ok = invariant.holds and all(row.as_expected for row in demo.rows)
     return 0 if ok else _EXIT_FAILED
-
-
-def _gateway_child(argv: list[str]) -> int:
-    """R3's doomed gateway: submit one call and wait for it (killed before it returns)."""
-    session_key, run_id, call_json = argv
-    gateway = ToolGateway()
-    gateway.call_tools(
-        session_key=session_key, run_id=run_id, calls=[ToolCall.model_validate_json(call_json)]
-    )
-    return 0
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["gateway-child"]:
-    sys.exit(_gateway_child(sys.argv[2:]))

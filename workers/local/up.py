@@ -1,4 +1,4 @@
-"""Run the whole system on one machine: Redis (given or embedded), a worker, beat, optional Flower.
+"""Run the whole system on one machine: Redis (given or embedded), a worker, the watchdog, beat, Flower.
 
 Every child runs in its own process group (its own session), so stopping it reaches its
 pool children too: SIGTERM to the group, then SIGKILL after a timeout. The embedded
@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 from workers.errors import ConfigError, StoreError, UnstuckError
-from workers.launch import beat_argv, preflight, worker_argv
+from workers.launch import beat_argv, preflight, watchdog_argv, worker_argv
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings, process_environment
 
@@ -194,7 +194,7 @@ class StackOptions:
 
 
 class Stack:
-    """Redis, one worker, beat and optionally Flower, started and stopped together."""
+    """Redis, one tool worker, the watchdog, beat and optionally Flower, started and stopped together."""
 
     def __init__(self, settings: Settings, options: StackOptions, *, log_dir: Path | None = None) -> None:
         self.options = options
@@ -202,6 +202,7 @@ class Stack:
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="unstuck-up-"))
         self.embedded: EmbeddedRedis | None = None
         self.worker: Child | None = None
+        self.watchdog: Child | None = None
         self.beat: Child | None = None
         self.flower: Child | None = None
         self._retired: list[Child] = []
@@ -217,18 +218,20 @@ class Stack:
         return f"http://127.0.0.1:{self.options.flower_port}" if self.flower else None
 
     def children(self) -> list[Child]:
-        """Running (or exited but not yet stopped) children: worker, beat, Flower."""
-        return [c for c in (self.worker, self.beat, self.flower) if c is not None]
+        """Running (or exited but not yet stopped) children: worker, watchdog, beat, Flower."""
+        return [c for c in (self.worker, self.watchdog, self.beat, self.flower) if c is not None]
 
     def start(self) -> Stack:
         """Start everything; raises ``StartupError`` (one sentence with the fix) on failure."""
         self._start_redis()
         self._preflight()
         self.worker = self._spawn_worker()
+        self.watchdog = Child.spawn("watchdog", self._watchdog_argv(), self.child_env(), self.log_dir)
         self.beat = Child.spawn("beat", self._beat_argv(), self.child_env(), self.log_dir)
         if self.options.flower_port is not None:
             self.flower = self._spawn_flower(self.options.flower_port)
         self.worker.wait_for_log(" ready.", timeout_s=self.options.ready_timeout_s)
+        self.watchdog.wait_for_log(" ready.", timeout_s=self.options.ready_timeout_s)
         self.beat.wait_for_log("beat: Starting", timeout_s=self.options.ready_timeout_s)
         if self.flower is not None:
             self.flower.wait_for_log("Visit me at", timeout_s=self.options.ready_timeout_s)
@@ -246,7 +249,7 @@ class Stack:
         with _signals_ignored():
             for child in [*self.children(), *self._retired]:
                 child.stop(self.options.stop_timeout_s)
-            self.worker = self.beat = self.flower = None
+            self.worker = self.watchdog = self.beat = self.flower = None
             self._retired = []
             if self.embedded is not None:
                 self.embedded.close()
@@ -313,6 +316,12 @@ class Stack:
         )
         return Child.spawn(f"worker{suffix}", argv, self.child_env(), self.log_dir)
 
+    def _watchdog_argv(self) -> list[str]:
+        # The tool worker's node name with a watchdog- prefix: unique per stack, so two stacks
+        # on one host never share a node name.
+        name = f"watchdog-{self.options.node_name}"
+        return watchdog_argv(self.settings, hostname=name, loglevel=self.options.loglevel)
+
     def _beat_argv(self) -> list[str]:
         return beat_argv(loglevel=self.options.loglevel, schedule_file=str(self.log_dir / "beat-schedule"))
 
@@ -330,6 +339,7 @@ class Stack:
             "worker_pid": self.worker.pid if self.worker else None,
             "retired_worker_pids": [child.pid for child in self._retired],
             "node_name": self.options.node_name,
+            "watchdog_pid": self.watchdog.pid if self.watchdog else None,
             "beat_pid": self.beat.pid if self.beat else None,
             "flower_url": self.flower_url,
             "logs": str(self.log_dir),

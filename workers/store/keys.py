@@ -51,6 +51,9 @@ key                                type    TTL              written by          
                                            end              trimmed)
 ``P:{runs}:sweep_lock``            STRING  PX (3 sweep      watchdog sweep      watchdog sweep
                                            intervals)       (SET NX)
+``P:{runs}:watchdog``              HASH    7 days,          watchdog (each      metrics, CLI,
+                                           refreshed on     completed sweep)    chaos soak
+                                           every sweep
 =================================  ======  ===============  ==================  ======================
 
 ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` and ``P:leases``
@@ -106,6 +109,7 @@ __all__ = [
     "run_index_keys",
     "run_member",
     "sweep_lock_key",
+    "watchdog_key",
 ]
 
 
@@ -271,3 +275,8 @@ def parse_lane_key(prefix: str, key: str) -> str:
 def sweep_lock_key(prefix: str) -> str:
     """The lock that lets one watchdog sweep run at a time, whichever beat sent it."""
     return f"{prefix}:{{runs}}:sweep_lock"
+
+
+def watchdog_key(prefix: str) -> str:
+    """The watchdog's own liveness: when the last sweep completed and the gap before it."""
+    return f"{prefix}:{{runs}}:watchdog"

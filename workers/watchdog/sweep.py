@@ -143,7 +143,7 @@ class Watchdog:
         self.limit = limit
         watchdog = settings.watchdog
         self.policy = WatchdogPolicy(int(watchdog.stalled_after_s * 1000), watchdog.auto_recover)
-        self.lock_ttl_ms = int(max(30.0, watchdog.interval_s * 3) * 1000)
+        self.lock_ttl_ms = int(watchdog.sweep_lock_ttl_s * 1000)
         if server_side is None:
             server_side = server_side_ok(sessions.ledger)
         self.scripts = SweepScripts(sessions.ledger) if server_side else None

@@ -1,0 +1,48 @@
+"""The watchdog's liveness record: each completed sweep, the gaps between them, and its TTL."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.cli.session_cmd import watchdog_warning
+from workers.runtime import open_ledger
+from workers.settings import Settings
+from workers.store.keys import watchdog_key
+from workers.store.watchdog_liveness import RECORD_TTL_MS, WatchdogLiveness
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_sweeps_are_recorded_with_the_gap_before_each(settings: Settings) -> None:
+    # Given a fresh ledger
+    ledger = open_ledger(settings)
+    liveness = WatchdogLiveness(ledger)
+    assert liveness.last() is None
+    # When three sweeps complete, 1 s and then 4 s apart
+    gaps = [liveness.sweep_completed(now) for now in (10_000, 11_000, 15_000)]
+    # Then the first has no gap, the others theirs, and the worst is kept
+    assert gaps == [None, 1_000, 4_000]
+    record = liveness.last()
+    assert record is not None
+    assert (record.last_sweep_ms, record.last_gap_ms, record.max_gap_ms, record.sweeps) == (
+        15_000,
+        4_000,
+        4_000,
+        3,
+    )
+    assert record.lag_ms(17_500) == 2_500
+    ttl_ms = ledger.client.pttl(watchdog_key(ledger.prefix))
+    assert 0 < ttl_ms <= RECORD_TTL_MS
+
+
+def test_the_operator_is_warned_when_no_sweep_completed_lately(settings: Settings) -> None:
+    # Given sweeps every 15 s, the last one at t=100 s
+    liveness = WatchdogLiveness(open_ledger(settings))
+    assert watchdog_warning(liveness.last(), now=0, interval_s=15) is not None  # never swept
+    liveness.sweep_completed(100_000)
+    record = liveness.last()
+    # Then within two intervals nothing is said; after that a warning names the gap
+    assert watchdog_warning(record, now=130_000, interval_s=15) is None
+    warning = watchdog_warning(record, now=131_000, interval_s=15)
+    assert warning is not None
+    assert "31.0 s ago" in warning

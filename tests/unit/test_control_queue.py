@@ -1,0 +1,57 @@
+"""The watchdog's tasks travel on their own queue, and each process registers only its own tasks."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+import workers.celery_app
+from beat_schedule import build_beat_schedule
+from workers.celery_app import celery_config, create_app
+from workers.launch import watchdog_argv, worker_argv
+from workers.settings import Settings
+from workers.task_names import HOUSEKEEPING_TASK, INVOKE_TASK, SWEEP_TASK
+
+SETTINGS = Settings(redis={"url": "redis://127.0.0.1:1/0"})
+
+
+def _queue_of(app: Celery, task_name: str) -> str:
+    route = app.amqp.router.route({}, task_name)
+    return str(route["queue"].name)
+
+
+def test_sweeps_and_housekeeping_go_to_the_control_queue_and_calls_to_the_tool_queue() -> None:
+    # Given the client app the gateway and beat use
+    app = create_app(SETTINGS, role="client")
+    # Then the watchdog's tasks and the tool calls never share a queue
+    assert _queue_of(app, SWEEP_TASK) == "unstuck.control"
+    assert _queue_of(app, HOUSEKEEPING_TASK) == "unstuck.control"
+    assert _queue_of(app, INVOKE_TASK) == "unstuck.tools"
+    assert set(build_beat_schedule(SETTINGS)) == {"unstuck-watchdog", "unstuck-housekeeping"}
+
+
+def test_a_tool_worker_listens_to_the_tool_queue_only_and_the_watchdog_to_the_control_queue_only() -> None:
+    worker = worker_argv(SETTINGS, concurrency=2, hostname="w@h", loglevel="INFO")
+    watchdog = watchdog_argv(SETTINGS, hostname="wd@h", loglevel="INFO")
+    assert worker[worker.index("--queues") + 1] == "unstuck.tools"
+    assert watchdog[watchdog.index("--queues") + 1] == "unstuck.control"
+    assert "workers.celery_app:control_app" in watchdog
+
+
+def test_each_role_registers_only_its_own_tasks() -> None:
+    # When each process's app (`-A workers.celery_app` and `-A workers.celery_app:control_app`)
+    # loads its task modules, as `celery worker` does at start-up, in one interpreter
+    registered = {}
+    for attribute in ("app", "control_app"):
+        app = getattr(workers.celery_app, attribute)
+        app.loader.import_default_modules()
+        registered[attribute] = {name for name in app.tasks if name.startswith("unstuck.")}
+    # Then a tool worker cannot run a sweep and the watchdog cannot run a tool
+    assert registered["app"] == {INVOKE_TASK}
+    assert registered["control_app"] == {SWEEP_TASK, HOUSEKEEPING_TASK}
+
+
+def test_a_sweep_is_stopped_while_it_still_holds_the_sweep_lock() -> None:
+    annotations = celery_config(SETTINGS)["task_annotations"]
+    lock_s = SETTINGS.watchdog.sweep_lock_ttl_s
+    for name in (SWEEP_TASK, HOUSEKEEPING_TASK):
+        assert annotations[name]["soft_time_limit"] < annotations[name]["time_limit"] < lock_s
