@@ -14,6 +14,8 @@ EXPECTED = {
         "ToolGateway",
         "ToolResult",
         "UnstuckError",
+        "aidle_guard",
+        "idle_guard",
         "load_settings",
         "tool",
     ],

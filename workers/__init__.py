@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from workers.core.models import ToolCall, ToolResult
     from workers.errors import UnstuckError
     from workers.gateway.client import ToolGateway
+    from workers.gateway.idle_guard import aidle_guard, idle_guard
     from workers.settings import Settings, load_settings
     from workers.tools import ToolContext, tool
 
@@ -23,6 +24,8 @@ __all__ = [
     "ToolGateway",
     "ToolResult",
     "UnstuckError",
+    "aidle_guard",
+    "idle_guard",
     "load_settings",
     "tool",
 ]
@@ -34,6 +37,8 @@ _HOMES = {
     "ToolGateway": "workers.gateway.client",
     "ToolResult": "workers.core.models",
     "UnstuckError": "workers.errors",
+    "aidle_guard": "workers.gateway.idle_guard",
+    "idle_guard": "workers.gateway.idle_guard",
     "load_settings": "workers.settings",
     "tool": "workers.tools",
 }

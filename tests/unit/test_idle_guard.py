@@ -173,3 +173,64 @@ async def test_async_stream_own_timeout_error_is_not_taken_for_idleness() -> Non
     with pytest.raises(TimeoutError, match="upstream read timeout") as raised:
         await anext(guarded)
     assert not isinstance(raised.value, StreamIdleTimeout)
+
+
+class Reporter:
+    """Records what a guard reports, as ``ToolGateway`` would store it."""
+
+    def __init__(self) -> None:
+        self.beats: list[tuple[str, str, str, str]] = []
+        self.idles: list[tuple[str, str, float]] = []
+
+    def heartbeat(
+        self, session_key: str, run_id: str, *, agent_id: str = "main", what: str = "model"
+    ) -> bool:
+        self.beats.append((session_key, run_id, agent_id, what))
+        return True
+
+    def note_stream_idle(self, session_key: str, run_id: str, *, idle_timeout_s: float) -> None:
+        self.idles.append((session_key, run_id, idle_timeout_s))
+
+
+def test_sync_guard_heartbeats_the_run_per_chunk_and_records_idleness() -> None:
+    # Given a guard reporting to a run
+    reporter = Reporter()
+    stream = BlockingStream(["a", "b"])
+    guarded = idle_guard(stream, idle_timeout_s=TINY_S, gateway=reporter, session_key="s", run_id="r")
+    # When two chunks arrive and then the stream goes quiet
+    assert [next(guarded), next(guarded)] == ["a", "b"]
+    with pytest.raises(StreamIdleTimeout):
+        next(guarded)
+    stream.release.set()
+    # Then each chunk was a heartbeat of the run and the idle stream was recorded once
+    assert reporter.beats == [("s", "r", "main", "model stream")] * 2
+    assert reporter.idles == [("s", "r", TINY_S)]
+
+
+async def test_async_guard_heartbeats_the_run_per_chunk_and_records_idleness() -> None:
+    # Given an async stream that sends one chunk and then hangs
+    reporter = Reporter()
+
+    async def hangs() -> AsyncIterator[str]:
+        yield "only"
+        await asyncio.sleep(60)
+
+    seen: list[str] = []
+
+    async def consume() -> None:
+        guarded = aidle_guard(hangs(), TINY_S, agent_id="a1", gateway=reporter, session_key="s", run_id="r")
+        async for chunk in guarded:
+            seen.append(chunk)
+
+    # When it is guarded with a report target
+    with pytest.raises(StreamIdleTimeout):
+        await consume()
+    # Then
+    assert seen == ["only"]
+    assert reporter.beats == [("s", "r", "a1", "model stream")]
+    assert reporter.idles == [("s", "r", TINY_S)]
+
+
+def test_a_report_target_needs_its_run() -> None:
+    with pytest.raises(ConfigError, match="session_key"):
+        idle_guard(iter(["a"]), 1.0, gateway=Reporter())

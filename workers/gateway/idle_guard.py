@@ -19,6 +19,12 @@ stream until the stream itself returns or fails, then closes the stream and exit
 
 **Async streams** are awaited chunk by chunk under :func:`asyncio.wait_for`; on timeout the
 pending ``__anext__`` is cancelled and the stream's ``aclose()`` is awaited (bounded).
+
+**The watchdog sees the model.** Pass ``gateway=``, ``session_key=`` and ``run_id=``: every
+chunk then calls ``gateway.heartbeat`` (at most one store write per second), so a run whose
+model streams for minutes without a tool call stays ``active``, and a stream that goes idle
+is recorded on the run (``stream_idle_n``, an event) before ``StreamIdleTimeout`` is raised.
+In an async guard the heartbeat is a short synchronous Redis write, once a second at most.
 """
 
 from __future__ import annotations
@@ -38,12 +44,12 @@ from collections.abc import (
     Iterator,
 )
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from workers.errors import ConfigError, StreamIdleTimeout
 from workers.settings import Settings, load_settings
 
-__all__ = ["aidle_guard", "default_idle_timeout_s", "idle_guard"]
+__all__ = ["RunReporter", "aidle_guard", "default_idle_timeout_s", "idle_guard"]
 
 T = TypeVar("T")
 
@@ -67,6 +73,44 @@ def _resolve_timeout_s(idle_timeout_s: float | None, agent_id: str, settings: Se
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
         raise ConfigError([("idle_timeout_s", f"must be a positive finite number of seconds, not {value!r}")])
     return float(value)
+
+
+class RunReporter(Protocol):
+    """What the guards tell about a run: ``ToolGateway`` is one."""
+
+    def heartbeat(self, session_key: str, run_id: str, *, agent_id: str = ..., what: str = ...) -> bool:
+        """The agent works on the run."""
+        ...
+
+    def note_stream_idle(self, session_key: str, run_id: str, *, idle_timeout_s: float) -> None:
+        """A model stream of the run went idle."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Report:
+    """Where a guard reports chunks and idleness (nowhere when ``reporter`` is None)."""
+
+    reporter: RunReporter | None
+    session_key: str
+    run_id: str
+    agent_id: str
+
+    def chunk(self) -> None:
+        if self.reporter is not None:
+            self.reporter.heartbeat(
+                self.session_key, self.run_id, agent_id=self.agent_id, what="model stream"
+            )
+
+    def idle(self, timeout_s: float) -> None:
+        if self.reporter is not None:
+            self.reporter.note_stream_idle(self.session_key, self.run_id, idle_timeout_s=timeout_s)
+
+
+def _report(gateway: RunReporter | None, session_key: str, run_id: str, agent_id: str) -> _Report:
+    if gateway is not None and not (session_key and run_id):
+        raise ConfigError([("idle_guard", "gateway= needs session_key= and run_id= to report to")])
+    return _Report(gateway, session_key, run_id, agent_id)
 
 
 class _Pump:
@@ -128,6 +172,9 @@ def idle_guard(
     agent_id: str = "main",
     settings: Settings | None = None,
     on_idle: Callable[[], object] | None = None,
+    gateway: RunReporter | None = None,
+    session_key: str = "",
+    run_id: str = "",
 ) -> Generator[T, None, None]:
     """Yield ``stream``'s chunks; raise ``StreamIdleTimeout`` when one takes over ``idle_timeout_s``.
 
@@ -137,17 +184,22 @@ def idle_guard(
         agent_id: whose ``llm.idle_timeout_s`` is the default.
         settings: settings to read the default from (default: the environment).
         on_idle: called once on timeout, e.g. to close the connection the stream blocks on.
+        gateway: a ``ToolGateway`` to heartbeat the run on every chunk and record idleness.
+        session_key: the run's session (with ``gateway``).
+        run_id: the run (with ``gateway``).
 
     Raises:
         StreamIdleTimeout: when no chunk arrives in time (the producer thread is abandoned).
-        ConfigError: when the timeout is not a positive finite number.
+        ConfigError: when the timeout is not a positive finite number, or ``gateway`` comes
+            without ``session_key`` and ``run_id``.
     """
     timeout_s = _resolve_timeout_s(idle_timeout_s, agent_id, settings)
-    return _guarded(iter(stream), timeout_s, on_idle)
+    report = _report(gateway, session_key, run_id, agent_id)
+    return _guarded(iter(stream), timeout_s, on_idle, report)
 
 
 def _guarded(
-    iterator: Iterator[T], timeout_s: float, on_idle: Callable[[], object] | None
+    iterator: Iterator[T], timeout_s: float, on_idle: Callable[[], object] | None, report: _Report
 ) -> Generator[T, None, None]:
     pump = _Pump(iterator)
     try:
@@ -156,9 +208,11 @@ def _guarded(
                 item = pump.next(timeout_s)
             except queue.Empty:
                 _call_quietly(on_idle)
+                report.idle(timeout_s)
                 raise StreamIdleTimeout(timeout_s) from None
             if item is _END:
                 return
+            report.chunk()
             yield item
     finally:
         pump.stop()
@@ -177,25 +231,34 @@ async def aidle_guard(
     *,
     agent_id: str = "main",
     settings: Settings | None = None,
+    gateway: RunReporter | None = None,
+    session_key: str = "",
+    run_id: str = "",
 ) -> AsyncGenerator[T, None]:
     """Yield ``stream``'s chunks; raise ``StreamIdleTimeout`` when one takes over ``idle_timeout_s``.
 
+    ``gateway``, ``session_key`` and ``run_id`` report to the run as :func:`idle_guard` does.
+
     Raises:
         StreamIdleTimeout: when no chunk arrives in time; the stream is then closed.
-        ConfigError: when the timeout is not a positive finite number.
+        ConfigError: when the timeout is not a positive finite number, or ``gateway`` comes
+            without ``session_key`` and ``run_id``.
     """
     timeout_s = _resolve_timeout_s(idle_timeout_s, agent_id, settings)
+    report = _report(gateway, session_key, run_id, agent_id)
     iterator = aiter(stream)
     try:
         while True:
             try:
                 item = await asyncio.wait_for(_anext_boxed(iterator), timeout_s)
             except TimeoutError:
+                report.idle(timeout_s)
                 raise StreamIdleTimeout(timeout_s) from None
             if item is _END:
                 return
             if isinstance(item, _Failure):
                 raise item.error
+            report.chunk()
             yield item
     finally:
         await _aclose_quietly(iterator, timeout_s)

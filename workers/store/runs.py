@@ -10,8 +10,18 @@ from dataclasses import dataclass
 
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, parse_int, store_errors
+from workers.store.lua import load_script
+from workers.store.sessions import SessionStore
 
-__all__ = ["RunAbort", "RunState", "ensure_run", "mark_run_aborted", "open_run", "run_abort"]
+__all__ = [
+    "AgentBeats",
+    "RunAbort",
+    "RunState",
+    "ensure_run",
+    "mark_run_aborted",
+    "open_run",
+    "run_abort",
+]
 
 
 def ensure_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> int:
@@ -88,3 +98,28 @@ def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: 
         )
         pipe.expire(keys.run, ledger.ttl_s)
         pipe.execute()
+
+
+class AgentBeats:
+    """The agent's own liveness on its run record: heartbeats and streams that went idle.
+
+    A heartbeat raises the run's progress (and its place in the progress index) like tool
+    activity does, so a run whose model is thinking or streaming is never stalled or stuck.
+    """
+
+    def __init__(self, sessions: SessionStore) -> None:
+        self.sessions = sessions
+        self._beat = load_script(sessions.client, "run_agent_beat.lua")
+
+    def heartbeat(self, keys: RunKeys, *, now_ms: int, what: str) -> bool:
+        """Record that the agent is alive; False once the run ended (or never existed)."""
+        with store_errors():
+            running = bool(self._beat(keys=[keys.run], args=[now_ms, what[:64], "0"]))
+            if running:
+                self.sessions.index_progress(keys.session_key, keys.run_id, now_ms)
+        return running
+
+    def stream_idle(self, keys: RunKeys, *, now_ms: int) -> bool:
+        """Count a model stream that went idle past its timeout; False when the run is not running."""
+        with store_errors():
+            return bool(self._beat(keys=[keys.run], args=[now_ms, "", "1"]))

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
-from workers.core.models import SyntheticReason, ToolCall
-from workers.core.results import synthetic_result
+from workers.core.models import SyntheticReason
+from workers.core.reaper import answer_open_call
 from workers.core.run_health import CallActivity, RunStatus
 from workers.store.keys import (
     RunKeys,
@@ -39,6 +38,7 @@ from workers.store.keys import (
     sweep_lock_key,
 )
 from workers.store.ledger import Ledger, parse_int, store_errors
+from workers.store.lua import load_script
 
 __all__ = ["Lane", "RunInfo", "SessionStore"]
 
@@ -75,10 +75,9 @@ class RunInfo:
     end_reason: str
     open_calls: int = 0
     claimed_calls: int = 0
-
-
-def _script_text(name: str) -> str:
-    return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
+    agent_beat_ms: int = 0  # the agent's own last heartbeat (a model turn streaming)
+    agent_beat_what: str = ""
+    stream_idles: int = 0  # model streams that went idle past their timeout
 
 
 def _text(raw: dict[Any, Any]) -> dict[str, str]:
@@ -91,12 +90,16 @@ def _scored(member: Any, score: Any) -> tuple[str, str, int]:
 
 
 def _run_info(session_key: str, run_id: str, raw: dict[str, str]) -> RunInfo:
-    fields = ("started_ms", "deadline_ms", "progress_ms", "token", "ended_ms", "open_n", "claimed_n")
+    fields = (
+        "started_ms", "deadline_ms", "progress_ms", "token", "ended_ms", "open_n", "claimed_n",
+        "agent_beat_ms", "stream_idle_n",
+    )  # fmt: skip
     num = {k: parse_int(raw.get(k)) for k in fields}
     return RunInfo(
         session_key, run_id, raw.get("agent_id", ""), raw.get("status", ""), num["started_ms"],
         num["deadline_ms"], num["progress_ms"] or num["started_ms"], num["token"], raw.get("class", ""),
         num["ended_ms"], raw.get("end_reason", ""), max(0, num["open_n"]), max(0, num["claimed_n"]),
+        num["agent_beat_ms"], raw.get("agent_beat_what", ""), num["stream_idle_n"],
     )  # fmt: skip
 
 
@@ -108,12 +111,12 @@ class SessionStore:
         self.client = ledger.client
         self.prefix = ledger.prefix
         self.index = run_index_keys(ledger.prefix)
-        self._acquire = self.client.register_script(_script_text("session_acquire.lua"))
-        self._release = self.client.register_script(_script_text("session_release.lua"))
-        self._start = self.client.register_script(_script_text("session_start.lua"))
-        self._touch = self.client.register_script(_script_text("session_touch.lua"))
-        self._end = self.client.register_script(_script_text("session_end.lua"))
-        self._unlock = self.client.register_script(_script_text("session_unlock.lua"))
+        self._acquire = load_script(self.client, "session_acquire.lua")
+        self._release = load_script(self.client, "session_release.lua")
+        self._start = load_script(self.client, "session_start.lua")
+        self._touch = load_script(self.client, "session_touch.lua")
+        self._end = load_script(self.client, "session_end.lua")
+        self._unlock = load_script(self.client, "session_unlock.lua")
 
     def session(self, session_key: str) -> SessionKeys:
         """The key builder of one session."""
@@ -162,9 +165,14 @@ class SessionStore:
         with store_errors():
             if not self._touch(keys=[keys.run], args=[now_ms]):
                 return False
+        self.index_progress(session_key, run_id, now_ms)
+        return True
+
+    def index_progress(self, session_key: str, run_id: str, now_ms: int) -> None:
+        """Move a run forward in the progress index (never back; never adds a member)."""
+        with store_errors():
             member = run_member(session_key, run_id)
             self.client.zadd(self.index.by_progress, {member: now_ms}, xx=True, gt=True)
-        return True
 
     def end_run(
         self,
@@ -341,13 +349,7 @@ class SessionStore:
             open_ids = [str(c) for c in self.client.zrange(keys.open, 0, -1)]
         answered: list[tuple[str, str]] = []
         for call in self.ledger.open_calls(keys, open_ids):
-            result = synthetic_result(
-                ToolCall(id=call.call_id, name=call.tool or "unknown"),
-                reason,
-                elapsed_ms=max(0, now_ms - call.submitted_ms),
-                attempt=call.attempt,
-                detail=detail,
-            )
+            result = answer_open_call(call, reason, now_ms=now_ms, detail=detail)
             if self.ledger.finish(keys, result, now_ms=now_ms, writer=writer):
                 record = self.ledger.record(keys, call.call_id)
                 answered.append((call.call_id, record.fields.get("task_id", "") if record else ""))
