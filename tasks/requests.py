@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.models import CallJob, SyntheticReason
+from workers.core.results import answer_by_deadline
 from workers.errors import StoreError
 from workers.runtime import now_ms, runtime, worker_id
 from workers.worker.execution import interrupted_result
@@ -56,7 +57,11 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
         )
         if detail:
             result = result.model_copy(update={"details": {**result.details, "detail": detail}})
-        rt.ledger.finish(keys, result, now_ms=now_ms(), writer=f"{worker_id()}/main")
+        finished_ms = now_ms()
+        answer = answer_by_deadline(
+            result, job.call, submitted_ms=job.submitted_ms, deadline_ms=job.deadline_ms, now_ms=finished_ms
+        )
+        rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=f"{worker_id()}/main")
     except StoreError as exc:
         # The gateway and watchdog still answer this call by its lease or deadline.
         log.warning("could not record %s for call %s: %s", reason.value, job.call.id, exc)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from workers.core.models import SyntheticReason, ToolCall
-from workers.core.reaper import ActionKind, decide
-from workers.core.results import synthetic_result
+from workers.core.models import SyntheticReason
+from workers.core.reaper import ActionKind, answer_open_call, decide
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 
@@ -40,13 +39,6 @@ def reap(
             if ledger.requeue(keys, call.call_id, expected_attempt=call.attempt):
                 redispatch(keys, call.call_id)
             continue
-        reason = action.reason or SyntheticReason.WORKER_LOST
-        result = synthetic_result(
-            ToolCall(id=call.call_id, name=call.tool or "unknown"),
-            reason,
-            elapsed_ms=action.elapsed_ms,
-            attempt=action.attempt,
-            limit_s=(call.deadline_ms - call.submitted_ms) / 1000,
-        )
+        result = answer_open_call(call, action.reason or SyntheticReason.WORKER_LOST, now_ms=now_ms)
         answered += ledger.finish(keys, result, now_ms=now_ms, writer=writer)
     return answered

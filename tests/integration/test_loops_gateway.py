@@ -77,3 +77,38 @@ def test_loop_that_survives_compaction_aborts_the_run(worker: Proc, loop_gateway
             session_key="compact", run_id="r1", calls=[ToolCall(id="late", name="echo", arguments=call_args)]
         )
     assert again.value.results[0].reason == "run_aborted"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "call",
+    [
+        ToolCall(id="x", name="echo", arguments={"text": 42, "times": "many"}),  # invalid arguments
+        ToolCall(id="x", name="ecoh", arguments={"text": "hi"}),  # unknown tool
+    ],
+    ids=["invalid_arguments", "unknown_tool"],
+)
+def test_a_call_answered_at_submission_that_repeats_after_compaction_aborts_the_run_with_detection_off(
+    settings: Settings, call: ToolCall
+) -> None:
+    # Given the default config (loop detection off), a run that has seen calls, then compacted
+    gateway = ToolGateway(settings)
+    try:
+        assert not gateway.settings.tools.loop_detection
+        gateway.call_tools(session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": "before"})])
+        assert gateway.note_compaction("bad", "r1")
+
+        # When the model repeats the same call that is answered without running, again and again
+        def repeat_until_aborted() -> None:
+            for i in range(1, 10):
+                gateway.call_tools(
+                    session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": f"k{i}"})]
+                )
+
+        # Then the post-compaction guard stops the run, as it would for a call that ran
+        with pytest.raises(CompactionLoopPersisted) as caught:
+            repeat_until_aborted()
+        assert caught.value.detector == "compaction_loop_persisted"
+        assert caught.value.results[0].reason in {"invalid_arguments", "unknown_tool"}
+    finally:
+        gateway.close()

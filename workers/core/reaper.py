@@ -6,9 +6,10 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from workers.core.models import CallState, SyntheticReason
+from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
+from workers.core.results import deadline_result, synthetic_result
 
-__all__ = ["Action", "ActionKind", "OpenCall", "decide"]
+__all__ = ["Action", "ActionKind", "OpenCall", "answer_open_call", "decide"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +84,22 @@ def decide(
     """
     actions = (_decide_one(call, now_ms, min_rerun_ms, undispatched_after_ms) for call in calls)
     return [action for action in actions if action is not None]
+
+
+def answer_open_call(call: OpenCall, reason: SyntheticReason, *, now_ms: int, detail: str = "") -> ToolResult:
+    """The synthetic answer to an unanswered call: the one composition every writer uses.
+
+    Past-deadline answers are :func:`~workers.core.results.deadline_result` (the same bytes
+    whoever writes them); the others name the time since submission and the call's budget.
+    """
+    answered = ToolCall(id=call.call_id, name=call.tool or "unknown")
+    if reason is SyntheticReason.DEADLINE_EXCEEDED:
+        return deadline_result(answered, submitted_ms=call.submitted_ms, deadline_ms=call.deadline_ms)
+    return synthetic_result(
+        answered,
+        reason,
+        elapsed_ms=max(0, now_ms - call.submitted_ms),
+        attempt=call.attempt,
+        limit_s=max(0, call.deadline_ms - call.submitted_ms) / 1000,
+        detail=detail,
+    )

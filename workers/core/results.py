@@ -9,6 +9,8 @@ from workers.core.models import SyntheticReason, TextBlock, ToolCall, ToolResult
 from workers.errors import InvalidArguments, ToolNotFound
 
 __all__ = [
+    "answer_by_deadline",
+    "deadline_result",
     "fallback_result",
     "rejected_result",
     "render_value",
@@ -21,11 +23,11 @@ _R = SyntheticReason
 
 # Each text says what happened and what the model should do next, in one or two sentences.
 _TEXTS: dict[SyntheticReason, str] = {
-    _R.TIMEOUT_SOFT: "Tool '{tool}' was stopped after its time limit of {limit}. "
+    _R.TIMEOUT_SOFT: "Tool '{tool}' was stopped after its time limit{of_limit}. "
     "Try a smaller or faster request, or a different approach.",
-    _R.TIMEOUT_HARD: "Tool '{tool}' did not respond to its time limit of {limit} and was killed. "
+    _R.TIMEOUT_HARD: "Tool '{tool}' did not respond to its time limit{of_limit} and was killed. "
     "Do not retry it unchanged; try a smaller request or another tool.",
-    _R.HEARTBEAT_TIMEOUT: "Tool '{tool}' stopped reporting progress for {limit} and was stopped. "
+    _R.HEARTBEAT_TIMEOUT: "Tool '{tool}' stopped reporting progress{for_limit} and was stopped. "
     "It may be hung; try again later or use another approach.",
     _R.WORKER_LOST: "The worker running tool '{tool}' was lost (host died or was cut off) "
     "before it answered. Its effects are unknown: check before retrying.",
@@ -36,7 +38,7 @@ _TEXTS: dict[SyntheticReason, str] = {
     _R.UNKNOWN_TOOL: "Unknown tool: '{tool}'{detail}. Use one of the available tools.",
     _R.DISPATCH_FAILED: "Tool '{tool}' could not be started because the task queue is unavailable"
     "{detail}. It did not run; you may retry later.",
-    _R.DEADLINE_EXCEEDED: "Tool '{tool}' did not finish before its deadline of {limit}{detail}. "
+    _R.DEADLINE_EXCEEDED: "Tool '{tool}' did not finish before its deadline{of_limit}{detail}. "
     "Its effects are unknown: check before retrying.",
     _R.CANCELLED: "Tool '{tool}' was cancelled{detail}. It may not have run; do not assume it did.",
     _R.LOOP_BLOCKED: "{detail}",
@@ -44,10 +46,11 @@ _TEXTS: dict[SyntheticReason, str] = {
 }
 
 
-def _fmt_limit(limit_s: float | None) -> str:
+def _limit_clauses(limit_s: float | None) -> dict[str, str]:
+    """Clauses naming the limit (" of 5s"), empty when it is unknown: never "a limit of its limit"."""
     if limit_s is None:
-        return "its limit"
-    return f"{limit_s:g}s"
+        return {"of_limit": "", "for_limit": ""}
+    return {"of_limit": f" of {limit_s:g}s", "for_limit": f" for {limit_s:g}s"}
 
 
 def synthetic_result(
@@ -72,7 +75,7 @@ def synthetic_result(
         extra: more structured ``details`` fields.
     """
     text = _TEXTS.get(reason, "Tool '{tool}' failed: {detail}.").format(
-        tool=call.name, limit=_fmt_limit(limit_s), detail=detail
+        tool=call.name, detail=detail, **_limit_clauses(limit_s)
     )
     details: dict[str, Any] = {
         "synthetic": True,
@@ -162,3 +165,32 @@ def rejected_result(call: ToolCall, error: ToolNotFound | InvalidArguments, elap
         detail="; ".join(error.problems),
         extra={"problems": error.problems},
     )
+
+
+def deadline_result(call: ToolCall, *, submitted_ms: int, deadline_ms: int) -> ToolResult:
+    """The one answer to a call past its deadline: the same bytes whoever writes it.
+
+    The gateway (answering locally while the store is unreachable), the watchdog, the
+    gateway's own reaper and a worker that finishes too late all write exactly this, so what
+    the agent was handed and what the ledger holds cannot differ. ``elapsed_ms`` is the
+    call's whole budget and ``attempt`` is 0, because not every writer knows how often the
+    tool started (the call's ledger record keeps the real count).
+    """
+    budget_ms = max(0, deadline_ms - submitted_ms)
+    return synthetic_result(
+        call, SyntheticReason.DEADLINE_EXCEEDED, elapsed_ms=budget_ms, attempt=0, limit_s=budget_ms / 1000
+    )
+
+
+def answer_by_deadline(
+    result: ToolResult, call: ToolCall, *, submitted_ms: int, deadline_ms: int, now_ms: int
+) -> ToolResult:
+    """What a writer stores for ``call`` at ``now_ms``: ``result``, or the deadline result once past it.
+
+    From its deadline on, a call may only be answered with :func:`deadline_result`: the
+    gateway may already have handed exactly that to the agent while Redis was unreachable,
+    and a late tool result must not make the ledger disagree with it (it is kept as late).
+    """
+    if now_ms < deadline_ms or result.reason == SyntheticReason.DEADLINE_EXCEEDED.value:
+        return result
+    return deadline_result(call, submitted_ms=submitted_ms, deadline_ms=deadline_ms)

@@ -21,15 +21,17 @@ from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.core.transcript import RepairedTranscript
 from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
+from workers.gateway.agent_liveness import AgentLiveness
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.ledger_repair import repair_with_ledger
 from workers.gateway.loop_gate import LoopGate
+from workers.gateway.persister import Persister
 from workers.gateway.waiting import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
 from workers.store.loop_history import RedisLoopHistory
-from workers.store.runs import RunAbort, mark_run_aborted, open_run, run_abort
+from workers.store.runs import AgentBeats, RunAbort, mark_run_aborted, open_run, run_abort
 from workers.store.sessions import SessionStore
 
 __all__ = ["ToolGateway"]
@@ -51,13 +53,14 @@ class ToolGateway:
     ) -> None:
         self.settings = settings or load_settings()
         self._rt: Runtime = build_runtime(self.settings)
-        self._app: Celery = create_app(self.settings, worker=False)
+        self._app: Celery = create_app(self.settings, role="client")
         self._clock = clock
         self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"
         self._run_deadlines: dict[tuple[str, str], int] = {}
         self._dispatcher = Dispatcher(self.settings, self._rt.ledger, self._app, self._writer, self._now_ms)
         self._sessions = SessionStore(self._rt.ledger)
+        self._persister = Persister(self._rt.ledger, writer=self._writer, now_ms=self._now_ms)
         self._waiter = Waiter(
             self._rt.ledger,
             self.settings,
@@ -66,6 +69,10 @@ class ToolGateway:
             sleep,
             self._dispatcher.redispatch,
             on_check=self._touch_progress,
+            store_later=self._persister.store_later,
+        )
+        self._liveness = AgentLiveness(
+            AgentBeats(self._sessions), self._rt.ledger, now_ms=self._now_ms, ensure_run=self._ensure_run
         )
         history = RedisLoopHistory.on_ledger(self._rt.ledger)
         self._loops = LoopGate(self.settings, history, emit=self._emit_event)
@@ -124,6 +131,7 @@ class ToolGateway:
         batch.answers.update(ledger.results(batch.keys, call_ids))
         for call in ledger.open_calls(batch.keys, call_ids):
             batch.deadlines[call.call_id] = call.deadline_ms
+            batch.submitted[call.call_id] = call.submitted_ms
             batch.tools[call.call_id] = call.tool
         for call_id in call_ids:
             batch.deadlines.setdefault(call_id, 0)
@@ -142,6 +150,26 @@ class ToolGateway:
         """
         self._run_deadlines.pop((session_key, run_id), None)
         return self._sessions.end_run(session_key, run_id, RunStatus(status), self._now_ms())
+
+    def heartbeat(
+        self, session_key: str, run_id: str, *, agent_id: str = "main", what: str = "model"
+    ) -> bool:
+        """Tell the watchdog the agent works on this run (its model is thinking or streaming).
+
+        Call it as often as you like (at most one store write per second per run); the idle
+        guards call it on every chunk when given the gateway. Creates the run on first use.
+        Returns False once the run ended or was superseded (stop working on it).
+        """
+        return self._liveness.heartbeat(
+            self._rt.ledger.keys(session_key, run_id), agent_id=agent_id, what=what
+        )
+
+    def note_stream_idle(self, session_key: str, run_id: str, *, idle_timeout_s: float) -> None:
+        """Record on the run that a model stream went idle past ``idle_timeout_s`` (the idle guards do)."""
+        self._liveness.stream_idle(self._rt.ledger.keys(session_key, run_id), idle_timeout_s=idle_timeout_s)
+
+    def _ensure_run(self, keys: RunKeys, agent_id: str) -> None:
+        self._open_run(Batch(keys, agent_id))
 
     def _touch_progress(self, keys: RunKeys) -> None:
         try:
@@ -204,6 +232,7 @@ class ToolGateway:
             return
         job = self._dispatcher.job(batch.keys, agent_id, call, now, batch.run_deadline_ms)
         batch.deadlines[call.id] = job.deadline_ms
+        batch.submitted[call.id] = job.submitted_ms
         try:
             registration = self._dispatcher.register_and_dispatch(batch.keys, job)
             batch.guard_armed = batch.guard_armed or registration.guard_armed
@@ -211,8 +240,8 @@ class ToolGateway:
                 self._refuse(batch, call, registration.run_status)
         except StoreError as exc:
             log.warning("store unavailable while submitting %s: %s", call.id, exc)
-            # Answered by the waiter once the grace margin passes, stored first if Redis is
-            # back by then, so the ledger and the agent loop agree.
+            # Stored by the waiter as soon as Redis answers (then the ledger's answer is
+            # delivered), else handed over once the grace margin passes and stored later.
             batch.deadlines[call.id] = now
             batch.fallbacks[call.id] = synthetic_result(
                 call,
@@ -253,7 +282,9 @@ class ToolGateway:
         batch.tools[call.id] = call.name
         batch.deadlines[call.id] = self._now_ms()
         try:
-            if self._dispatcher.record_immediate(batch.keys, result):
+            registration = self._dispatcher.record_immediate(batch.keys, result)
+            batch.guard_armed = batch.guard_armed or registration.guard_armed
+            if registration.created:
                 batch.answers[call.id] = result
             else:
                 # A resubmitted call id: the stored answer is the one that counts.
@@ -322,7 +353,14 @@ class ToolGateway:
                 now = self._now_ms()
                 self._sessions.end_run(session, run, RunStatus.ABORTED, now, reason=detector, release=False)
                 mark_run_aborted(self._rt.ledger, batch.keys, abort, now_ms=now)
-                self._answer_open_calls(batch.keys, abort)
+                self._sessions.answer_open_calls(
+                    session,
+                    run,
+                    SyntheticReason.RUN_ABORTED,
+                    now_ms=now,
+                    writer=self._writer,
+                    detail=f" by the loop detector ({abort.detector})",
+                )
                 self._sessions.close_run(session, run, self._now_ms())
             except StoreError as exc:
                 log.warning("could not record the abort of run %s: %s", batch.keys.run_id, exc)
@@ -330,18 +368,6 @@ class ToolGateway:
         error = cls(abort.detector, abort.count, abort.message)
         error.results = results
         return error
-
-    def _answer_open_calls(self, keys: RunKeys, abort: RunAbort) -> None:
-        ledger = self._rt.ledger
-        for call in ledger.open_calls(keys, ledger.run_call_ids(keys)):
-            result = synthetic_result(
-                ToolCall(id=call.call_id, name=call.tool or "unknown"),
-                SyntheticReason.RUN_ABORTED,
-                elapsed_ms=self._now_ms() - call.submitted_ms,
-                attempt=call.attempt,
-                detail=f" by the loop detector ({abort.detector})",
-            )
-            ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
 
     def _emit_event(self, event_type: str, fields: dict[str, Any]) -> None:
         self._rt.ledger.publish_event(event_type.removeprefix("unstuck-"), **fields)

@@ -79,15 +79,21 @@ class Dispatcher:
             heartbeat_s=limits.heartbeat_s,
         )
 
-    def record_immediate(self, keys: RunKeys, result: ToolResult) -> bool:
-        """Record a call answered without running; False when the call id existed already."""
+    def record_immediate(self, keys: RunKeys, result: ToolResult) -> Registration:
+        """Record a call answered without running (unless its id existed already).
+
+        The registration also tells whether the run's compaction guard is armed: a call
+        answered at submission counts for the guard like one that ran.
+        """
         now = self._now_ms()
         ledger = self._ledger
         fields = {"tool": result.tool_name, "idempotent": "0", "dispatched": "1"}
-        if not ledger.register(keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields):
-            return False
-        ledger.finish(keys, result, now_ms=now, writer=self._writer)
-        return True
+        registration = ledger.register_call(
+            keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields
+        )
+        if registration.created:
+            ledger.finish(keys, result, now_ms=now, writer=self._writer)
+        return registration
 
     def register_and_dispatch(self, keys: RunKeys, job: CallJob) -> Registration:
         """Register the call and publish it unless it existed or its run refuses new calls."""

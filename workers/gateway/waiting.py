@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from workers.answering import reap
 from workers.core.loops import LoopVerdict, PendingCall
-from workers.core.models import SyntheticReason, ToolCall, ToolResult
-from workers.core.results import synthetic_result
+from workers.core.models import ToolCall, ToolResult
+from workers.core.results import deadline_result
 from workers.errors import StoreError
 from workers.settings import Settings
 from workers.store.keys import RunKeys
@@ -39,7 +39,10 @@ class Batch:
     run_deadline_ms: int | None = None
     guard_armed: bool = False
     tools: dict[str, str] = field(default_factory=dict)
+    submitted: dict[str, int] = field(default_factory=dict)
     answers: dict[str, ToolResult] = field(default_factory=dict)
+    # Answers prepared while the store was unreachable: stored (first writer wins) as soon as
+    # it answers, and what the ledger then holds is delivered.
     fallbacks: dict[str, ToolResult] = field(default_factory=dict)
 
     @property
@@ -59,6 +62,7 @@ class Waiter:
     sleep: Callable[[float], None]
     redispatch: Callable[[RunKeys, str], None]
     on_check: Callable[[RunKeys], None] | None = None
+    store_later: Callable[[RunKeys, ToolResult], None] | None = None
 
     def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> None:
         """Return once ``batch.waiting`` is empty; each call by its deadline plus grace."""
@@ -66,6 +70,7 @@ class Waiter:
         check_ms = int(self.settings.gateway.check_interval_s * 1000)
         next_check = self.now_ms() + check_ms
         while batch.waiting:
+            self._store_fallbacks(batch)
             self._answer_locally_past(batch, self.now_ms(), margin_ms)
             if not batch.waiting:
                 return
@@ -97,22 +102,40 @@ class Waiter:
         )
         batch.answers.update(self.ledger.results(batch.keys, batch.waiting))
 
+    def _store_fallbacks(self, batch: Batch) -> None:
+        """Store answers prepared without a store, then deliver what the ledger holds."""
+        pending = [call_id for call_id in batch.waiting if call_id in batch.fallbacks]
+        if not pending:
+            return
+        try:
+            for call_id in pending:
+                self.ledger.finish(
+                    batch.keys, batch.fallbacks[call_id], now_ms=self.now_ms(), writer=self.writer
+                )
+            batch.answers.update(self.ledger.results(batch.keys, pending))
+        except StoreError:
+            pass  # still unreachable: answered locally once the margin passes
+
     def _answer_locally_past(self, batch: Batch, now_ms: int, margin_ms: int) -> None:
-        """Last resort when the store cannot answer: never let a call go past deadline + grace."""
+        """Last resort when the store cannot answer: never let a call go past deadline + grace.
+
+        The answer is what any other writer would store by then (the canonical deadline
+        result, or the answer prepared at submission); it is stored first when Redis takes
+        it, else handed over and stored as soon as Redis is back.
+        """
         for call_id in batch.waiting:
-            if now_ms < batch.deadlines[call_id] + margin_ms:
+            deadline_ms = batch.deadlines[call_id]
+            if now_ms < deadline_ms + margin_ms:
                 continue
             call = ToolCall(id=call_id, name=batch.tools.get(call_id) or "unknown")
-            result = synthetic_result(
-                call,
-                SyntheticReason.DEADLINE_EXCEEDED,
-                elapsed_ms=0,
-                attempt=0,
-                detail=" (result store unreachable)",
+            submitted_ms = batch.submitted.get(call_id, deadline_ms)
+            result = batch.fallbacks.get(call_id) or deadline_result(
+                call, submitted_ms=submitted_ms, deadline_ms=deadline_ms
             )
             try:
                 self.ledger.finish(batch.keys, result, now_ms=now_ms, writer=self.writer)
                 result = self.ledger.results(batch.keys, [call_id]).get(call_id, result)
             except StoreError:
-                pass
+                if self.store_later is not None:
+                    self.store_later(batch.keys, result)
             batch.answers[call_id] = result
