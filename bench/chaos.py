@@ -30,7 +30,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tests.harness import Proc, base_env, kill_pids, start_beat, start_worker, wait_until
+from bench.chaos_faults import SweepPulse, Unattended, hog_every_slot, kill_everything, unattended_failures
+from tests.harness import Proc, base_env, kill_pids, start_beat, start_watchdog, start_worker, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.errors import LoopDetected
 from workers.local.embedded_redis import EmbeddedRedis, free_port
@@ -98,6 +99,9 @@ class Tally:
                 self.delivered.setdefault(key, []).append(result)
             if batch:
                 self.batches.append((keys, now))
+
+    def deliver_calls(self, session: str, run: str, calls: list[ToolCall], results: list[ToolResult]) -> None:
+        self.deliver(session, run, results)
 
     def note(self, event: str, error: str | None = None) -> None:
         with self.lock:
@@ -178,10 +182,25 @@ class Cluster:
         self.add_worker()
         return "host" if whole_host else "main process"
 
-    def restart_redis(self, outage_s: float) -> None:
+    def restart_redis(self, outage_s: float) -> tuple[int, int]:
+        """Stop Redis for ``outage_s`` and start it again; returns when it was gone (ms)."""
+        began_ms = int(time.time() * 1000)
         self.server.stop()
         time.sleep(outage_s)  # the outage itself is the fault being injected
         self.server.start()
+        return began_ms, int(time.time() * 1000)
+
+    def kill_all_workers(self, ledger: Ledger, n: int) -> list[Unattended]:
+        """Every worker host and some unattended agent processes die at once; workers come back later."""
+        unattended, strays = kill_everything(self.env, ledger, self.workers, n)
+        self.strays.extend(strays)
+        count = len(self.workers)
+        self.workers.clear()
+        # Long enough for every lease to lapse: only the watchdog can answer what they held.
+        time.sleep(4.0)  # the outage of every worker is the fault being injected
+        for _ in range(count):
+            self.add_worker()
+        return unattended
 
     def close(self) -> None:
         procs = self.workers + self.others
@@ -250,9 +269,18 @@ class Report:
     worst_call_ms: int = -(10**9)
     reasons: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
+    worst_sweep_gap_ms: int = 0
+    sweep_gap_limit_ms: int = 0
+    sweeps: int = 0
+    unattended: int = 0
+    watch_failures: list[str] = field(default_factory=list)
 
     def failures(self, grace_ms: int, errors: list[str]) -> list[str]:
+        gap_ok = self.worst_sweep_gap_ms <= self.sweep_gap_limit_ms
         checks = [
+            (self.worst_call_ms <= grace_ms, f"worst ledger write {self.worst_call_ms} ms past deadline"),
+            (gap_ok, f"worst gap between sweeps {self.worst_sweep_gap_ms} ms > {self.sweep_gap_limit_ms} ms"),
+            (not self.watch_failures, f"watchdog: {self.watch_failures[:5]}"),
             (self.missing == 0, f"missing {self.missing}"),
             (self.duplicates == 0, f"duplicates {self.duplicates}"),
             (self.differs == 0, f"delivered results differing from the ledger {self.differs}"),
@@ -319,6 +347,7 @@ def _schedule(duration_s: float, rng: random.Random) -> list[tuple[float, str]]:
     plan = [(t, "kill worker") for t in _times(kill_every * 0.5, duration_s, kill_every, rng)]
     plan += [(t, "gateway restart") for t in _times(gateway_every * 0.7, duration_s, gateway_every, rng)]
     plan += [(t, "redis restart") for t in _times(duration_s * 0.4, duration_s, 150.0, rng)]
+    plan += [(duration_s * 0.15, "hog every slot"), (duration_s * 0.75, "kill everything")]
     return sorted(plan)
 
 
@@ -338,7 +367,19 @@ def _progress(tally: Tally, started: float) -> str:
     return f"[{elapsed:6.1f}s] calls {calls}, answered {answered} | {events or 'no faults yet'}"
 
 
-def _inject(options: Options, cluster: Cluster, settings: Settings, tally: Tally, rng: random.Random) -> None:
+@dataclass
+class Watch:
+    """What the soak keeps an eye on besides the calls: the watchdog's pulse, unattended runs."""
+
+    pulse: SweepPulse
+    ledger: Ledger
+    unattended: list[Unattended] = field(default_factory=list)
+    hogs: list[threading.Thread] = field(default_factory=list)
+
+
+def _inject(
+    options: Options, cluster: Cluster, settings: Settings, tally: Tally, rng: random.Random, watch: Watch
+) -> None:
     """Run the fault schedule for the run's duration, printing progress."""
     duration_s = options.minutes * 60
     plan = _schedule(duration_s, rng)
@@ -350,8 +391,16 @@ def _inject(options: Options, cluster: Cluster, settings: Settings, tally: Tally
             if action == "kill worker":
                 tally.note(f"worker kills ({cluster.kill_worker(rng)})")
             elif action == "redis restart":
-                cluster.restart_redis(rng.uniform(0.5, 1.5))
+                watch.pulse.outage(*cluster.restart_redis(rng.uniform(0.5, 1.5)))
                 tally.note("redis restarts")
+            elif action == "hog every slot":
+                slots, hold_s = len(cluster.workers) * cluster.concurrency, min(120.0, duration_s * 0.4)
+                watch.hogs.append(hog_every_slot(settings, slots, hold_s, tally.deliver_calls))
+                tally.submit([("chaos-hog", "r1", f"h{i}") for i in range(slots)])
+                tally.note("slots hogged")
+            elif action == "kill everything":
+                watch.unattended += cluster.kill_all_workers(watch.ledger, tally.events["kill everything"])
+                tally.note("kill everything")
             else:
                 n = tally.events["gateway restarts"] + len(helpers)
                 args = (cluster, settings, random.Random(rng.random()), n, tally)
@@ -387,6 +436,7 @@ def run(options: Options) -> int:
         settings = _settings_for(cluster.env)
         for _ in range(options.workers):
             cluster.add_worker()
+        cluster.others.append(start_watchdog(cluster.env))
         cluster.others.append(start_beat(cluster.env))
         tally, stop = Tally(), threading.Event()
         agents = [
@@ -396,23 +446,37 @@ def run(options: Options) -> int:
         for agent in agents:
             agent.start()
         print(f"chaos: cluster up in {time.monotonic() - began:.1f}s; injecting faults", flush=True)
-        _inject(options, cluster, settings, tally, rng)
+        watcher = ToolGateway(settings)  # its ledger reads the pulse and the unattended runs
+        watch = Watch(SweepPulse(watcher._rt.ledger).start(), watcher._rt.ledger)
+        _inject(options, cluster, settings, tally, rng, watch)
         stop.set()
         drain_started = time.monotonic()
-        for agent in agents:
-            agent.join(120)
+        for thread in [*agents, *watch.hogs]:
+            thread.join(180)
         print(f"chaos: sessions drained in {time.monotonic() - drain_started:.1f}s", flush=True)
         if any(agent.is_alive() for agent in agents):
             tally.note("session errors", "a session was still waiting 120 s after the end")
+        watch.pulse.stop()
         auditor = ToolGateway(settings)
         try:
             report = _audit(tally, auditor._rt.ledger)
+            _audit_watchdog(report, watch, settings)
         finally:
             auditor.close()
         return _print_report(report, tally, int(settings.gateway.grace_s * 1000))
     finally:
         cluster.close()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _audit_watchdog(report: Report, watch: Watch, settings: Settings) -> None:
+    interval_ms = int(settings.watchdog.interval_s * 1000)
+    report.sweeps = len(watch.pulse.sweeps_ms)
+    report.worst_sweep_gap_ms = watch.pulse.worst_gap_ms(reconnect_ms=2000)
+    report.sweep_gap_limit_ms = interval_ms + 1000
+    budget_ms = int(settings.lease.ttl_s * 1000) + interval_ms + 2000
+    report.unattended = sum(1 for run in watch.unattended if run.was_running)
+    report.watch_failures = unattended_failures(watch.ledger, watch.unattended, budget_ms)
 
 
 def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
@@ -423,6 +487,8 @@ def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
         f"worst answer vs deadline: batch return {report.worst_batch_ms:+d} ms, ledger write "
         f"{report.worst_call_ms:+d} ms (grace {grace_ms} ms)\n"
         f"stuck sessions {report.stuck_sessions}\n"
+        f"watchdog: {report.sweeps} sweeps, worst gap {report.worst_sweep_gap_ms} ms outside Redis outages "
+        f"(limit {report.sweep_gap_limit_ms} ms); unattended runs answered by it alone: {report.unattended}\n"
         f"faults: {dict(sorted(tally.events.items()))}\n"
         f"outcomes: {dict(sorted(report.reasons.items()))}",
         flush=True,

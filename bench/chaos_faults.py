@@ -1,0 +1,166 @@
+"""The chaos soak's faults against the safety net itself, and the watchdog's own pulse.
+
+* :class:`SweepPulse` watches every completed sweep (``P:{runs}:watchdog``) for the whole run;
+  the gaps between sweeps must stay within the interval + 1 s, except across a Redis outage
+  (the watchdog cannot sweep a store that is not there);
+* :func:`hog_every_slot` fills every pool slot with tools that ignore their limits;
+* :func:`kill_everything` SIGKILLs every tool worker host and the agent processes of some
+  unattended runs at once: only the watchdog is left to answer those calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tests.harness import Proc, kill_pids, wait_until
+from workers import ToolCall, ToolGateway, ToolResult
+from workers.errors import LoopDetected, StoreError
+from workers.settings import Settings
+from workers.store.ledger import Ledger
+from workers.store.watchdog_liveness import WatchdogLiveness
+
+__all__ = ["SweepPulse", "Unattended", "hog_every_slot", "kill_everything", "unattended_failures"]
+
+_UNATTENDED = """
+import sys
+from workers import ToolCall, ToolGateway, ToolResult
+print("submitting", flush=True)
+ToolGateway().call_tools(
+    session_key=sys.argv[1], run_id="r1", calls=[ToolCall(id="u0", name="slow", arguments={"seconds": 30})]
+)
+"""
+
+
+@dataclass
+class SweepPulse:
+    """Every completed sweep seen during the run, and the Redis outages to excuse."""
+
+    ledger: Ledger
+    sweeps_ms: list[int] = field(default_factory=list)
+    outages_ms: list[tuple[int, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> SweepPulse:
+        self._thread = threading.Thread(target=self._run, name="sweep-pulse", daemon=True)
+        self._thread.start()
+        return self
+
+    def outage(self, began_ms: int, ended_ms: int) -> None:
+        self.outages_ms.append((began_ms, ended_ms))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        liveness = WatchdogLiveness(self.ledger)
+        while not self._stop.wait(0.05):
+            with contextlib.suppress(StoreError):
+                record = liveness.last()
+                if record is not None and (not self.sweeps_ms or record.last_sweep_ms > self.sweeps_ms[-1]):
+                    self.sweeps_ms.append(record.last_sweep_ms)
+
+    def worst_gap_ms(self, reconnect_ms: int) -> int:
+        """The longest gap between sweeps that no Redis outage (plus ``reconnect_ms``) overlaps."""
+        gaps = [
+            b - a
+            for a, b in itertools.pairwise(self.sweeps_ms)
+            if not any(a < end + reconnect_ms and b > start for start, end in self.outages_ms)
+        ]
+        return max(gaps, default=0)
+
+
+def hog_every_slot(
+    settings: Settings,
+    slots: int,
+    seconds: float,
+    deliver: Callable[[str, str, list[ToolCall], list[ToolResult]], None],
+) -> threading.Thread:
+    """A session whose calls hold every pool slot for ``seconds``, ignoring every interrupt."""
+    calls = [ToolCall(id=f"h{i}", name="hog", arguments={"seconds": seconds}) for i in range(slots)]
+
+    def run() -> None:
+        gateway = ToolGateway(settings)
+        try:
+            results = gateway.call_tools(session_key="chaos-hog", run_id="r1", calls=calls)
+        except LoopDetected as exc:
+            results = list(exc.results)
+        finally:
+            gateway.close()
+        deliver("chaos-hog", "r1", calls, results)
+
+    thread = threading.Thread(target=run, name="chaos-hog", daemon=True)
+    thread.start()
+    return thread
+
+
+@dataclass(frozen=True)
+class Unattended:
+    """A run whose agent process was killed with every worker: only the watchdog can answer it."""
+
+    session: str
+    killed_ms: int
+    was_running: bool  # its call ran on a worker at the kill (else it waits in the queue)
+
+
+def kill_everything(
+    env: dict[str, str], ledger: Ledger, workers: list[Proc], n: int, count: int = 3
+) -> tuple[list[Unattended], list[int]]:
+    """Start ``count`` agent processes with a running call each, then SIGKILL them and every worker host.
+
+    Returns the unattended runs and the orphaned pids to reap at the end.
+    """
+    sessions = [f"chaos-lone-{n}-{i}" for i in range(count)]
+    agents = [
+        Proc([sys.executable, "-c", _UNATTENDED, s], env, f"chaos-lone{n}-{i}")
+        for i, s in enumerate(sessions)
+    ]
+
+    with contextlib.suppress(AssertionError):  # slots may be hogged: kill whatever state it is in
+        wait_until(lambda: all(_running(ledger, s) for s in sessions), timeout_s=15, what="calls running")
+    was_running = {s: _running(ledger, s) for s in sessions}
+    strays = [pid for proc in workers for pid in proc.children()]
+    for proc in [*agents, *workers]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    killed_ms = int(time.time() * 1000)
+    for proc in [*agents, *workers]:
+        proc.stop(timeout_s=1)
+    kill_pids(strays)
+    return [Unattended(s, killed_ms, was_running[s]) for s in sessions], strays
+
+
+def _running(ledger: Ledger, session: str) -> bool:
+    try:
+        record = ledger.record(ledger.keys(session, "r1"), "u0")
+    except StoreError:
+        return False
+    return record is not None and record.state.value == "running"
+
+
+def unattended_failures(ledger: Ledger, runs: list[Unattended], budget_ms: int) -> list[str]:
+    """Each unattended call must be answered in the ledger, by the watchdog, within ``budget_ms``."""
+    failures = []
+    for run in (r for r in runs if r.was_running):
+        keys = ledger.keys(run.session, "r1")
+        record = ledger.record(keys, "u0")
+        if record is None:
+            continue  # never registered before the kill: nothing to answer
+        if record.result is None:
+            failures.append(f"unattended {run.session}: no result in the ledger")
+            continue
+        writer = record.fields.get("writer", "")
+        took_ms = int(record.fields.get("finished_ms", "0")) - run.killed_ms
+        if not writer.endswith("/watchdog") or took_ms > budget_ms:
+            failures.append(f"unattended {run.session}: answered by {writer!r} {took_ms} ms after the kill")
+    return failures
