@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from workers.cli.metrics_cmd import serve
@@ -14,7 +18,9 @@ from workers.core.results import success_result, synthetic_result, tool_error_re
 from workers.local.embedded_redis import free_port
 from workers.ops.metrics import LedgerCollector
 from workers.store.ledger import Ledger, connect
-from workers.store.runs import ensure_run
+from workers.store.runs import AgentBeats, ensure_run
+from workers.store.sessions import SessionStore
+from workers.store.watchdog_liveness import WatchdogLiveness
 
 NOW_MS = 1_800_000_000_000
 PREFIX = "unstuck"
@@ -171,3 +177,80 @@ def test_metrics_endpoint_serves_the_collector(ledger: Ledger) -> None:
     # Then our metrics are in the exposition text
     assert "unstuck_up 1.0" in body
     assert 'unstuck_calls{outcome="running",tool="http_fetch"} 1.0' in body
+
+
+def test_sessions_by_class_idle_streams_and_the_watchdogs_pulse(ledger: Ledger) -> None:
+    # Given two running runs the watchdog classed, one of them with two idle model streams,
+    # and a watchdog whose last sweep completed 4 s ago after a 3 s gap
+    store = SessionStore(ledger)
+    for session in ("busy", "quiet"):
+        store.begin_run(session, "r1", "main", NOW_MS - 60_000, NOW_MS + 600_000, writer="gw")
+    store.set_class([("busy", "r1", "active"), ("quiet", "r1", "stuck")])
+    beats = AgentBeats(store)
+    for _ in range(2):
+        beats.stream_idle(ledger.keys("quiet", "r1"), now_ms=NOW_MS - 5_000)
+    liveness = WatchdogLiveness(ledger)
+    liveness.sweep_completed(NOW_MS - 7_000)
+    liveness.sweep_completed(NOW_MS - 4_000)
+    # When Prometheus scrapes
+    registry = scrape(ledger)
+    # Then
+    assert value(registry, "unstuck_sessions", **{"class": "active"}) == 1
+    assert value(registry, "unstuck_sessions", **{"class": "stuck"}) == 1
+    assert value(registry, "unstuck_idle_streams") == 2
+    assert value(registry, "unstuck_watchdog_last_sweep_age_seconds") == pytest.approx(4.0)
+    assert value(registry, "unstuck_watchdog_max_sweep_gap_seconds") == pytest.approx(3.0)
+
+
+def test_a_watchdog_that_never_swept_reads_minus_one(ledger: Ledger) -> None:
+    assert value(scrape(ledger), "unstuck_watchdog_last_sweep_age_seconds") == -1
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+METRIC_NAME = re.compile(r"\bunstuck_[a-z_]+\b")
+
+
+def _served_names(ledger: Ledger) -> set[str]:
+    seed(ledger)
+    names: set[str] = set()
+    for family in LedgerCollector(ledger, clock=lambda: NOW_MS / 1000).collect():
+        names.add(family.name)
+        if family.type == "histogram":
+            names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+    return names
+
+
+def _unknown(expressions: list[str], served: set[str]) -> list[str]:
+    return [
+        f"{expr}: {name}" for expr in expressions for name in METRIC_NAME.findall(expr) if name not in served
+    ]
+
+
+def _dashboard_exprs() -> list[str]:
+    dashboard = json.loads((DEPLOY / "grafana" / "unstuck-dashboard.json").read_text(encoding="utf-8"))
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def _alert_exprs() -> list[str]:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "unstuck-alerts.yaml").read_text(encoding="utf-8"))
+    return [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+
+
+def test_every_dashboard_panel_and_alert_queries_a_metric_the_exporter_serves(ledger: Ledger) -> None:
+    served = _served_names(ledger)
+    exprs = _dashboard_exprs() + _alert_exprs()
+    assert len(exprs) >= 10
+    assert all(METRIC_NAME.search(expr) for expr in exprs)  # every query names one of ours
+    assert _unknown(exprs, served) == []
+    # The dashboard shows what the issue asks for
+    joined = " ".join(exprs)
+    for name in ("unstuck_sessions", "unstuck_synthetic_results", "unstuck_watchdog_last_sweep_age_seconds"):
+        assert name in joined
+    assert "unstuck_idle_streams" in joined
+
+
+def test_a_query_of_a_metric_nobody_serves_is_found(ledger: Ledger) -> None:
+    served = _served_names(ledger)
+    assert _unknown(["rate(unstuck_sessoins[5m])"], served) == [
+        "rate(unstuck_sessoins[5m]): unstuck_sessoins"
+    ]

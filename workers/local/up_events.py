@@ -4,7 +4,7 @@
 synthetic answer that won), the gateways (loop warnings and blocks) and the watchdog
 (sessions entering stalled or stuck) append to, so nothing is missed between polls.
 :class:`DueWatcher` adds one thing the stream cannot say: a call still unanswered a grace
-period past its deadline (is beat running?).
+period past its deadline (are the watchdog and beat running?).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class DueWatcher:
                 "run": keys.run_id,
                 "call": call_id,
                 "past_deadline_s": round((now_ms - deadline_ms) / 1000, 1),
-                "hint": "no result yet past its deadline; is beat running?",
+                "hint": "no result yet past its deadline; are the watchdog and beat running?",
             },
         )
 
@@ -154,6 +154,7 @@ class EventPrinter:
             "unstuck up: running; Ctrl-C or SIGTERM stops everything.",
             f"  redis   {redis}",
             f"  worker  pid {info['worker_pid']} (prefork)",
+            f"  watchdog pid {info['watchdog_pid']} (control queue)",
             f"  beat    pid {info['beat_pid']}",
             *([f"  flower  {info['flower_url']}"] if info.get("flower_url") else []),
             f"  logs    {info['logs']}",

@@ -13,6 +13,13 @@ counted at the call sites. It exposes::
     unstuck_oldest_pending_call_age_seconds     now - submitted_ms of the oldest unanswered call
     unstuck_runs{status}                        run records by status
     unstuck_running_sessions                    runs with status running (one per session lane)
+    unstuck_sessions{class}                     running runs by the watchdog's latest class
+                                                (active, long_running, stalled, stuck, unclassified)
+    unstuck_idle_streams                        model streams that went idle (idle guard), summed
+                                                over the run records held now
+    unstuck_watchdog_last_sweep_age_seconds     time since the last completed sweep (-1: none);
+                                                alert when it exceeds two sweep intervals
+    unstuck_watchdog_max_sweep_gap_seconds      the longest gap seen between two sweeps
     unstuck_scrape_keys / _truncated            how much of the keyspace this scrape read
 
 All are gauges: they describe the records Redis holds now, which expire after
@@ -46,6 +53,7 @@ from workers.core.models import CallState, SyntheticReason
 from workers.errors import StoreError
 from workers.store.ledger import Ledger
 from workers.store.ledger_scan import CallRow, LedgerScanner
+from workers.store.watchdog_liveness import WatchdogLiveness
 
 __all__ = [
     "DURATION_BUCKETS_S",
@@ -71,6 +79,10 @@ class LedgerTally:
     synthetic: Counter[str] = field(default_factory=Counter)
     durations_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     runs: Counter[str] = field(default_factory=Counter)
+    classes: Counter[str] = field(default_factory=Counter)  # running runs by the watchdog's class
+    idle_streams: int = 0
+    last_sweep_ms: int | None = None
+    max_sweep_gap_ms: int = 0
     keys_read: int = 0
     truncated: bool = False
     pending: int = 0
@@ -113,6 +125,7 @@ class LedgerCollector(Collector):
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.scanner = LedgerScanner(ledger, max_keys=max_keys)
+        self.liveness = WatchdogLiveness(ledger)
         self.oldest_sample = oldest_sample
         self.clock = clock
 
@@ -137,7 +150,14 @@ class LedgerCollector(Collector):
         scan = self.scanner.keys()
         out = tally(self.scanner.call_rows(scan.call_keys))
         out.keys_read, out.truncated = scan.keys_read, scan.truncated
-        out.runs.update(self.scanner.run_statuses(scan.run_keys))
+        for run in self.scanner.run_rows(scan.run_keys):
+            out.runs[run.status] += 1
+            out.idle_streams += run.stream_idles
+            if run.status == "running":
+                out.classes[run.klass or "unclassified"] += 1
+        sweep = self.liveness.last()
+        if sweep is not None:
+            out.last_sweep_ms, out.max_sweep_gap_ms = sweep.last_sweep_ms, sweep.max_gap_ms
         due = self.scanner.due_sample(self.oldest_sample)
         out.pending, out.oldest_submitted_ms = due.pending, due.oldest_submitted_ms
         return out
@@ -179,7 +199,33 @@ def families(found: LedgerTally, now_ms: int) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "unstuck_running_sessions", "Runs with status running", value=found.runs.get("running", 0)
     )
+    yield from _watch_families(found, now_ms)
     yield GaugeMetricFamily("unstuck_scrape_keys", "Keys read by this scrape", value=found.keys_read)
     yield GaugeMetricFamily(
         "unstuck_scrape_truncated", "1 when this scrape hit max_keys", value=int(found.truncated)
+    )
+
+
+def _watch_families(found: LedgerTally, now_ms: int) -> Iterator[Metric]:
+    """What the watchdog sees of sessions, and how the watchdog itself is doing."""
+    classes = GaugeMetricFamily(
+        "unstuck_sessions", "Running runs by the watchdog's latest class", labels=["class"]
+    )
+    for klass, count in sorted(found.classes.items()):
+        classes.add_metric([klass], count)
+    yield classes
+    yield GaugeMetricFamily(
+        "unstuck_idle_streams",
+        "Model streams that went idle past their timeout (runs held now)",
+        value=found.idle_streams,
+    )
+    # -1 when no sweep completed within the record's TTL: a watchdog that never ran.
+    age_s = -1.0 if found.last_sweep_ms is None else max(0, now_ms - found.last_sweep_ms) / 1000
+    yield GaugeMetricFamily(
+        "unstuck_watchdog_last_sweep_age_seconds", "Time since the last completed watchdog sweep", value=age_s
+    )
+    yield GaugeMetricFamily(
+        "unstuck_watchdog_max_sweep_gap_seconds",
+        "Longest gap seen between two completed sweeps",
+        value=found.max_sweep_gap_ms / 1000,
     )

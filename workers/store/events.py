@@ -11,7 +11,7 @@ from typing import Any
 from workers.store.keys import events_stream_key
 from workers.store.ledger import Ledger, store_errors
 
-__all__ = ["last_event_id", "read_events"]
+__all__ = ["last_event_id", "read_events", "recent_events"]
 
 
 def last_event_id(ledger: Ledger) -> str:
@@ -33,4 +33,14 @@ def read_events(
         (str(entry_id), {str(k): v for k, v in dict(raw).items()})
         for _stream, entries in reply or []
         for entry_id, raw in entries
+    ]
+
+
+def recent_events(ledger: Ledger, count: int) -> list[tuple[str, dict[str, Any]]]:
+    """The newest ``count`` entries, oldest first."""
+    key = events_stream_key(ledger.prefix)
+    with store_errors():
+        reply: Any = ledger.client.xrevrange(key, count=count)
+    return [
+        (str(entry_id), {str(k): v for k, v in dict(raw).items()}) for entry_id, raw in reversed(reply or [])
     ]

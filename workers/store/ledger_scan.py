@@ -16,7 +16,7 @@ from workers.core.models import CallState
 from workers.store.keys import due_index_key, ledger_key_kind, ledger_scan_pattern, parse_due_member
 from workers.store.ledger import Ledger, store_errors
 
-__all__ = ["CallRow", "DueSample", "KeyScan", "LedgerScanner", "due_deadlines"]
+__all__ = ["CallRow", "DueSample", "KeyScan", "LedgerScanner", "RunRow", "due_deadlines"]
 
 _CALL_FIELDS: Final = ("tool", "state", "reason", "started_ms", "finished_ms")
 _BATCH: Final = 500
@@ -32,6 +32,15 @@ class CallRow:
     reason: str
     started_ms: int | None
     finished_ms: int | None
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """The fields of one run record the metrics need."""
+
+    status: str
+    klass: str  # the watchdog's latest class ("" before its first look)
+    stream_idles: int
 
 
 @dataclass(frozen=True)
@@ -112,15 +121,23 @@ class LedgerScanner:
 
     def run_statuses(self, keys: Sequence[str]) -> list[str]:
         """The ``status`` of each run record still present among ``keys``."""
-        statuses: list[str] = []
+        return [row.status for row in self.run_rows(keys)]
+
+    def run_rows(self, keys: Sequence[str]) -> list[RunRow]:
+        """Status, the watchdog's class and idle model streams of each run still present among ``keys``."""
+        rows: list[RunRow] = []
         for batch in _batches(keys):
             with store_errors():
                 pipe = self.ledger.client.pipeline(transaction=False)
                 for key in batch:
-                    pipe.hget(key, "status")
+                    pipe.hmget(key, ["status", "class", "stream_idle_n"])
                 replies = pipe.execute()
-            statuses.extend(_text(status) for status in replies if status is not None)
-        return statuses
+            rows.extend(
+                RunRow(_text(status), _text(klass), _ms(idles) or 0)
+                for status, klass, idles in replies
+                if status is not None
+            )
+        return rows
 
     def due_sample(self, sample: int) -> DueSample:
         """The due index's size, and the earliest submission among its ``sample`` nearest deadlines.
