@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -239,6 +240,28 @@ class WorkerSettings(BaseModel):
     max_memory_per_child_kb: PositiveInt | None = None
 
 
+class ApiSettings(BaseModel):
+    """The network doors: the HTTP API (``unstuck serve``) and the MCP server (``unstuck mcp``)."""
+
+    model_config = _FROZEN
+
+    host: str = Field("127.0.0.1", description="address both doors bind; off loopback only with tokens")
+    port: int = Field(8765, ge=1, le=65535, description="port of `unstuck serve`")
+    mcp_port: int = Field(8766, ge=1, le=65535, description="port of `unstuck mcp` (Streamable HTTP)")
+    tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        (), description="bearer tokens accepted (comma-separated); none: loopback only, no auth"
+    )
+    max_body_bytes: PositiveInt = 1_048_576
+    mcp_run_idle_s: PositiveFloat = Field(300.0, description="an MCP session's run ends after this idle gap")
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+
 def _split_modules(value: Any) -> Any:
     if isinstance(value, str):
         return tuple(part.strip() for part in value.split(",") if part.strip())
@@ -267,6 +290,7 @@ class Settings(BaseSettings):
     watchdog: WatchdogSettings = WatchdogSettings()
     worker: WorkerSettings = WorkerSettings()
     transcript: TranscriptSettings = TranscriptSettings()
+    api: ApiSettings = ApiSettings()
     tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
     config: str = Field("", description="path of a JSON or TOML config file (UNSTUCK_CONFIG)")
 

@@ -10,12 +10,12 @@ its command line, so ``ps`` does not show them. Flower exempts ``/metrics`` and
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
+from workers.doors.auth import is_loopback
 from workers.errors import ConfigError
 from workers.settings import load_settings, process_environment
 
@@ -42,16 +42,6 @@ def register(subparsers: Any) -> None:
         help=f"required off loopback; default: ${BASIC_AUTH_ENV}. Passed to Flower via its environment",
     )
     flower.set_defaults(func=_flower)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``address`` only accepts local connections (``""`` and ``0.0.0.0`` do not)."""
-    if address.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name may resolve to anything: treat it as public
 
 
 def parse_basic_auth(value: str) -> str:
