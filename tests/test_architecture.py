@@ -1,13 +1,20 @@
-"""House-style checks that read the source tree (habits 1, 3, 8, 9, 10)."""
+"""House-style checks that read the source tree (habits 1, 3, 8, 9, 10) and its import graph."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import io
 import re
+import subprocess
+import sys
 import tokenize
-from pathlib import Path
+import tomllib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
 
+import grimp
 import pytest
 
 import workers.errors
@@ -169,3 +176,205 @@ def test_key_literal_check_finds_a_key_in_the_keys_module() -> None:
     assert KEY_LITERAL.search('f"{prefix}:due"')
     assert KEY_LITERAL.search("unstuck:{tag}:lease:c1")
     assert any(KEY_LITERAL.search(text) for _, text in _string_literals(ROOT / KEYS_MODULE))
+
+
+# --- habit 1: the pure core imports alone ---------------------------------------------------
+
+PURE_CORE = ("workers.core", "workers.core.run_health", "workers.core.loops", "workers.core.transcript")
+HEAVY = ("billiard", "celery", "kombu", "redis")
+
+
+def _heavy_imports_of(*modules: str) -> list[str]:
+    """Top-level names of HEAVY found in sys.modules after importing ``modules`` in a fresh interpreter."""
+    code = (
+        f"import {', '.join(modules)}, sys; "
+        f"print(' '.join(sorted({{name.split('.')[0] for name in sys.modules}} & {set(HEAVY)!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout.split()
+
+
+def test_the_pure_core_imports_without_celery_or_redis() -> None:
+    assert _heavy_imports_of(*PURE_CORE) == []
+
+
+def test_heavy_import_check_finds_celery_behind_the_gateway() -> None:
+    assert "celery" in _heavy_imports_of("workers.gateway.client")
+
+
+# --- no import cycles -----------------------------------------------------------------------
+
+
+class _Tarjan:
+    """Tarjan's algorithm with an explicit stack, so deep import chains cannot hit the recursion limit."""
+
+    def __init__(self, edges: Mapping[str, list[str]]) -> None:
+        self.edges = edges
+        self.index: dict[str, int] = {}
+        self.low: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.on_stack: set[str] = set()
+        self.components: list[set[str]] = []
+
+    def _enter(self, node: str) -> None:
+        self.index[node] = self.low[node] = len(self.index)
+        self.stack.append(node)
+        self.on_stack.add(node)
+
+    def _leave(self, node: str) -> None:
+        if self.low[node] != self.index[node]:
+            return
+        component = set()
+        while True:
+            member = self.stack.pop()
+            self.on_stack.discard(member)
+            component.add(member)
+            if member == node:
+                break
+        self.components.append(component)
+
+    def visit(self, root: str) -> None:
+        self._enter(root)
+        work = [(root, iter(self.edges[root]))]
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is None:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    self.low[parent] = min(self.low[parent], self.low[node])
+                self._leave(node)
+            elif target not in self.index:
+                self._enter(target)
+                work.append((target, iter(self.edges[target])))
+            elif target in self.on_stack:
+                self.low[node] = min(self.low[node], self.index[target])
+
+
+def strongly_connected_components(graph: Mapping[str, Iterable[str]]) -> list[set[str]]:
+    """Every strongly connected component of ``graph``; nodes only named as targets count too."""
+    edges = {node: sorted(set(targets)) for node, targets in graph.items()}
+    for target in {t for targets in edges.values() for t in targets} - edges.keys():
+        edges[target] = []
+    tarjan = _Tarjan(edges)
+    for root in sorted(edges):
+        if root not in tarjan.index:
+            tarjan.visit(root)
+    return tarjan.components
+
+
+def _ast_imports(path: Path, known: set[str]) -> set[str]:
+    """Modules of ``known`` that a file imports (``from a import b`` counts as ``a.b`` when that is one)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found & known
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Direct imports between our modules: workers, tasks and beat_schedule.
+
+    TYPE_CHECKING-only imports count. The ones in ``workers/__init__.py`` stand for its lazy
+    re-exports, which do import those modules at run time (on first attribute access), and
+    mypy follows all of them; a cycle through them is as real as any other.
+
+    grimp cannot load a single-module root, so ``beat_schedule``'s own imports are read from
+    its source; who imports it comes from grimp's view of it as an external module.
+    """
+    built = grimp.build_graph("workers", "tasks", include_external_packages=True, cache_dir=None)
+    ours = {m for m in built.modules if m.split(".")[0] in {"workers", "tasks"}} | {"beat_schedule"}
+    graph = {m: set(built.find_modules_directly_imported_by(m)) & ours for m in ours - {"beat_schedule"}}
+    graph["beat_schedule"] = _ast_imports(ROOT / "beat_schedule.py", ours)
+    return graph
+
+
+def test_no_import_cycles_between_our_modules() -> None:
+    # Given
+    graph = _import_graph()
+    assert {"workers.core.models", "tasks.invoke", "beat_schedule"} <= graph.keys()
+    assert any("beat_schedule" in targets for targets in graph.values())  # its importers are seen
+    # When
+    cycles = [sorted(c) for c in strongly_connected_components(graph) if len(c) > 1]
+    # Then
+    assert cycles == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e", "a"}}
+    components = strongly_connected_components(graph)
+    assert sorted(sorted(c) for c in components if len(c) > 1) == [["a", "b", "c"]]
+    assert sorted(len(c) for c in components) == [1, 1, 3]
+
+
+def test_beat_schedule_imports_no_redis() -> None:
+    # The "only the store talks to Redis" contract cannot include it: see pyproject.toml.
+    assert _ast_imports(ROOT / "beat_schedule.py", {"redis"}) == set()
+
+
+# --- import-linter's explicit source lists stay complete ------------------------------------
+
+# What each boundary contract forbids, and the modules allowed to import it.
+BOUNDARIES = {
+    "workers.cli": {"workers.cli"},
+    "workers.local": {"workers.cli", "workers.local"},
+    "redis": {"workers.store"},
+}
+
+
+def _top_modules() -> set[str]:
+    children = {p.stem if p.is_file() else p.name for p in (ROOT / "workers").iterdir()}
+    modules = {
+        f"workers.{name}"
+        for name in children
+        if (ROOT / "workers" / f"{name}.py").is_file() or (ROOT / "workers" / name / "__init__.py").is_file()
+    }
+    return (modules - {"workers.__init__"}) | {"tasks"}
+
+
+@pytest.mark.parametrize("forbidden", sorted(BOUNDARIES))
+def test_boundary_contracts_name_every_other_module(forbidden: str) -> None:
+    # Given
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    sources = [
+        set(c["source_modules"]) for c in contracts["contracts"] if c.get("forbidden_modules") == [forbidden]
+    ]
+    # Then: exactly one contract, naming every top-level module but the allowed importers
+    assert len(sources) == 1
+    assert sources[0] == _top_modules() - BOUNDARIES[forbidden]
+
+
+# --- one file name, one module --------------------------------------------------------------
+
+
+def duplicate_file_names(paths: Iterable[PurePosixPath]) -> dict[str, list[str]]:
+    """File names (``__init__.py`` aside) used by more than one module, with their paths."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for path in paths:
+        if path.name != "__init__.py":
+            by_name[path.name].append(str(path))
+    return {name: sorted(found) for name, found in sorted(by_name.items()) if len(found) > 1}
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    files = [PurePosixPath(_rel(p)) for p in _python_files("workers", "tasks")]
+    assert len(files) > 10
+    assert duplicate_file_names(files) == {}
+
+
+def test_duplicate_file_name_check_finds_a_shared_name() -> None:
+    paths = [
+        "workers/gateway/client.py",
+        "workers/store/client.py",
+        "workers/a/__init__.py",
+        "tasks/__init__.py",
+    ]
+    assert duplicate_file_names(PurePosixPath(p) for p in paths) == {
+        "client.py": ["workers/gateway/client.py", "workers/store/client.py"]
+    }

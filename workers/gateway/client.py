@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import Celery
 
-from workers.celery_app import create_app
+from workers.celery_config import client_app
 from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
@@ -53,7 +53,7 @@ class ToolGateway:
     ) -> None:
         self.settings = settings or load_settings()
         self._rt: Runtime = build_runtime(self.settings)
-        self._app: Celery = create_app(self.settings, role="client")
+        self._app: Celery = client_app(self.settings)
         self._clock = clock
         self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"

@@ -1,0 +1,108 @@
+"""Our settings as Celery settings, and an app configured with them: a leaf module.
+
+The only place our settings become Celery setting names. It imports no task module, so the
+agent process (the gateway) builds its sending app here without importing the worker's
+entry point (:mod:`workers.celery_app`, which installs the worker's bootsteps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from beat_schedule import build_beat_schedule
+from workers.settings import Settings
+from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
+
+__all__ = ["celery_config", "client_app", "configured_app"]
+
+
+def _largest_hard_limit_s(settings: Settings) -> float:
+    timeouts = [settings.agents.defaults.tools.timeout_s, *settings.tools.timeouts_s.values()]
+    timeouts += [e.tool_timeout_s for e in settings.agents.list if e.tool_timeout_s]
+    return max(timeouts) + settings.limits.hard_grace_s
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings derived from ours (JSON only, prefetch 1, bounded publish retries)."""
+    # Redelivery must never beat the ledger: keep the visibility timeout above any hard limit.
+    visibility_s = max(3600, int(_largest_hard_limit_s(settings) * 2))
+    publish_s = settings.broker.publish_timeout_s
+    lock_s = settings.watchdog.sweep_lock_ttl_s
+    config: dict[str, Any] = {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.redis.url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_default_queue": settings.broker.queue,
+        # The watchdog's tasks go to their own queue, which no tool worker consumes, so hung
+        # tools, a backlog of calls or dead tool workers can never delay a sweep.
+        "task_routes": {
+            SWEEP_TASK: {"queue": settings.broker.control_queue},
+            HOUSEKEEPING_TASK: {"queue": settings.broker.control_queue},
+        },
+        # A sweep that hangs (a Redis stall) is stopped while it still holds its lock, so two
+        # sweeps never act at once and the next one can run.
+        "task_annotations": {
+            name: {"soft_time_limit": lock_s * 0.8, "time_limit": lock_s * 0.9}
+            for name in (SWEEP_TASK, HOUSEKEEPING_TASK)
+        },
+        "task_acks_late": False,
+        "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": False,
+        "worker_hijack_root_logger": False,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_timeout": publish_s,
+        "broker_transport_options": {
+            "visibility_timeout": visibility_s,
+            "socket_connect_timeout": publish_s,
+            "socket_timeout": max(publish_s, 2.0),
+        },
+        "result_backend_transport_options": {"visibility_timeout": visibility_s},
+        "visibility_timeout": visibility_s,
+        "task_publish_retry": True,
+        "task_publish_retry_policy": {
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": publish_s / 4,
+            "interval_max": publish_s / 2,
+        },
+        "redis_socket_connect_timeout": publish_s,
+        "redis_socket_timeout": max(publish_s, 2.0),
+        "worker_max_memory_per_child": settings.worker.max_memory_per_child_kb,
+        # A child killed before its start was acknowledged is reported lost after this
+        # wait (default 10 s); keep it well under the lease TTL so the reason is `crashed`.
+        "worker_lost_wait": min(1.0, settings.lease.ttl_s / 4),
+    }
+    if settings.broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        # RabbitMQ: quorum queues (replicated, durable; they allow no priorities and no
+        # global QoS, so prefetch stays per consumer), and publisher confirms so a call is
+        # only marked dispatched once the broker has it. Redis transport options do not apply.
+        config.update(
+            {
+                "task_default_queue_type": "quorum",
+                "task_create_missing_queue_type": "quorum",
+                "task_queue_max_priority": None,
+                "worker_detect_quorum_queues": True,
+                "broker_transport_options": {"confirm_publish": True},
+            }
+        )
+    return config
+
+
+def configured_app(settings: Settings, *, include: list[str], set_as_current: bool) -> Celery:
+    """A Celery app with :func:`celery_config` and the beat schedule, registering ``include``."""
+    celery = Celery("unstuck", include=include, set_as_current=set_as_current)
+    celery.conf.update(celery_config(settings))
+    celery.conf.beat_schedule = build_beat_schedule(settings)
+    return celery
+
+
+def client_app(settings: Settings) -> Celery:
+    """An app that only sends (the gateway, the CLI): no task module, never the current app."""
+    return configured_app(settings, include=[], set_as_current=False)
