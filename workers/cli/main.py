@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.cli.flower_cmd",
     "workers.cli.session_cmd",
     "workers.cli.events_cmd",
+    "workers.cli.mcp_cmd",
 )
 
 

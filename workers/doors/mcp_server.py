@@ -1,0 +1,306 @@
+"""The MCP door: the registered tools for any MCP host, each call answered through the gateway.
+
+Every ``tools/call`` becomes one :class:`~workers.core.models.ToolCall` run by
+:class:`~workers.gateway.client.ToolGateway`, so it is answered by its deadline plus the grace
+whatever the tool does. Protocol features map onto the ledger:
+
+- the tool's heartbeats become ``notifications/progress`` when the request has a
+  ``progressToken`` (``progress`` counts heartbeats, ``message`` is the tool's details);
+- a cancelled request (``notifications/cancelled``, a closed response stream, the door
+  shutting down) is answered ``cancelled`` in the ledger, first writer wins, and the tool's
+  later result is kept there as late and never sent;
+- arguments that fail the tool's schema, or are not even a JSON object, get an ``isError``
+  result (``invalid_arguments``), never a protocol error.
+
+Sessions and runs: see :mod:`workers.doors.mcp_sessions`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from importlib.metadata import version
+from typing import Any, Final, TypeVar, TypeVarTuple, Unpack
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
+
+from workers.core.models import SyntheticReason, ToolCall, ToolResult
+from workers.core.results import answer_by_deadline, rejected_result, synthetic_result
+from workers.doors.mcp_sessions import CallTarget, RunTracker, resolve_target
+from workers.errors import InvalidArguments, LoopDetected, StoreError
+from workers.gateway.client import ToolGateway
+from workers.runtime import open_ledger, worker_id
+from workers.settings import Settings
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger, parse_int
+from workers.tools.registry import ToolSpec, registered_tools
+
+__all__ = ["MALFORMED_ARGUMENTS", "McpDoor", "accept_any_arguments", "to_mcp_result", "tool_entries"]
+
+log = logging.getLogger(__name__)
+
+MALFORMED_ARGUMENTS: Final = "unstuck/malformed_arguments"
+_MAX_WAITING: Final = 512  # calls waited on at once; more queue for a thread
+_PROGRESS_POLL_S: Final = 0.5
+_INSTRUCTIONS: Final = (
+    "Tools run by unstuck: every call is answered by its deadline, also when the tool hangs or "
+    "crashes. An isError result with details.synthetic says what happened and what to do next."
+)
+
+Context = ServerRequestContext[Any, Any]
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
+
+
+def _spec_entry(spec: ToolSpec, settings: Settings) -> types.Tool:
+    timeout_s = settings.tool_timeout_s("main", spec.name, spec.soft_timeout_s)
+    return types.Tool(
+        name=spec.name,
+        description=spec.description or None,
+        input_schema=spec.arguments_model.model_json_schema(),
+        annotations=types.ToolAnnotations(idempotent_hint=spec.idempotent),
+        meta={"unstuck/timeout_s": timeout_s},
+    )
+
+
+def tool_entries(settings: Settings) -> list[types.Tool]:
+    """The registered tools as MCP ``Tool`` entries, by name (``_meta`` has the soft limit)."""
+    specs = registered_tools()
+    return [_spec_entry(specs[name], settings) for name in sorted(specs)]
+
+
+def to_mcp_result(result: ToolResult, target: CallTarget) -> types.CallToolResult:
+    """The MCP form of a result: its text, ``isError``, and where it lives in ``_meta``."""
+    meta = {
+        "unstuck/session": target.session_key,
+        "unstuck/run": target.run_id,
+        "unstuck/call": target.call_id,
+        "unstuck/details": result.details,
+    }
+    content: list[types.ContentBlock] = [types.TextContent(text=block.text) for block in result.content]
+    return types.CallToolResult(content=content, is_error=result.is_error, meta=meta)
+
+
+async def accept_any_arguments(ctx: Context, call_next: CallNext) -> HandlerResult:
+    """Middleware: let ``tools/call`` through when its arguments are not a JSON object.
+
+    The SDK would refuse such a request with a protocol error before any handler runs; the
+    arguments are replaced by ``{}`` and their JSON type is noted in ``_meta`` instead, so the
+    door answers the call ``invalid_arguments`` like any other schema failure.
+    """
+    params = ctx.params
+    if ctx.method != "tools/call" or not isinstance(params, Mapping):
+        return await call_next(ctx)
+    arguments = params.get("arguments")
+    if arguments is None or isinstance(arguments, Mapping):
+        return await call_next(ctx)
+    meta = params.get("_meta")
+    marked = {**(meta if isinstance(meta, Mapping) else {}), MALFORMED_ARGUMENTS: _json_type(arguments)}
+    return await call_next(replace(ctx, params={**params, "arguments": {}, "_meta": marked}))
+
+
+def _json_type(value: object) -> str:
+    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "an array"}
+    return names.get(type(value), "not an object")
+
+
+class McpDoor:
+    """The MCP server's handlers over one shared gateway; async, waiting in worker threads."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gateway: ToolGateway,
+        ledger: Ledger,
+        *,
+        stdio_session: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        self.ledger = ledger
+        self.runs = RunTracker(int(settings.api.mcp_run_idle_s * 1000))
+        self._stdio_session = stdio_session
+        self._clock = clock
+        self._writer = f"{worker_id()}/mcp"
+        self._limiter = anyio.CapacityLimiter(_MAX_WAITING)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, stdio_session: str | None = None) -> McpDoor:
+        """A door with its own gateway and ledger connection (tools load here)."""
+        return cls(settings, ToolGateway(settings), open_ledger(settings), stdio_session=stdio_session)
+
+    def server(self) -> Server[Any]:
+        """The MCP server: ``tools/list`` and ``tools/call``, nothing else."""
+        server: Server[Any] = Server(
+            "unstuck",
+            version=version("unstuck"),
+            instructions=_INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            get_tool_input_schema=self._input_schema,
+        )
+        server.middleware.append(accept_any_arguments)
+        return server
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        spec = registered_tools().get(name)
+        return spec.arguments_model.model_json_schema() if spec is not None else None
+
+    async def _list_tools(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tool_entries(self.settings))
+
+    async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
+        meta: Mapping[str, Any] = params.meta or {}
+        target = await self._open(meta, ctx)
+        call = ToolCall(id=target.call_id, name=params.name[:256] or "?", arguments=params.arguments or {})
+        started_ms = self._now_ms()
+        try:
+            result = await self._answer(ctx, target, call, meta)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._thread(self._answer_cancelled, target, call, started_ms)
+                await self._close(target)
+            raise
+        await self._close(target)
+        return to_mcp_result(result, target)
+
+    async def _answer(
+        self, ctx: Context, target: CallTarget, call: ToolCall, meta: Mapping[str, Any]
+    ) -> ToolResult:
+        malformed = meta.get(MALFORMED_ARGUMENTS)
+        if malformed is not None:
+            return await self._thread(self._refuse_arguments, target, call, str(malformed))
+        async with anyio.create_task_group() as relays:
+            if meta.get("progress_token") is not None:
+                relays.start_soon(self._relay_progress, ctx, target)
+            result = await self._thread(self._call_blocking, target, call)
+            relays.cancel_scope.cancel()
+        return result
+
+    async def _thread(self, func: Callable[[Unpack[Args]], T], *args: *Args) -> T:
+        # Abandoned on cancel: the thread finishes on its own once the ledger has the answer.
+        return await anyio.to_thread.run_sync(func, *args, abandon_on_cancel=True, limiter=self._limiter)
+
+    async def _open(self, meta: Mapping[str, Any], ctx: Context) -> CallTarget:
+        target = resolve_target(meta, mcp_session_id=self._stdio_session or _http_session_id(ctx))
+        if target.run_id:
+            return target
+        profile = self.settings.agents.for_agent(target.agent_id)
+        run_id, replaced = self.runs.begin(
+            target.session_key, now_ms=self._now_ms(), max_age_ms=int(profile.run_timeout_s * 500)
+        )
+        if replaced is not None:
+            await self._thread(self._end_run, target.session_key, replaced)
+        return replace(target, run_id=run_id)
+
+    async def _close(self, target: CallTarget) -> None:
+        if target.ephemeral:
+            await self._thread(self._end_run, target.session_key, target.run_id)
+        elif not target.named_run:
+            self.runs.finish(target.session_key, target.run_id, now_ms=self._now_ms())
+
+    def _keys(self, target: CallTarget) -> RunKeys:
+        return self.ledger.keys(target.session_key, target.run_id)
+
+    def _call_blocking(self, target: CallTarget, call: ToolCall) -> ToolResult:
+        try:
+            results = self.gateway.call_tools(
+                session_key=target.session_key, run_id=target.run_id, agent_id=target.agent_id, calls=[call]
+            )
+        except LoopDetected as exc:  # the run was aborted; the call still has its one result
+            results = exc.results
+        result: ToolResult = results[0]
+        return result
+
+    def _refuse_arguments(self, target: CallTarget, call: ToolCall, json_type: str) -> ToolResult:
+        error = InvalidArguments(call.name, [f"<arguments>: must be a JSON object, got {json_type}"])
+        result = rejected_result(call, error, 0)
+        try:
+            self.ledger.finish(self._keys(target), result, now_ms=self._now_ms(), writer=self._writer)
+        except StoreError as exc:
+            log.warning("refusal of %s not recorded: %s", call.id, exc)
+        return result
+
+    def _answer_cancelled(self, target: CallTarget, call: ToolCall, started_ms: int) -> bool:
+        """Answer the call ``cancelled`` unless something answered it first; True when this won."""
+        keys, now = self._keys(target), self._now_ms()
+        try:
+            record = self.ledger.record(keys, call.id)
+            fields = record.fields if record is not None else {}
+            result = synthetic_result(
+                call,
+                SyntheticReason.CANCELLED,
+                elapsed_ms=now - started_ms,
+                attempt=parse_int(fields.get("attempt")),
+                detail=" by the MCP client",
+            )
+            if "deadline_ms" in fields:
+                deadline_ms = parse_int(fields["deadline_ms"])
+                submitted_ms = parse_int(fields.get("submitted_ms"), deadline_ms)
+                result = answer_by_deadline(
+                    result, call, submitted_ms=submitted_ms, deadline_ms=deadline_ms, now_ms=now
+                )
+            return self.ledger.finish(keys, result, now_ms=now, writer=self._writer)
+        except StoreError as exc:
+            log.warning("cancel of %s not recorded (answered at its deadline instead): %s", call.id, exc)
+            return False
+
+    async def _relay_progress(self, ctx: Context, target: CallTarget) -> None:
+        keys, seen_ms, count = self._keys(target), 0, 0
+        while True:
+            await anyio.sleep(_PROGRESS_POLL_S)
+            beat = await self._thread(self._last_heartbeat, keys, target.call_id)
+            if beat is not None and beat[0] > seen_ms:
+                seen_ms, count = beat[0], count + 1
+                await ctx.session.report_progress(count, None, beat[1])
+
+    def _last_heartbeat(self, keys: RunKeys, call_id: str) -> tuple[int, str] | None:
+        try:
+            record = self.ledger.record(keys, call_id)
+        except StoreError:
+            return None
+        if record is None or "hb_ms" not in record.fields:
+            return None
+        return parse_int(record.fields["hb_ms"]), record.fields.get("progress", "")
+
+    def _end_run(self, session_key: str, run_id: str) -> None:
+        try:
+            self.gateway.end_run(session_key, run_id, "completed")
+        except StoreError as exc:
+            log.warning("run %s/%s not ended (its deadline ends it): %s", session_key, run_id, exc)
+
+    async def sweep_idle_runs(self, interval_s: float = 1.0) -> None:
+        """End the runs whose client has been idle for ``api.mcp_run_idle_s``; runs until cancelled."""
+        while True:
+            await anyio.sleep(min(interval_s, self.settings.api.mcp_run_idle_s / 4))
+            for session_key, run_id in self.runs.idle(self._now_ms()):
+                await self._thread(self._end_run, session_key, run_id)
+
+    async def aclose(self) -> None:
+        """End every run the door started and release connections."""
+        with anyio.CancelScope(shield=True):
+            for session_key, run_id in self.runs.drain():
+                await self._thread(self._end_run, session_key, run_id)
+        self.gateway.close()
+        self.ledger.close()
+
+
+def _http_session_id(ctx: Context) -> str | None:
+    """The ``Mcp-Session-Id`` of a Streamable HTTP request (None on stdio or sessionless)."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get("mcp-session-id")
+    return str(value) if value else None

@@ -1,0 +1,95 @@
+"""How ``unstuck mcp`` is reached: Streamable HTTP (bearer tokens, loopback without) or stdio."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from typing import Final
+
+import anyio
+import uvicorn
+from mcp.server.stdio import stdio_server
+from pydantic import SecretStr
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from workers.doors.auth import bearer_ok, check_exposure
+from workers.doors.mcp_server import McpDoor
+from workers.settings import Settings
+
+__all__ = ["MCP_PATH", "BearerGate", "http_app", "serve_http", "serve_stdio"]
+
+MCP_PATH: Final = "/mcp"
+
+
+class BearerGate:
+    """ASGI middleware: HTTP requests without one of ``tokens`` get 401 (none configured: all pass)."""
+
+    def __init__(self, app: ASGIApp, tokens: tuple[SecretStr, ...]) -> None:
+        self.app = app
+        self.tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Check the ``Authorization`` header of each HTTP request, then pass it on."""
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            authorization = headers.get(b"authorization", b"").decode("latin-1") or None
+            if not bearer_ok(authorization, self.tokens):
+                refusal = JSONResponse(
+                    {"error": {"type": "unauthorized", "message": "a valid bearer token is required"}},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def http_app(door: McpDoor, host: str) -> ASGIApp:
+    """The Streamable HTTP app at :data:`MCP_PATH`, behind the bearer gate."""
+    api = door.settings.api
+    app = door.server().streamable_http_app(
+        streamable_http_path=MCP_PATH, host=host, max_request_body_size=api.max_body_bytes
+    )
+    return BearerGate(app, api.tokens)
+
+
+async def _announce(server: uvicorn.Server, url: str) -> None:
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+        await anyio.sleep(0.05)
+    print(f"unstuck mcp: Streamable HTTP on {url}", file=sys.stderr, flush=True)
+
+
+async def serve_http(settings: Settings, *, host: str, port: int) -> None:
+    """Serve until SIGINT/SIGTERM; then end the door's runs.
+
+    Raises:
+        ConfigError: a non-loopback ``host`` without ``api.tokens``.
+    """
+    check_exposure(host, settings.api.tokens, door="unstuck mcp")
+    door = McpDoor.from_settings(settings)
+    config = uvicorn.Config(http_app(door, host), host=host, port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(door.sweep_idle_runs)
+            tasks.start_soon(_announce, server, f"http://{shown}:{port}{MCP_PATH}")
+            await server.serve()
+            tasks.cancel_scope.cancel()
+    finally:
+        await door.aclose()
+
+
+async def serve_stdio(settings: Settings) -> None:
+    """Serve one client on stdin/stdout until it closes them; its calls share one session."""
+    door = McpDoor.from_settings(settings, stdio_session=f"stdio-{uuid.uuid4().hex[:16]}")
+    server = door.server()
+    print("unstuck mcp: stdio", file=sys.stderr, flush=True)
+    try:
+        async with stdio_server() as (read, write), anyio.create_task_group() as tasks:
+            tasks.start_soon(door.sweep_idle_runs)
+            await server.run(read, write, server.create_initialization_options())
+            tasks.cancel_scope.cancel()
+    finally:
+        await door.aclose()
