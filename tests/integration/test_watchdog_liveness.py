@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from workers.cli.session_cmd import watchdog_warning
 from workers.runtime import open_ledger
 from workers.settings import Settings
 from workers.store.keys import watchdog_key
 from workers.store.watchdog_liveness import RECORD_TTL_MS, WatchdogLiveness
+from workers.watchdog.operator_view import watchdog_warning
 
 pytestmark = pytest.mark.timeout(30)
 
