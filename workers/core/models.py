@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workers.core.transcript.adapters import anthropic, gemini, openai_chat, openai_responses
+
 __all__ = ["CallJob", "CallState", "SyntheticReason", "TextBlock", "ToolCall", "ToolResult"]
 
 
@@ -100,29 +102,24 @@ class ToolResult(BaseModel):
         """Parse the ledger's JSON form."""
         return cls.model_validate_json(raw)
 
+    # The provider forms come from the transcript adapters' encoders, so that a result has one
+    # shape per provider whether it is handed over here, by the gateway or by transcript repair.
+
     def to_anthropic(self) -> dict[str, Any]:
         """An Anthropic Messages ``tool_result`` content block."""
-        return {
-            "type": "tool_result",
-            "tool_use_id": self.tool_call_id,
-            "content": [{"type": "text", "text": block.text} for block in self.content],
-            "is_error": self.is_error,
-        }
+        return anthropic.result_block(self.to_neutral(), self.tool_call_id)
 
     def to_openai(self) -> dict[str, Any]:
         """An OpenAI Chat Completions ``role: tool`` message."""
-        return {"role": "tool", "tool_call_id": self.tool_call_id, "content": self.text}
+        return openai_chat.tool_message(self.to_neutral(), self.tool_call_id)
 
-    def to_gemini(self) -> dict[str, Any]:
-        """A Gemini ``functionResponse`` part."""
-        key = "error" if self.is_error else "output"
-        return {
-            "functionResponse": {
-                "id": self.tool_call_id,
-                "name": self.tool_name,
-                "response": {key: self.text},
-            }
-        }
+    def to_openai_responses(self) -> dict[str, Any]:
+        """An OpenAI Responses ``function_call_output`` item."""
+        return openai_responses.output_item(self.to_neutral(), self.tool_call_id)
+
+    def to_gemini(self, *, send_id: bool = True) -> dict[str, Any]:
+        """A Gemini ``functionResponse`` part (without ``id`` when ``send_id`` is False)."""
+        return gemini.response_part(self.to_neutral(), self.tool_name, self.tool_call_id if send_id else None)
 
 
 class CallJob(BaseModel):

@@ -13,7 +13,7 @@ from workers.core.transcript.adapters.wire import CallIndex, pick, require_dict,
 from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, result_id
 from workers.errors import TranscriptRepairError
 
-__all__ = ["from_neutral", "to_neutral"]
+__all__ = ["assistant_in", "from_neutral", "result_block", "to_neutral"]
 
 _CACHE: Final = ("cache_control",)
 _TEXT_EXTRAS: Final = ("cache_control", "citations")
@@ -35,8 +35,7 @@ def to_neutral(messages: list[Any], path: str = "$") -> list[Message]:
         elif not isinstance(content, list):
             raise TranscriptRepairError(f"{where}.content", "expected a string or an array")
         elif role == "assistant":
-            blocks = [_block_in(block, f"{where}.content[{i}]", calls) for i, block in enumerate(content)]
-            output.append({"role": "assistant", "content": blocks})
+            output.append(assistant_in(message, where, calls))
         else:
             output.extend(_user_in(content, f"{where}.content", calls))
     return output
@@ -62,6 +61,33 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
         elif role in ("user", "assistant"):
             output.append({"role": role, "content": _content_out(message.get("content"))})
     return output
+
+
+def assistant_in(message: object, path: str = "$", calls: CallIndex | None = None) -> Message:
+    """One assistant message in the neutral form: its ``tool_use`` blocks become ``toolCall`` blocks.
+
+    Raises:
+        TranscriptRepairError: the message or a block is malformed; ``path`` points at it.
+    """
+    raw = require_dict(message, path)
+    content = raw.get("content")
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    if not isinstance(content, list):
+        raise TranscriptRepairError(f"{path}.content", "expected a string or an array")
+    index = calls if calls is not None else CallIndex()
+    blocks = [_block_in(block, f"{path}.content[{i}]", index) for i, block in enumerate(content)]
+    return {"role": "assistant", "content": blocks}
+
+
+def result_block(message: Message, call_id: str | None) -> dict[str, Any]:
+    """The ``tool_result`` block of a neutral result answering ``call_id``: the one Anthropic encoder."""
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
+    if "content" in message:
+        block["content"] = _content_out(message["content"])
+    if isinstance(message.get("isError"), bool):
+        block["is_error"] = message["isError"]
+    return block | pick(message, _CACHE)
 
 
 def _user_in(content: list[Any], path: str, calls: CallIndex) -> list[Message]:
@@ -144,12 +170,7 @@ def _content_out(content: object) -> Any:
 
 
 def _result_out(message: Message) -> dict[str, Any]:
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": result_id(message)}
-    if "content" in message:
-        block["content"] = _content_out(message["content"])
-    if isinstance(message.get("isError"), bool):
-        block["is_error"] = message["isError"]
-    return block | pick(message, _CACHE)
+    return result_block(message, result_id(message))
 
 
 def _is_list_user(message: Message) -> bool:

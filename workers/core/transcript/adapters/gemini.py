@@ -15,9 +15,11 @@ from workers.core.transcript.adapters.wire import pick, require_dict, require_li
 from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, result_id
 from workers.errors import TranscriptRepairError
 
-__all__ = ["from_neutral", "to_neutral"]
+__all__ = ["IMPLICIT_ID", "from_neutral", "model_content_in", "response_part", "to_neutral"]
 
 _IMPLICIT: Final = "geminiImplicitId"
+IMPLICIT_ID: Final = _IMPLICIT
+"""Marks a neutral call block whose id was generated (``gemini-<turn>-<part>``), not sent by Gemini."""
 _PART: Final = "geminiPart"
 _RESPONSE: Final = "geminiResponse"
 _SIGNATURE: Final = ("thoughtSignature",)
@@ -51,15 +53,41 @@ def to_neutral(contents: list[Any], path: str = "$") -> list[Message]:
         parts = require_list(content.get("parts"), f"{where}.parts")
         role = content.get("role", "user")
         if role == "model":
-            blocks = [
-                _model_part_in(part, f"{where}.parts[{i}]", index, i, pending) for i, part in enumerate(parts)
-            ]
-            output.append({"role": "assistant", "content": blocks})
+            output.append(_model_in(parts, where, index, pending))
         elif role == "user":
             output.extend(_user_in(parts, f"{where}.parts", pending))
         else:
             raise TranscriptRepairError(f"{where}.role", 'expected "user" or "model"')
     return output
+
+
+def model_content_in(content: object, path: str = "$", turn: int | str = 0) -> Message:
+    """One model Content in the neutral form; a call without an id gets ``gemini-<turn>-<part>``.
+
+    Raises:
+        TranscriptRepairError: the Content or a part is malformed, or its role is not ``model``.
+    """
+    raw = require_dict(content, path)
+    if raw.get("role", "model") != "model":
+        raise TranscriptRepairError(f"{path}.role", 'expected "model"')
+    return _model_in(require_list(raw.get("parts"), f"{path}.parts"), path, turn, _Pending())
+
+
+def response_part(message: Message, name: str, call_id: str | None) -> dict[str, Any]:
+    """The ``functionResponse`` part of a neutral result: the one Gemini encoder.
+
+    ``call_id`` None leaves the id out, for a call that came without one (Gemini then pairs
+    the response with its call by name and order).
+    """
+    content = message.get("content")
+    if isinstance(content, list) and len(content) == 1 and _is_response_block(content[0]):
+        body = content[0]["response"]
+    else:
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": str(content or "")}]
+        text = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        body = {"error" if message.get("isError") else "output": text}
+    response = {"name": name, "response": body}
+    return {"functionResponse": response | ({} if call_id is None else {"id": call_id})}
 
 
 def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
@@ -90,7 +118,12 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
     return output
 
 
-def _model_part_in(raw: object, where: str, turn: int, position: int, pending: _Pending) -> Block:
+def _model_in(parts: list[Any], where: str, turn: int | str, pending: _Pending) -> Message:
+    blocks = [_model_part_in(part, f"{where}.parts[{i}]", turn, i, pending) for i, part in enumerate(parts)]
+    return {"role": "assistant", "content": blocks}
+
+
+def _model_part_in(raw: object, where: str, turn: int | str, position: int, pending: _Pending) -> Block:
     part = require_dict(raw, where)
     if "functionCall" in part:
         call = require_dict(part["functionCall"], f"{where}.functionCall")
@@ -184,17 +217,9 @@ def _user_parts_out(content: object) -> list[dict[str, Any]]:
 
 def _response_out(message: Message, names: dict[Any, Any], implicit: set[Any]) -> dict[str, Any]:
     call_id = result_id(message)
-    content = message.get("content")
-    if isinstance(content, list) and len(content) == 1 and _is_response_block(content[0]):
-        body = content[0]["response"]
-    else:
-        blocks = content if isinstance(content, list) else [{"type": "text", "text": str(content or "")}]
-        text = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
-        body = {"error" if message.get("isError") else "output": text}
     name = message.get("toolName") or names.get(call_id) or "unknown"
-    response = {"name": name, "response": body}
     hide_id = message.get(_IMPLICIT) or call_id is None or call_id in implicit
-    return {"functionResponse": response | ({} if hide_id else {"id": call_id})}
+    return response_part(message, name, None if hide_id else call_id)
 
 
 def _is_response_block(block: object) -> bool:

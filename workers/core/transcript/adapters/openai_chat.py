@@ -23,7 +23,7 @@ from workers.core.transcript.adapters.wire import (
 from workers.core.transcript.model import Message, result_id
 from workers.errors import TranscriptRepairError
 
-__all__ = ["from_neutral", "to_neutral"]
+__all__ = ["assistant_in", "from_neutral", "to_neutral", "tool_message"]
 
 _ASSISTANT_EXTRAS: Final = ("name", "refusal", "audio", "reasoning_content")
 _PLAIN_ROLES: Final = ("user", "system", "developer")
@@ -38,7 +38,7 @@ def to_neutral(messages: list[Any], path: str = "$") -> list[Message]:
         message = require_dict(raw, where)
         role = require_str(message.get("role"), f"{where}.role")
         if role == "assistant":
-            output.append(_assistant_in(message, where, calls))
+            output.append(assistant_in(message, where, calls))
         elif role == "tool":
             output.append(_tool_in(message, where, calls))
         else:
@@ -54,8 +54,7 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
         if role == "assistant":
             output.append(_assistant_out(message))
         elif role == "toolResult":
-            tool = {"role": "tool", "tool_call_id": result_id(message)}
-            output.append(tool | _content_out(message.get("content", "")) | pick(message, ("name",)))
+            output.append(tool_message(message, result_id(message)))
         elif role in _PLAIN_ROLES:
             output.append(pick(message, ("role", "content", "name")))
         else:
@@ -63,15 +62,31 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
     return output
 
 
-def _assistant_in(message: dict[str, Any], where: str, calls: CallIndex) -> Message:
-    content = message.get("content")
+def tool_message(message: Message, call_id: str | None) -> dict[str, Any]:
+    """The ``role: tool`` message of a neutral result answering ``call_id``: the one Chat encoder."""
+    tool = {"role": "tool", "tool_call_id": call_id}
+    return tool | _content_out(message.get("content", "")) | pick(message, ("name",))
+
+
+def assistant_in(message: object, where: str = "$", calls: CallIndex | None = None) -> Message:
+    """One assistant message in the neutral form; ``tool_calls`` become ``toolCall`` blocks.
+
+    Arguments stay the wire's JSON string unless they convert back byte for byte.
+
+    Raises:
+        TranscriptRepairError: the message or a call is malformed; the path points at it.
+    """
+    raw_message = require_dict(message, where)
+    calls = calls if calls is not None else CallIndex()
+    content = raw_message.get("content")
     if isinstance(content, str):
         blocks: list[Any] = [{"type": "text", "text": content}]
     elif content is None:
         blocks = []
     else:
         blocks = list(require_list(content, f"{where}.content"))
-    for i, raw in enumerate(require_list(message.get("tool_calls", []), f"{where}.tool_calls")):
+    tool_calls = raw_message.get("tool_calls")  # SDKs dump a message without calls as null
+    for i, raw in enumerate(require_list([] if tool_calls is None else tool_calls, f"{where}.tool_calls")):
         call_path = f"{where}.tool_calls[{i}]"
         call = require_dict(raw, call_path)
         function = require_dict(call.get("function"), f"{call_path}.function")
@@ -82,7 +97,7 @@ def _assistant_in(message: dict[str, Any], where: str, calls: CallIndex) -> Mess
         blocks.append(
             {"type": "toolCall", "id": call_id, "name": name, "arguments": decode_arguments(arguments)}
         )
-    return {"role": "assistant", "content": blocks} | pick(message, _ASSISTANT_EXTRAS)
+    return {"role": "assistant", "content": blocks} | pick(raw_message, _ASSISTANT_EXTRAS)
 
 
 def _tool_in(message: dict[str, Any], where: str, calls: CallIndex) -> Message:

@@ -22,7 +22,7 @@ from workers.core.transcript.adapters.wire import (
 )
 from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, result_id
 
-__all__ = ["from_neutral", "to_neutral"]
+__all__ = ["from_neutral", "function_call_in", "output_item", "to_neutral"]
 
 _ITEM_KEYS: Final = ("type", "id", "status")
 _PASSTHROUGH: Final = "responsesItem"
@@ -62,13 +62,7 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
         if role == "assistant":
             items.extend(_assistant_out(message.get("content")))
         elif role == "toolResult":
-            call_id = (result_id(message) or "").partition("|")[0]
-            output = single_text(message.get("content"))
-            out_item = {"type": "function_call_output", "call_id": call_id}
-            out_item["output"] = (
-                output if output is not None else _content_out(message.get("content"), "input")
-            )
-            items.append(out_item | pick(message, ("id", "status")))
+            items.append(output_item(message, (result_id(message) or "").partition("|")[0]))
         elif role in ("user", "system", "developer"):
             content = _content_out(message.get("content"), "input")
             items.append(
@@ -77,6 +71,28 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
                 | pick(message, ("id", "status"))
             )
     return items
+
+
+def output_item(message: Message, call_id: str) -> dict[str, Any]:
+    """The ``function_call_output`` item of a neutral result answering ``call_id``: the one encoder."""
+    output = single_text(message.get("content"))
+    item = {"type": "function_call_output", "call_id": call_id}
+    item["output"] = output if output is not None else _content_out(message.get("content"), "input")
+    return item | pick(message, ("id", "status"))
+
+
+def function_call_in(item: dict[str, Any], where: str) -> Block:
+    """The neutral ``toolCall`` block of a ``function_call`` item; its id is ``<call_id>|<item id>``.
+
+    Raises:
+        TranscriptRepairError: ``call_id``, ``name`` or ``arguments`` is not a string.
+    """
+    call_id = require_str(item.get("call_id"), f"{where}.call_id")
+    name = require_str(item.get("name"), f"{where}.name")
+    arguments = require_str(item.get("arguments"), f"{where}.arguments")
+    neutral_id = f"{call_id}|{item['id']}" if isinstance(item.get("id"), str) else call_id
+    call = {"type": "toolCall", "id": neutral_id, "name": name, "arguments": decode_arguments(arguments)}
+    return call | pick(item, ("status",))
 
 
 def _output_in(item: dict[str, Any], where: str, calls: CallIndex, composite: dict[str, str]) -> Message:
@@ -94,14 +110,10 @@ def _assistant_blocks_in(
     item: dict[str, Any], where: str, calls: CallIndex, composite: dict[str, str]
 ) -> list[Block]:
     if item.get("type") == "function_call":
-        call_id = require_str(item.get("call_id"), f"{where}.call_id")
-        name = require_str(item.get("name"), f"{where}.name")
-        arguments = require_str(item.get("arguments"), f"{where}.arguments")
-        neutral_id = f"{call_id}|{item['id']}" if isinstance(item.get("id"), str) else call_id
-        composite[call_id] = neutral_id
-        calls.add(neutral_id, name)
-        call = {"type": "toolCall", "id": neutral_id, "name": name, "arguments": decode_arguments(arguments)}
-        return [call | pick(item, ("status",))]
+        call = function_call_in(item, where)
+        composite[item["call_id"]] = call["id"]
+        calls.add(call["id"], call["name"])
+        return [call]
     if item.get("role") == "assistant" and isinstance(item.get("content"), list) and item["content"]:
         blocks = _content_in(item["content"])
         if all(isinstance(b, dict) and b.get("type") == "text" for b in blocks):
