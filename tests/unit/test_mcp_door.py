@@ -87,6 +87,14 @@ def test_an_old_run_rolls_over_between_calls() -> None:
     assert (second, replaced) == ("mcp-id2", first)
 
 
+def test_after_a_named_run_the_next_unnamed_call_starts_a_new_run() -> None:
+    tracker = RunTracker(IDLE_MS, new_id=_ids())
+    first, _ = tracker.begin("s", now_ms=0, max_age_ms=AGE_MS)
+    tracker.forget("s")
+    second, replaced = tracker.begin("s", now_ms=1, max_age_ms=AGE_MS)
+    assert (first, second, replaced) == ("mcp-id1", "mcp-id2", None)
+
+
 def test_idle_runs_are_handed_out_once_and_forgotten() -> None:
     # Given two sessions, one idle since 0 and one with a call still open
     tracker = RunTracker(IDLE_MS, new_id=_ids())

@@ -196,6 +196,8 @@ class McpDoor:
     async def _open(self, meta: Mapping[str, Any], ctx: Context) -> CallTarget:
         target = resolve_target(meta, mcp_session_id=self._stdio_session or _http_session_id(ctx))
         if target.run_id:
+            if target.named_run and not target.ephemeral:
+                self.runs.forget(target.session_key)
             return target
         profile = self.settings.agents.for_agent(target.agent_id)
         run_id, replaced = self.runs.begin(

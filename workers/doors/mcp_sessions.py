@@ -109,7 +109,9 @@ class RunTracker:
     ``begin`` is called when a call starts and ``finish`` when it is answered. A session's
     run rolls over to a new one when the client has been idle for ``idle_ms``, or when the
     run is older than ``max_age_ms`` (half its run timeout, so late calls are not cut short
-    by the run's deadline) and no call is open. Named runs are not tracked.
+    by the run's deadline) and no call is open. Named runs are not tracked; one supersedes
+    the session's run, so the session's next unnamed call starts a new run (which supersedes
+    the named one in turn: the newest run of a session always holds its lane).
     """
 
     def __init__(self, idle_ms: int, *, new_id: Callable[[], str] = lambda: uuid.uuid4().hex[:16]) -> None:
@@ -148,6 +150,10 @@ class RunTracker:
         for key, _ in done:
             del self._runs[key]
         return done
+
+    def forget(self, session_key: str) -> None:
+        """A named run took the session's lane: its next unnamed call starts a new run."""
+        self._runs.pop(session_key, None)
 
     def drain(self) -> list[tuple[str, str]]:
         """Forget and return every tracked run (the door is shutting down)."""
