@@ -8,6 +8,7 @@ import pytest
 
 EXPECTED = {
     "workers": [
+        "ProviderAnswer",
         "Settings",
         "ToolCall",
         "ToolContext",

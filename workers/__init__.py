@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from workers.core.models import ToolCall, ToolResult
+    from workers.core.provider_calls import ProviderAnswer
     from workers.errors import UnstuckError
     from workers.gateway.client import ToolGateway
     from workers.gateway.idle_guard import aidle_guard, idle_guard
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from workers.tools import ToolContext, tool
 
 __all__ = [
+    "ProviderAnswer",
     "Settings",
     "ToolCall",
     "ToolContext",
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 _HOMES = {
+    "ProviderAnswer": "workers.core.provider_calls",
     "Settings": "workers.settings",
     "ToolCall": "workers.core.models",
     "ToolContext": "workers.tools",

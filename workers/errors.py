@@ -13,7 +13,8 @@ decisions read the typed ``retryable`` field, never the message text::
      ├── LoopDetected                the loop detector blocked a call or aborted a run
      │    └── CompactionLoopPersisted  a loop survived context compaction: the run is aborted
      ├── TranscriptError
-     │    └── TranscriptRepairError  a transcript cannot be read or repaired
+     │    ├── TranscriptRepairError  a transcript cannot be read or repaired
+     │    └── ProviderFormatError    an unknown format, or a provider message not in its shape
      ├── StoreError                  Redis unreachable or returned something unexpected
      ├── DispatchError               the broker refused or could not take a message
      ├── WorkerConfigError           a worker was started in a way that cannot keep the promise
@@ -36,6 +37,7 @@ __all__ = [
     "InvalidArguments",
     "LimitKind",
     "LoopDetected",
+    "ProviderFormatError",
     "StoreError",
     "StreamIdleTimeout",
     "ToolCallError",
@@ -137,6 +139,20 @@ class TranscriptRepairError(TranscriptError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class ProviderFormatError(TranscriptError):
+    """Raised when a format name is unknown or a provider message is not in the format's shape.
+
+    ``path`` is the JSON path of the problem in the message (``$`` is the message itself), or
+    None for an unknown format; ``formats`` lists the valid format names.
+    """
+
+    def __init__(self, path: str | None, reason: str, formats: tuple[str, ...] = ()) -> None:
+        self.path = path
+        self.reason = reason
+        self.formats = formats
+        super().__init__(reason if path is None else f"{path}: {reason}")
 
 
 class StoreError(UnstuckError):

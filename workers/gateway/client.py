@@ -17,6 +17,7 @@ from celery import Celery
 from workers.celery_config import client_app
 from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
+from workers.core.provider_calls import ProviderAnswer, encode_results
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.core.transcript import RepairedTranscript
@@ -26,6 +27,7 @@ from workers.gateway.dispatching import Dispatcher
 from workers.gateway.ledger_repair import repair_with_ledger
 from workers.gateway.loop_gate import LoopGate
 from workers.gateway.persister import Persister
+from workers.gateway.provider_turns import answer_message
 from workers.gateway.waiting import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
@@ -33,6 +35,7 @@ from workers.store.keys import RunKeys
 from workers.store.loop_history import RedisLoopHistory
 from workers.store.runs import AgentBeats, RunAbort, mark_run_aborted, open_run, run_abort
 from workers.store.sessions import SessionStore
+from workers.tools.definitions import tool_definitions
 
 __all__ = ["ToolGateway"]
 
@@ -118,6 +121,51 @@ class ToolGateway:
         return await asyncio.to_thread(
             self.call_tools, session_key=session_key, run_id=run_id, agent_id=agent_id, calls=calls
         )
+
+    def call_tools_in(
+        self,
+        format: str,
+        message: Any,
+        *,
+        session_key: str,
+        run_id: str,
+        agent_id: str = "main",
+        turn: int | None = None,
+    ) -> ProviderAnswer:
+        """Run the calls of an assistant message in a provider's ``format``; the answer to append.
+
+        Formats and shapes: ``workers.core.provider_calls``; unreadable arguments and the loop
+        abort (``aborted``, not raised): ``workers.gateway.provider_turns``. For Gemini calls
+        without ids pass ``turn``, the index this Content gets in ``contents``.
+
+        Raises:
+            ProviderFormatError: unknown format, or the message is not in its shape (``path``).
+        """
+        return answer_message(self.call_tools, format, message, session_key, run_id, agent_id, turn)
+
+    async def acall_tools_in(
+        self,
+        format: str,
+        message: Any,
+        *,
+        session_key: str,
+        run_id: str,
+        agent_id: str = "main",
+        turn: int | None = None,
+    ) -> ProviderAnswer:
+        """``call_tools_in`` for asyncio callers (runs in a worker thread)."""
+        run = (session_key, run_id, agent_id, turn)
+        return await asyncio.to_thread(answer_message, self.call_tools, format, message, *run)
+
+    def results_in(self, format: str, results: Sequence[ToolResult]) -> Any:
+        """What to append for ``results`` (e.g. from ``collect``) in a provider's ``format``."""
+        return encode_results(format, results)
+
+    def tool_definitions(
+        self, format: str = "neutral", *, names: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The registered tools (or ``names``) as the provider's request takes them in ``tools``."""
+        return tool_definitions(format, names=names)
 
     def collect(self, session_key: str, run_id: str) -> list[ToolResult]:
         """After a gateway restart: results of every call of the run, waiting for live ones.

@@ -11,6 +11,7 @@ from celery import Celery
 
 from workers.core.limits import resolve_limits
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
+from workers.core.provider_calls import RejectedCall
 from workers.core.results import rejected_result, synthetic_result
 from workers.errors import InvalidArguments, ToolNotFound
 from workers.settings import Settings
@@ -42,10 +43,17 @@ class Dispatcher:
         self._now_ms = now_ms
 
     def reject_early(self, call: ToolCall) -> ToolResult | None:
-        """The answer to a call that must not run (unknown tool, invalid or oversized arguments)."""
+        """The answer to a call that must not run (unknown tool, invalid or oversized arguments).
+
+        A :class:`RejectedCall` (arguments unreadable in the provider's message) is answered
+        ``invalid_arguments`` here too, unless its tool is unknown, as for any other call.
+        """
         size = len(json.dumps(call.arguments, default=str))
         cap = self.settings.limits.max_argument_bytes
         try:
+            if isinstance(call, RejectedCall):
+                get_tool(call.name)
+                raise InvalidArguments(call.name, list(call.problems))
             if size > cap:
                 raise InvalidArguments(call.name, [f"arguments are {size} bytes; the limit is {cap}"])
             validate_arguments(get_tool(call.name), call.arguments)
