@@ -45,6 +45,7 @@ SLEEPY_SOFT_S = 1.0
 ANSWER_SLACK_S = 1.5  # a limit's answer reaches the client within this
 CLIENT_TIMEOUT_S = 60.0  # far beyond every limit: an answer by the limit is unstuck's
 RUN_IDLE_S = 2.0
+STALLED_AFTER_S = 1.0  # shorter than RUN_IDLE_S: a silent run between calls would look stuck
 TOKEN = "mcp-e2e-token"
 
 
@@ -80,7 +81,11 @@ def door(
     backbone_env: dict[str, str], processes: Processes, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Door]:
     # Given a tool worker, the watchdog, beat and the door, all on a private Redis
-    env = {**backbone_env, "UNSTUCK_API__MCP_RUN_IDLE_S": str(RUN_IDLE_S)}
+    env = {
+        **backbone_env,
+        "UNSTUCK_API__MCP_RUN_IDLE_S": str(RUN_IDLE_S),
+        "UNSTUCK_WATCHDOG__STALLED_AFTER_S": str(STALLED_AFTER_S),
+    }
     watchdog = processes.track(Proc([UNSTUCK, "watchdog", "-n", "watchdog-mcp@%h"], env, "watchdog-mcp"))
     beat = processes.track(Proc([UNSTUCK, "beat"], env, "beat-mcp"))
     url = _start_door(env, processes, "mcp")
@@ -232,8 +237,14 @@ async def test_a_session_shares_a_run_until_the_client_is_idle(door: Door) -> No
         session, run = first.meta["unstuck/session"], first.meta["unstuck/run"]
         store = SessionStore(door.ledger)
 
+        classes: set[str] = set()
+        beats: set[str] = set()
+
         def ended(run_id: str) -> bool:
             info = store.run(session, run_id)
+            if info is not None:
+                classes.add(info.klass)
+                beats.add(info.agent_beat_what)
             return info is not None and info.status == "completed"
 
         assert after_named.meta is not None
@@ -245,7 +256,10 @@ async def test_a_session_shares_a_run_until_the_client_is_idle(door: Door) -> No
     runs = [r.meta["unstuck/run"] if r.meta else None for r in (first, second, named, after_named, later)]
     assert all(r.meta is not None and r.meta["unstuck/session"] == session for r in (second, named, later))
     assert runs[:3] == [run, run, "mine"]
-    # ... a named run took the lane, so the next unnamed call started a new run; idle ended it
+    # ... a named run took the lane, so the next unnamed call started a new run; idle ended it,
+    # and until then the door kept it alive: the watchdog never saw it stalled or stuck
+    assert "mcp client between calls" in beats
+    assert not classes & {"stalled", "stuck"}, classes
     assert len({run, runs[3], runs[4]}) == 3
     info = store.run(session, run)
     assert info is not None

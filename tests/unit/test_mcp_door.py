@@ -95,6 +95,32 @@ def test_after_a_named_run_the_next_unnamed_call_starts_a_new_run() -> None:
     assert (first, second, replaced) == ("mcp-id1", "mcp-id2", None)
 
 
+def test_a_run_ended_under_the_door_is_forgotten_only_by_its_own_id() -> None:
+    tracker = RunTracker(IDLE_MS, new_id=_ids())
+    first, _ = tracker.begin("s", now_ms=0, max_age_ms=AGE_MS)
+    tracker.forget("s", "some-older-run")
+    assert tracker.begin("s", now_ms=1, max_age_ms=AGE_MS)[0] == first
+    tracker.forget("s", first)
+    assert tracker.begin("s", now_ms=2, max_age_ms=AGE_MS) == ("mcp-id2", None)
+
+
+def test_runs_between_calls_are_due_a_heartbeat_once_per_interval() -> None:
+    # Given one run between calls and one with a call open, both begun at 0
+    tracker = RunTracker(IDLE_MS, new_id=_ids())
+    quiet, _ = tracker.begin("quiet", agent_id="coder", now_ms=0, max_age_ms=AGE_MS)
+    tracker.finish("quiet", quiet, now_ms=0)
+    tracker.begin("busy", now_ms=0, max_age_ms=AGE_MS)
+    # When the door asks before, at and just after one interval of 10 s
+    early, due, again = (
+        tracker.due_beats(9_999, 10_000),
+        tracker.due_beats(10_000, 10_000),
+        tracker.due_beats(10_001, 10_000),
+    )
+    # Then only the quiet run is due, once per interval, with its agent
+    assert (early, due, again) == ([], [("quiet", quiet, "coder")], [])
+    assert tracker.due_beats(20_000, 10_000) == [("quiet", quiet, "coder")]
+
+
 def test_idle_runs_are_handed_out_once_and_forgotten() -> None:
     # Given two sessions, one idle since 0 and one with a call still open
     tracker = RunTracker(IDLE_MS, new_id=_ids())

@@ -17,6 +17,7 @@ Sessions and runs: see :mod:`workers.doors.mcp_sessions`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 MALFORMED_ARGUMENTS: Final = "unstuck/malformed_arguments"
 _MAX_WAITING: Final = 512  # calls waited on at once; more queue for a thread
 _PROGRESS_POLL_S: Final = 0.5
+_MAX_BEAT_INTERVAL_S: Final = 10.0
+_BETWEEN_CALLS: Final = "mcp client between calls"
 _INSTRUCTIONS: Final = (
     "Tools run by unstuck: every call is answered by its deadline, also when the tool hangs or "
     "crashes. An isError result with details.synthetic says what happened and what to do next."
@@ -173,7 +176,7 @@ class McpDoor:
                 await self._thread(self._answer_cancelled, target, call, started_ms)
                 await self._close(target)
             raise
-        await self._close(target)
+        await self._close(target, result)
         return to_mcp_result(result, target)
 
     async def _answer(
@@ -201,17 +204,22 @@ class McpDoor:
             return target
         profile = self.settings.agents.for_agent(target.agent_id)
         run_id, replaced = self.runs.begin(
-            target.session_key, now_ms=self._now_ms(), max_age_ms=int(profile.run_timeout_s * 500)
+            target.session_key,
+            agent_id=target.agent_id,
+            now_ms=self._now_ms(),
+            max_age_ms=int(profile.run_timeout_s * 500),
         )
         if replaced is not None:
             await self._thread(self._end_run, target.session_key, replaced)
         return replace(target, run_id=run_id)
 
-    async def _close(self, target: CallTarget) -> None:
+    async def _close(self, target: CallTarget, result: ToolResult | None = None) -> None:
         if target.ephemeral:
             await self._thread(self._end_run, target.session_key, target.run_id)
         elif not target.named_run:
             self.runs.finish(target.session_key, target.run_id, now_ms=self._now_ms())
+            if result is not None and result.reason == SyntheticReason.RUN_ABORTED.value:
+                self.runs.forget(target.session_key, target.run_id)  # ended under us: start anew
 
     def _keys(self, target: CallTarget) -> RunKeys:
         return self.ledger.keys(target.session_key, target.run_id)
@@ -284,11 +292,16 @@ class McpDoor:
             log.warning("run %s/%s not ended (its deadline ends it): %s", session_key, run_id, exc)
 
     async def sweep_idle_runs(self, interval_s: float = 1.0) -> None:
-        """End the runs whose client has been idle for ``api.mcp_run_idle_s``; runs until cancelled."""
+        """End runs idle for ``api.mcp_run_idle_s``, heartbeat the others; runs until cancelled."""
+        every_ms = int(min(_MAX_BEAT_INTERVAL_S, self.settings.watchdog.stalled_after_s / 3) * 1000)
         while True:
             await anyio.sleep(min(interval_s, self.settings.api.mcp_run_idle_s / 4))
             for session_key, run_id in self.runs.idle(self._now_ms()):
                 await self._thread(self._end_run, session_key, run_id)
+            for session_key, run_id, agent_id in self.runs.due_beats(self._now_ms(), every_ms):
+                beat = functools.partial(self.gateway.heartbeat, agent_id=agent_id, what=_BETWEEN_CALLS)
+                if not await self._thread(beat, session_key, run_id):
+                    self.runs.forget(session_key, run_id)  # ended under us: the next call starts anew
 
     async def aclose(self) -> None:
         """End every run the door started and release connections."""

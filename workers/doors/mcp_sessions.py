@@ -98,15 +98,21 @@ def resolve_target(
 @dataclass
 class _AutoRun:
     run_id: str
+    agent_id: str
     started_ms: int
     last_ms: int
+    beat_ms: int
     open_calls: int = 0
 
 
 class RunTracker:
     """The door's own runs: one per MCP session, ended once the client is idle.
 
-    ``begin`` is called when a call starts and ``finish`` when it is answered. A session's
+    ``begin`` is called when a call starts and ``finish`` when it is answered; between calls
+    the door heartbeats the run (``due_beats``), since the client is expected back within
+    ``idle_ms`` and the watchdog must not take a model thinking between calls for a stuck
+    run. A run that ended under the door (loop abort, operator, watchdog) is ``forget``-ed,
+    so the session's next call starts a new one. A session's
     run rolls over to a new one when the client has been idle for ``idle_ms``, or when the
     run is older than ``max_age_ms`` (half its run timeout, so late calls are not cut short
     by the run's deadline) and no call is open. Named runs are not tracked; one supersedes
@@ -119,7 +125,9 @@ class RunTracker:
         self._new_id = new_id
         self._runs: dict[str, _AutoRun] = {}
 
-    def begin(self, session_key: str, *, now_ms: int, max_age_ms: int) -> tuple[str, str | None]:
+    def begin(
+        self, session_key: str, *, agent_id: str = "main", now_ms: int, max_age_ms: int
+    ) -> tuple[str, str | None]:
         """The run a new call of ``session_key`` joins, and the run it replaces (to end), if any."""
         run = self._runs.get(session_key)
         replaced = None
@@ -127,7 +135,9 @@ class RunTracker:
             replaced = run.run_id
             run = None
         if run is None:
-            run = _AutoRun(f"mcp-{self._new_id()}", started_ms=now_ms, last_ms=now_ms)
+            run = _AutoRun(
+                f"mcp-{self._new_id()}", agent_id, started_ms=now_ms, last_ms=now_ms, beat_ms=now_ms
+            )
             self._runs[session_key] = run
         run.open_calls += 1
         run.last_ms = now_ms
@@ -151,9 +161,28 @@ class RunTracker:
             del self._runs[key]
         return done
 
-    def forget(self, session_key: str) -> None:
-        """A named run took the session's lane: its next unnamed call starts a new run."""
-        self._runs.pop(session_key, None)
+    def forget(self, session_key: str, run_id: str | None = None) -> None:
+        """The session's run (``run_id``, if given) no longer holds its lane: the next call starts one.
+
+        Used when a named run took the lane and when the run ended under the door.
+        """
+        run = self._runs.get(session_key)
+        if run is not None and run_id in (None, run.run_id):
+            del self._runs[session_key]
+
+    def due_beats(self, now_ms: int, every_ms: int) -> list[tuple[str, str, str]]:
+        """(session, run, agent) of the runs with no call open and no beat for ``every_ms``.
+
+        While a call is open the gateway's own waiting keeps the run visibly active.
+        """
+        due = [
+            (key, run)
+            for key, run in self._runs.items()
+            if run.open_calls == 0 and now_ms - run.beat_ms >= every_ms
+        ]
+        for _, run in due:
+            run.beat_ms = now_ms
+        return [(key, run.run_id, run.agent_id) for key, run in due]
 
     def drain(self) -> list[tuple[str, str]]:
         """Forget and return every tracked run (the door is shutting down)."""
