@@ -252,6 +252,7 @@ class ApiSettings(BaseModel):
         (), description="bearer tokens accepted (comma-separated); none: loopback only, no auth"
     )
     max_body_bytes: PositiveInt = 1_048_576
+    max_waiting: PositiveInt = Field(1024, description="tool-calls requests `unstuck serve` waits on at once")
     mcp_run_idle_s: PositiveFloat = Field(300.0, description="an MCP session's run ends after this idle gap")
 
     @field_validator("tokens", mode="before")

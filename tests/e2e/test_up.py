@@ -6,6 +6,7 @@ import json
 import signal
 import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +36,31 @@ def _pool_children(pid: int) -> list[int]:
 
 
 @pytest.mark.timeout(90)
-def test_sigterm_stops_redis_worker_and_beat(tmp_path):
-    # Given: unstuck up running with its embedded Redis
+def test_sigterm_stops_redis_worker_watchdog_beat_and_the_api(tmp_path):
+    # Given: unstuck up running with its embedded Redis and the HTTP API on a free port
     out_path = tmp_path / "up.out"
     state_file = tmp_path / "state.json"
-    argv = [UNSTUCK, "up", "--log-format", "json", "--state-file", str(state_file)]
+    api_port = free_port()
+    argv = [
+        UNSTUCK,
+        "up",
+        "--log-format",
+        "json",
+        "--state-file",
+        str(state_file),
+        "--serve-port",
+        str(api_port),
+    ]
     with out_path.open("wb") as out:
         process = subprocess.Popen(argv, env=clean_env(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     try:
         event = _started_event(out_path, process)
         state = json.loads(state_file.read_text())
-        pids = [event["redis_pid"], event["worker_pid"], event["beat_pid"]]
+        pids = [event["redis_pid"], event["worker_pid"], event["watchdog_pid"], event["beat_pid"]]
         pids += _pool_children(event["worker_pid"])
+        with urllib.request.urlopen(f"{event['api_url']}/healthz", timeout=10) as health:
+            assert json.loads(health.read()) == {"ok": True}
+        assert event["api_url"] == f"http://127.0.0.1:{api_port}"
         port = event["redis_url"].rsplit(":", 1)[1].split("/")[0]
         assert state["redis_url"] == event["redis_url"]
         assert all(alive(pid) for pid in pids)
@@ -71,7 +85,7 @@ def _failed_start(
     tmp_path: Path, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     state = tmp_path / "state.json"
-    argv = [UNSTUCK, "up", "--state-file", str(state), *extra]
+    argv = [UNSTUCK, "up", "--no-serve", "--state-file", str(state), *extra]
     return subprocess.run(argv, env=env or clean_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
 
 

@@ -110,5 +110,9 @@ def test_a_call_answered_at_submission_that_repeats_after_compaction_aborts_the_
             repeat_until_aborted()
         assert caught.value.detector == "compaction_loop_persisted"
         assert caught.value.results[0].reason in {"invalid_arguments", "unknown_tool"}
+        # And the aborted run refuses even a call that would be answered at submission
+        with pytest.raises(CompactionLoopPersisted) as again:
+            gateway.call_tools(session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": "late"})])
+        assert again.value.results[0].reason == "run_aborted"
     finally:
         gateway.close()

@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.cli.session_cmd",
     "workers.cli.events_cmd",
     "workers.cli.mcp_cmd",
+    "workers.cli.serve_cmd",
 )
 
 

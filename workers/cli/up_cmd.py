@@ -41,6 +41,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-c", "--concurrency", type=int, help="worker pool processes (default: settings)")
     parser.add_argument("--flower", action="store_true", help="also start Flower (web monitor)")
     parser.add_argument("--flower-port", type=int, default=5555, help="Flower port (default 5555)")
+    parser.add_argument("--no-serve", action="store_true", help="do not start the HTTP API (unstuck serve)")
+    parser.add_argument(
+        "--serve-port", type=int, default=None, help="HTTP API port (default: api.port, 8765)"
+    )
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="status line format")
     parser.add_argument("--state-file", type=Path, default=None, help=f"default {default_state_file()}")
     parser.add_argument("--stop-timeout", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL")
@@ -59,6 +63,7 @@ def _up(args: argparse.Namespace) -> int:
     options = StackOptions(
         redis_port=args.redis_port,
         flower_port=args.flower_port if args.flower else None,
+        serve_port=None if args.no_serve else (args.serve_port or settings.api.port),
         concurrency=args.concurrency,
         stop_timeout_s=args.stop_timeout,
     )

@@ -63,6 +63,10 @@ class AgentLiveness:
         self._remember(run, now)
         return running
 
+    def forget(self, keys: RunKeys) -> None:
+        """Drop the throttle of a run that ended, so its next heartbeat asks the store."""
+        self._last_beat_ms.pop((keys.session_key, keys.run_id), None)
+
     def stream_idle(self, keys: RunKeys, *, idle_timeout_s: float) -> None:
         """Record that a model stream of the run went idle past ``idle_timeout_s`` (event + field)."""
         try:

@@ -197,6 +197,7 @@ class ToolGateway:
         refused (answered ``run_aborted``) from then on.
         """
         self._run_deadlines.pop((session_key, run_id), None)
+        self._liveness.forget(self._rt.ledger.keys(session_key, run_id))  # the next beat must ask
         return self._sessions.end_run(session_key, run_id, RunStatus(status), self._now_ms())
 
     def heartbeat(
@@ -332,7 +333,10 @@ class ToolGateway:
         try:
             registration = self._dispatcher.record_immediate(batch.keys, result)
             batch.guard_armed = batch.guard_armed or registration.guard_armed
-            if registration.created:
+            if registration.refused and result.reason != SyntheticReason.RUN_ABORTED.value:
+                # The run ended (a loop abort, a timeout, a newer run): that answer wins.
+                self._refuse(batch, call, registration.run_status)
+            elif registration.created:
                 batch.answers[call.id] = result
             else:
                 # A resubmitted call id: the stored answer is the one that counts.

@@ -14,7 +14,7 @@ from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 
-__all__ = ["ledger_lookup", "repair_with_ledger"]
+__all__ = ["ledger_lookup", "repair_in_format", "repair_with_ledger"]
 
 
 def _best(delivered: ToolResult | None, late: list[ToolResult]) -> ToolResult | None:
@@ -52,9 +52,35 @@ def repair_with_ledger(
     fmt: str = "neutral",
 ) -> tuple[Any, RepairedTranscript]:
     """Repair ``messages`` (in ``fmt``) for the provider's policy, filling gaps from the ledger."""
+    return repair_in_format(
+        settings,
+        messages,
+        fmt=fmt,
+        provider=provider,
+        model_api=model_api,
+        model_id=model_id,
+        lookup=ledger_lookup(ledger, keys),
+    )
+
+
+def repair_in_format(
+    settings: Settings,
+    messages: Any,
+    *,
+    fmt: str = "neutral",
+    provider: str | None = None,
+    model_api: str | None = None,
+    model_id: str | None = None,
+    lookup: ResultLookup | None = None,
+) -> tuple[Any, RepairedTranscript]:
+    """Repair ``messages`` (in ``fmt``) for the provider's policy and settings' overrides.
+
+    Raises:
+        TranscriptRepairError: the transcript is malformed (``path`` points at the problem).
+    """
     overrides = {**settings.transcript.policy_overrides.get("*", {})}
     overrides.update(settings.transcript.policy_overrides.get((provider or "").lower(), {}))
     policy = resolve_policy(provider, model_api or default_model_api(fmt), model_id, overrides or None)
     neutral = decode(fmt, messages)
-    repaired = repair_transcript(neutral, policy, lookup=ledger_lookup(ledger, keys))
+    repaired = repair_transcript(neutral, policy, lookup=lookup)
     return encode(fmt, repaired.messages, messages), repaired

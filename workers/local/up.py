@@ -184,6 +184,7 @@ class StackOptions:
 
     redis_port: int | None = None
     flower_port: int | None = None
+    serve_port: int | None = None
     concurrency: int | None = None
     loglevel: str = "INFO"
     node_name: str = "unstuck@%h"
@@ -205,6 +206,7 @@ class Stack:
         self.watchdog: Child | None = None
         self.beat: Child | None = None
         self.flower: Child | None = None
+        self.serve: Child | None = None
         self._retired: list[Child] = []
 
     @property
@@ -219,7 +221,8 @@ class Stack:
 
     def children(self) -> list[Child]:
         """Running (or exited but not yet stopped) children: worker, watchdog, beat, Flower."""
-        return [c for c in (self.worker, self.watchdog, self.beat, self.flower) if c is not None]
+        children = (self.worker, self.watchdog, self.beat, self.flower, self.serve)
+        return [c for c in children if c is not None]
 
     def start(self) -> Stack:
         """Start everything; raises ``StartupError`` (one sentence with the fix) on failure."""
@@ -230,11 +233,15 @@ class Stack:
         self.beat = Child.spawn("beat", self._beat_argv(), self.child_env(), self.log_dir)
         if self.options.flower_port is not None:
             self.flower = self._spawn_flower(self.options.flower_port)
+        if self.options.serve_port is not None:
+            self.serve = self._spawn_serve(self.options.serve_port)
         self.worker.wait_for_log(" ready.", timeout_s=self.options.ready_timeout_s)
         self.watchdog.wait_for_log(" ready.", timeout_s=self.options.ready_timeout_s)
         self.beat.wait_for_log("beat: Starting", timeout_s=self.options.ready_timeout_s)
         if self.flower is not None:
             self.flower.wait_for_log("Visit me at", timeout_s=self.options.ready_timeout_s)
+        if self.serve is not None:
+            self.serve.wait_for_log("Uvicorn running on", timeout_s=self.options.ready_timeout_s)
         return self
 
     def restart_worker(self) -> Child:
@@ -249,7 +256,7 @@ class Stack:
         with _signals_ignored():
             for child in [*self.children(), *self._retired]:
                 child.stop(self.options.stop_timeout_s)
-            self.worker = self.watchdog = self.beat = self.flower = None
+            self.worker = self.watchdog = self.beat = self.flower = self.serve = None
             self._retired = []
             if self.embedded is not None:
                 self.embedded.close()
@@ -297,6 +304,11 @@ class Stack:
             ) from None
         except StoreError as exc:
             raise StartupError(str(exc)) from None
+        serve = self.options.serve_port
+        if serve is not None and port_in_use(serve):
+            raise StartupError(
+                f"port {serve} is already in use; pick another API port with --serve-port, or --no-serve"
+            )
         flower = self.options.flower_port
         if flower is not None and port_in_use(flower):
             raise StartupError(
@@ -325,6 +337,10 @@ class Stack:
     def _beat_argv(self) -> list[str]:
         return beat_argv(loglevel=self.options.loglevel, schedule_file=str(self.log_dir / "beat-schedule"))
 
+    def _spawn_serve(self, port: int) -> Child:
+        argv = [sys.executable, "-m", "workers.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        return Child.spawn("serve", argv, self.child_env(), self.log_dir)
+
     def _spawn_flower(self, port: int) -> Child:
         argv = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "flower"]
         argv += ["--address=127.0.0.1", f"--port={port}"]
@@ -342,6 +358,7 @@ class Stack:
             "watchdog_pid": self.watchdog.pid if self.watchdog else None,
             "beat_pid": self.beat.pid if self.beat else None,
             "flower_url": self.flower_url,
+            "api_url": f"http://127.0.0.1:{self.options.serve_port}" if self.serve else None,
             "logs": str(self.log_dir),
             "up_pid": os.getpid(),
         }

@@ -156,6 +156,7 @@ class EventPrinter:
             f"  worker  pid {info['worker_pid']} (prefork)",
             f"  watchdog pid {info['watchdog_pid']} (control queue)",
             f"  beat    pid {info['beat_pid']}",
+            *([f"  api     {info['api_url']} (unstuck serve)"] if info.get("api_url") else []),
             *([f"  flower  {info['flower_url']}"] if info.get("flower_url") else []),
             f"  logs    {info['logs']}",
             f"  state   {state_file}",

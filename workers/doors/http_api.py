@@ -1,0 +1,226 @@
+"""``unstuck serve``: the HTTP/JSON door for agent loops in any language.
+
+The contract (OpenAPI at ``/openapi.json``)::
+
+    POST /v1/sessions/{session}/runs/{run}/tool-calls   {"agent_id", "format", "message"}
+         -> 200 {"results": [neutral ToolResult...], "append": <in format>, "aborted": null|{...}}
+    GET  /v1/sessions/{session}/runs/{run}/results?format=F      (collect: the same shape)
+    POST /v1/sessions/{session}/runs/{run}/compaction | heartbeat | end
+    GET  /v1/tools?format=F        tool definitions for the model
+    POST /v1/repair                {"format", "transcript", "provider"?}
+    GET  /v1/sessions              what ``unstuck session list --json`` prints
+    GET  /healthz                  200 when Redis answers, 503 otherwise
+
+Errors are ``{"error": {"type", "message"}}``: 400 malformed JSON, 422 a body that does not
+fit the schema or an unknown format, 401 a missing or wrong bearer token, 413 a body over
+``api.max_body_bytes``. A tool-calls request answers when every call has its one result, no
+later than the latest deadline plus ``gateway.grace_s``; a client that disconnects loses
+nothing (the calls finish in the ledger and ``results`` returns them later).
+
+Waiting runs in a pool of threads sized for many concurrent requests (``api.max_waiting``):
+one thread per waiting request, until the gateway waits natively on asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.responses import Response
+
+from workers.doors.auth import bearer_ok
+from workers.doors.http_calls import CallsDoor
+from workers.errors import UnstuckError
+from workers.settings import Settings
+
+__all__ = ["Format", "create_api"]
+
+T = TypeVar("T")
+
+Format = Literal["neutral", "anthropic", "openai-chat", "openai-responses", "gemini"]
+
+
+class ToolCallsBody(BaseModel):
+    """One assistant message whose tool calls are to run."""
+
+    agent_id: str = Field("main", min_length=1, max_length=200)
+    format: Format = "neutral"
+    message: Any = Field(..., description="the assistant message as the provider returned it")
+
+
+class EndBody(BaseModel):
+    """How the run ended."""
+
+    status: Literal["completed", "aborted", "timed_out"] = "completed"
+
+
+class HeartbeatBody(BaseModel):
+    """What the agent is doing (a short label)."""
+
+    agent_id: str = Field("main", min_length=1, max_length=200)
+    what: str = Field("model", max_length=64)
+
+
+class CompactionBody(BaseModel):
+    """Which agent compacted its context."""
+
+    agent_id: str = Field("main", min_length=1, max_length=200)
+
+
+class RepairBody(BaseModel):
+    """A transcript to repair."""
+
+    format: Format = "neutral"
+    transcript: Any
+    provider: str | None = None
+    model_api: str | None = None
+    model_id: str | None = None
+
+
+class Abort(BaseModel):
+    """Why the run was aborted (by the loop detector)."""
+
+    reason: str
+    detector: str | None = None
+
+
+class CallsAnswer(BaseModel):
+    """One result per call in call order, what to append in the request's format, and any abort."""
+
+    results: list[dict[str, Any]]
+    append: Any
+    aborted: Abort | None = None
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+
+
+class _Guard(BaseHTTPMiddleware):
+    """Bearer tokens on /v1 and a cap on request bodies, before any route runs."""
+
+    def __init__(self, app: Any, settings: Settings) -> None:
+        super().__init__(app)
+        self._tokens = settings.api.tokens
+        self._cap = settings.api.max_body_bytes
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        if request.url.path.startswith("/v1") and not bearer_ok(
+            request.headers.get("authorization"), self._tokens
+        ):
+            return _error(401, "unauthorized", "a valid bearer token is required")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._cap:
+            return _error(413, "body_too_large", f"the body is over {self._cap} bytes")
+        body = await request.body()  # cached by Starlette for the route
+        if len(body) > self._cap:
+            return _error(413, "body_too_large", f"the body is over {self._cap} bytes")
+        return await call_next(request)
+
+
+def create_api(settings: Settings, door: CallsDoor | None = None) -> FastAPI:
+    """The ASGI app of ``unstuck serve`` (``door`` default: one on a fresh gateway)."""
+    calls = door or CallsDoor(settings)
+    pool = ThreadPoolExecutor(max_workers=settings.api.max_waiting, thread_name_prefix="unstuck-serve")
+    api = FastAPI(
+        title="unstuck",
+        version="1",
+        description="Every tool call gets exactly one result, on time, whatever breaks.",
+    )
+    api.add_middleware(_Guard, settings=settings)
+
+    async def blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(pool, functools.partial(function, *args, **kwargs))
+
+    _errors(api)
+    _routes(api, calls, blocking)
+
+    @api.on_event("shutdown")
+    async def _close() -> None:  # pragma: no cover - exercised by process exit
+        pool.shutdown(wait=False, cancel_futures=True)
+        calls.close()
+
+    return api
+
+
+def _errors(api: FastAPI) -> None:
+    @api.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = exc.errors()
+        if any(p.get("type") == "json_invalid" for p in problems):
+            return _error(400, "malformed_json", "the body is not valid JSON")
+        text = "; ".join(
+            f"{'.'.join(str(x) for x in p.get('loc', ()))}: {p.get('msg')}" for p in problems[:5]
+        )
+        return _error(422, "invalid_request", text)
+
+    @api.exception_handler(UnstuckError)
+    async def refused(_request: Request, exc: UnstuckError) -> JSONResponse:
+        return _error(422, type(exc).__name__, str(exc))
+
+
+def _routes(api: FastAPI, calls: CallsDoor, blocking: Callable[..., Awaitable[Any]]) -> None:
+    run_path = "/v1/sessions/{session_key}/runs/{run_id}"
+
+    @api.post(f"{run_path}/tool-calls")
+    async def tool_calls(session_key: str, run_id: str, body: ToolCallsBody) -> CallsAnswer:
+        """Run the message's tool calls; answers when each has its one result."""
+        return CallsAnswer(
+            **await blocking(calls.run, session_key, run_id, body.agent_id, body.format, body.message)
+        )
+
+    @api.get(f"{run_path}/results")
+    async def results(session_key: str, run_id: str, format: Format = "neutral") -> CallsAnswer:
+        """Every call's result of the run (after a restart), waiting for live ones."""
+        return CallsAnswer(**await blocking(calls.collect, session_key, run_id, format))
+
+    @api.post(f"{run_path}/compaction")
+    async def compaction(session_key: str, run_id: str, body: CompactionBody) -> dict[str, Any]:
+        """Arm the post-compaction loop guard."""
+        return {"guard": await blocking(calls.gateway.note_compaction, session_key, run_id, body.agent_id)}
+
+    @api.post(f"{run_path}/heartbeat")
+    async def heartbeat(session_key: str, run_id: str, body: HeartbeatBody) -> dict[str, Any]:
+        """The agent works on the run (its model thinks or streams)."""
+        running = await blocking(
+            calls.gateway.heartbeat, session_key, run_id, agent_id=body.agent_id, what=body.what
+        )
+        return {"running": running}
+
+    @api.post(f"{run_path}/end")
+    async def end(session_key: str, run_id: str, body: EndBody) -> dict[str, Any]:
+        """End the run and free its session's lane."""
+        return {"ended": await blocking(calls.gateway.end_run, session_key, run_id, body.status)}
+
+    @api.get("/v1/tools")
+    async def tools(format: Format = "neutral") -> list[Any]:
+        """Tool definitions for the model, in ``format``."""
+        return calls.tool_definitions(format)
+
+    @api.post("/v1/repair")
+    async def repair(body: RepairBody) -> dict[str, Any]:
+        """A transcript repaired for its provider: every call paired with exactly one result."""
+        return calls.repair(body.format, body.transcript, body.provider, body.model_api, body.model_id)
+
+    @api.get("/v1/sessions")
+    async def sessions() -> list[dict[str, Any]]:
+        """Running and recently ended runs, one row each."""
+        rows: list[dict[str, Any]] = await blocking(calls.sessions)
+        return rows
+
+    @api.get("/healthz")
+    async def healthz() -> JSONResponse:
+        """200 when Redis answers, 503 otherwise."""
+        problem = await blocking(calls.store_problem)
+        if problem is None:
+            return JSONResponse({"ok": True})
+        return JSONResponse({"ok": False, "redis": problem}, status_code=503)
