@@ -210,7 +210,9 @@ class McpDoor:
             max_age_ms=int(profile.run_timeout_s * 500),
         )
         if replaced is not None:
-            await self._thread(self._end_run, target.session_key, replaced)
+            # Shielded: the call now counts as open, and only _call_tool's try may close it.
+            with anyio.CancelScope(shield=True):
+                await self._thread(self._end_run, target.session_key, replaced)
         return replace(target, run_id=run_id)
 
     async def _close(self, target: CallTarget, result: ToolResult | None = None) -> None:
