@@ -77,7 +77,7 @@ class Waiter:
             soonest = min(batch.deadlines[cid] for cid in batch.waiting) + margin_ms
             timeout_ms = max(10, min(next_check, soonest) - self.now_ms())
             try:
-                if self.ledger.wait_for_done(batch.keys, timeout_ms / 1000):
+                if self.ledger.wait_for_done(batch.keys, timeout_ms / 1000, mine=frozenset(batch.waiting)):
                     batch.answers.update(self.ledger.results(batch.keys, batch.waiting))
                 if batch.waiting and self.now_ms() >= next_check:
                     self._check(batch, undispatched_after_ms)

@@ -7,7 +7,7 @@ Every multi-step change is one Lua script over the keys of a single run (see
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +87,9 @@ class CallRecord:
     state: CallState
     result: ToolResult | None
     fields: dict[str, str]
+
+
+_HANDED_BACK = "\x00"  # marks a wake-up signal one waiter gave back to the run's other waiters
 
 
 def parse_int(value: Any, default: int = 0) -> int:
@@ -306,14 +309,24 @@ class Ledger:
             raw = pipe.execute()
         return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
 
-    def wait_for_done(self, keys: RunKeys, timeout_s: float) -> bool:
+    def wait_for_done(self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
         """Block up to ``timeout_s`` for the next "a call of this run was answered" signal.
 
         One signal is consumed per wake; leftovers only cause cheap extra wakes, which is
-        cheaper on the common single-answer path than draining the list every time.
+        cheaper on the common single-answer path than draining the list every time. Several
+        waiters may share a run (concurrent batches): a signal for a call not in ``mine`` is
+        handed back once, marked, so its own waiter (served first: Redis wakes blocked
+        clients in order) gets it at once instead of at its next check; a marked signal is
+        never handed back again, so a stale one cannot circulate.
         """
         with store_errors():
-            return self.client.blpop([keys.done], timeout=max(0.01, timeout_s)) is not None
+            popped = self.client.blpop([keys.done], timeout=max(0.01, timeout_s))
+            if popped is None:
+                return False
+            signal = str(popped[1])
+            if mine and not signal.startswith(_HANDED_BACK) and signal not in mine:
+                self.client.rpush(keys.done, _HANDED_BACK + signal)
+            return True
 
     def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""
