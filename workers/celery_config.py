@@ -78,6 +78,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # A child killed before its start was acknowledged is reported lost after this
         # wait (default 10 s); keep it well under the lease TTL so the reason is `crashed`.
         "worker_lost_wait": min(1.0, settings.lease.ttl_s / 4),
+        # One pooled broker connection per concurrent publisher: `unstuck serve` submits from
+        # up to api.max_waiting threads, and Celery's default pool of 10 made the rest wait past
+        # their publish timeout (answered dispatch_failed under load).
+        "broker_pool_limit": max(10, settings.api.max_waiting),
     }
     if settings.broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
         # RabbitMQ: quorum queues (replicated, durable; they allow no priorities and no
