@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.harness import UNSTUCK, Proc
 from workers.local.embedded_redis import free_port
@@ -124,3 +126,25 @@ def test_the_openapi_document_describes_the_contract(api: Api) -> None:
         "/healthz",
     ):
         assert path in paths
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+FORMATS = ["neutral", "anthropic", "openai-chat", "openai-responses", "gemini"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fmt=st.sampled_from([*FORMATS, "bogus"]), message=JSON, agent=st.text(max_size=5))
+def test_no_body_makes_the_server_fail(api: Api, fmt: str, message: Any, agent: str) -> None:
+    # Whatever arrives, the answer is a JSON verdict, never a 5xx
+    status, body = api.call(
+        "POST", f"{RUN}-fuzz/tool-calls", {"format": fmt, "message": message, "agent_id": agent}
+    )
+    assert status in {200, 422}, body
+    if status == 200:
+        assert len(body["results"]) == len({r["toolCallId"] for r in body["results"]})
+    else:
+        assert set(body["error"]) == {"type", "message"}
