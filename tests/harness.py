@@ -14,8 +14,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
+
+from workers.settings import Settings
+
+if TYPE_CHECKING:
+    import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 UNSTUCK = str(Path(sys.executable).parent / "unstuck")
@@ -50,6 +56,16 @@ def base_env(redis_url: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def settings_in_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings ``env``'s processes read, for this test process (its UNSTUCK_ vars replaced)."""
+    for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith("UNSTUCK_"):
+            monkeypatch.setenv(key, value)
+    return Settings()
 
 
 class Proc:

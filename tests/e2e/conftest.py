@@ -9,7 +9,16 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.harness import REPO, Proc, base_env, kill_pids, start_beat, start_watchdog, start_worker
+from tests.harness import (
+    REPO,
+    Proc,
+    base_env,
+    kill_pids,
+    settings_in_env,
+    start_beat,
+    start_watchdog,
+    start_worker,
+)
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 
@@ -56,12 +65,7 @@ def backbone_env(private_redis: EmbeddedRedis) -> dict[str, str]:
 @pytest.fixture
 def backbone_settings(backbone_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings of this test process matching ``backbone_env``."""
-    for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
-        monkeypatch.delenv(key)
-    for key, value in backbone_env.items():
-        if key.startswith("UNSTUCK_"):
-            monkeypatch.setenv(key, value)
-    return Settings()
+    return settings_in_env(backbone_env, monkeypatch)
 
 
 class Processes:

@@ -15,7 +15,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness import Proc, base_env, start_beat, start_watchdog, start_worker, wait_until
+from tests.harness import (
+    Proc,
+    base_env,
+    settings_in_env,
+    start_beat,
+    start_watchdog,
+    start_worker,
+    wait_until,
+)
 from workers.core.run_health import RunStatus
 from workers.gateway.client import ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis
@@ -61,10 +69,7 @@ def env(redis_server: EmbeddedRedis, request: pytest.FixtureRequest) -> dict[str
 
 @pytest.fixture
 def settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for key, value in env.items():
-        if key.startswith("UNSTUCK_"):
-            monkeypatch.setenv(key, value)
-    return Settings()
+    return settings_in_env(env, monkeypatch)
 
 
 @pytest.fixture

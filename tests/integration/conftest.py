@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.harness import Proc, base_env, start_worker
+from tests.harness import Proc, base_env, settings_in_env, start_worker
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 
@@ -34,10 +34,7 @@ def env(redis_url: str) -> dict[str, str]:
 
 @pytest.fixture
 def settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for key, value in env.items():
-        if key.startswith("UNSTUCK_"):
-            monkeypatch.setenv(key, value)
-    return Settings()
+    return settings_in_env(env, monkeypatch)
 
 
 @pytest.fixture
