@@ -275,7 +275,7 @@ class ToolGateway:
             if verdict.abort_run:
                 batch.abort = verdict
             return
-        early = self._dispatcher.reject_early(call)
+        early = self._dispatcher.reject_early(call, agent_id)
         if early is not None:
             self._answer_now(batch, call, early)
             return
