@@ -159,9 +159,7 @@ def check_lease(lease_ttl_s: float, tools: Iterable[ToolLimits]) -> list[ConfigW
     ]
 
 
-def check_builtins(
-    builtins: Sequence[str], allow: Sequence[str], deny: Sequence[str]
-) -> list[ConfigWarning]:
+def check_builtins(builtins: Sequence[str], allow: Sequence[str], deny: Sequence[str]) -> list[ConfigWarning]:
     """``exec`` enabled with no global allowlist: every agent may run shell commands on workers.
 
     Args:
