@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tasks.requests import answer_if_holder_died
 from workers.celery_app import app
 from workers.core.models import CallJob, SyntheticReason, ToolResult
-from workers.core.results import answer_by_deadline
+from workers.core.results import answer_by_deadline, not_allowed_result
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
@@ -43,9 +43,18 @@ def invoke(self: Any, job: dict[str, Any]) -> str:
         return "crashed"  # a redelivery after its first child died holding the claim
     if claim.status != "claimed":
         return claim.status
-    result = bounded_result(
-        _execute(rt, parsed, claim.attempt), max_bytes=rt.settings.limits.max_result_bytes
-    )
+    if not rt.settings.tool_policy(parsed.agent_id).allows(parsed.call.name):
+        # Defence in depth: the gateway refuses these; a message that got here anyway runs nothing.
+        log.warning(
+            "refused %s: tool %r not allowed for agent %r", self.request.id, parsed.call.name, parsed.agent_id
+        )
+        result = not_allowed_result(
+            parsed.call, parsed.agent_id, elapsed_ms=now_ms() - parsed.submitted_ms, attempt=0
+        )
+    else:
+        result = bounded_result(
+            _execute(rt, parsed, claim.attempt), max_bytes=rt.settings.limits.max_result_bytes
+        )
     finished_ms = now_ms()
     answer = answer_by_deadline(
         result,

@@ -7,8 +7,11 @@ Users bring their existing config. These camelCase blocks are read::
     agents.defaults.tools.timeoutSeconds         per-tool default (default 300)
     agents.defaults.tools.loopDetection          per-agent loop detection defaults
     agents.list[].id + the same blocks            per-agent overrides, field by field
+    agents.list[].tools.allow / .deny            per-agent tool lists (narrow the global ones)
     tools.timeouts.<toolName>                    per-tool soft limit in seconds
     tools.loopDetection                          global loop detection block
+    tools.allow / tools.deny                     which tools may be called (names, group:builtins, *)
+    tools.builtins                               built-in tools to register (exec, http_fetch)
 
 and an ``unstuck`` block holding our own settings in their snake_case names (``redis``,
 ``lease``, ...). Other top-level blocks of the reference config are ignored. Inside the
@@ -55,6 +58,8 @@ class _Tools(BaseModel):
     model_config = _CAMEL
     timeout_seconds: Seconds | None = None
     loop_detection: dict[str, Any] | None = None
+    allow: list[str] | None = None
+    deny: list[str] | None = None
 
 
 class _AgentBlock(BaseModel):
@@ -78,6 +83,9 @@ class _GlobalTools(BaseModel):
     model_config = _CAMEL
     timeouts: dict[str, Seconds] | None = None
     loop_detection: dict[str, Any] | None = None
+    allow: list[str] | None = None
+    deny: list[str] | None = None
+    builtins: list[str] | None = None
 
 
 class _Reference(BaseModel):
@@ -145,6 +153,8 @@ def _agent_fields(block: _AgentBlock, *, flat: bool) -> dict[str, Any]:
             "llm_idle_timeout_s": llm_idle,
             "tool_timeout_s": tool_timeout,
             "loop_detection": loops,
+            "tool_allow": block.tools.allow if block.tools else None,
+            "tool_deny": block.tools.deny if block.tools else None,
         }
         return {k: v for k, v in out.items() if v is not None}
     nested: dict[str, Any] = {}
@@ -159,6 +169,23 @@ def _agent_fields(block: _AgentBlock, *, flat: bool) -> dict[str, Any]:
     return nested
 
 
+def _refuse_default_tool_lists(defaults: _AgentBlock) -> None:
+    # A security list that would be silently ignored is worse than an error.
+    lists = [
+        name for name in ("allow", "deny") if defaults.tools and getattr(defaults.tools, name) is not None
+    ]
+    if lists:
+        raise ConfigError(
+            [
+                (
+                    f"agents.defaults.tools.{name}",
+                    f"not supported: use tools.{name} (every agent) or agents.list[].tools.{name}",
+                )
+                for name in lists
+            ]
+        )
+
+
 def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
     """Validate a reference-shaped config and map it onto ``Settings`` field names."""
     try:
@@ -169,6 +196,7 @@ def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = dict(reference.unstuck or {})
     agents: dict[str, Any] = {}
     if reference.agents and reference.agents.defaults:
+        _refuse_default_tool_lists(reference.agents.defaults)
         agents["defaults"] = _agent_fields(reference.agents.defaults, flat=False)
     if reference.agents and reference.agents.entries is not None:
         agents["list"] = [{"id": e.id, **_agent_fields(e, flat=True)} for e in reference.agents.entries]
@@ -179,6 +207,10 @@ def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
         tools["timeouts_s"] = reference.tools.timeouts
     if reference.tools and reference.tools.loop_detection is not None:
         tools["loop_detection"] = reference.tools.loop_detection
+    for name in ("allow", "deny", "builtins"):
+        value = getattr(reference.tools, name) if reference.tools else None
+        if value is not None:
+            tools[name] = value
     if tools:
         out["tools"] = tools
     return out

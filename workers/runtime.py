@@ -52,7 +52,11 @@ def open_ledger(settings: Settings) -> Ledger:
 
 def build_runtime(settings: Settings) -> Runtime:
     """Connect to Redis and load every tool module."""
-    return Runtime(settings=settings, ledger=open_ledger(settings), tools=load_tools(settings.tool_modules))
+    return Runtime(
+        settings=settings,
+        ledger=open_ledger(settings),
+        tools=load_tools(settings.tool_modules, builtins=settings.tools.builtins),
+    )
 
 
 @cache

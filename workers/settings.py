@@ -9,6 +9,7 @@ Every duration's name ends in ``_s`` or ``_ms``. The model is frozen.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Annotated, Any
 
@@ -27,6 +28,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
 from workers.config_file import ConfigFileSource, Seconds
 from workers.core.loops.config import agent_path, parse_loop_block
+from workers.core.tool_policy import BUILTIN_TOOLS, ToolPolicy, ToolRules, unknown_groups
 from workers.errors import ConfigError
 
 __all__ = [
@@ -52,6 +54,29 @@ __all__ = [
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def _split_modules(value: Any) -> Any:
+    """A comma-separated string or a JSON list (as in the environment) becomes a tuple."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+def _known_groups(entries: tuple[str, ...]) -> tuple[str, ...]:
+    unknown = unknown_groups(entries)
+    if unknown:
+        raise ValueError(f"unknown tool group {unknown[0]!r}; defined: group:builtins (and * for every tool)")
+    return entries
+
+
+#: A tool allow or deny list: names, ``group:builtins`` or ``*``; comma-separated in the environment.
+ToolList = Annotated[tuple[str, ...], NoDecode]
 
 
 class RedisSettings(BaseModel):
@@ -115,6 +140,11 @@ class AgentOverride(BaseModel):
     llm_idle_timeout_s: Seconds | None = None
     tool_timeout_s: Seconds | None = None
     loop_detection: dict[str, Any] | None = None
+    tool_allow: tuple[str, ...] = Field((), description="agents.list[].tools.allow: narrows tools.allow")
+    tool_deny: tuple[str, ...] = Field((), description="agents.list[].tools.deny: added to tools.deny")
+
+    _lists = field_validator("tool_allow", "tool_deny", mode="before")(_split_modules)
+    _groups = field_validator("tool_allow", "tool_deny")(_known_groups)
 
 
 class AgentsSettings(BaseModel):
@@ -154,12 +184,28 @@ class AgentsSettings(BaseModel):
 
 
 class ToolsSettings(BaseModel):
-    """Tool loading and per-tool overrides."""
+    """Tool loading, which tools may be called, and per-tool overrides."""
 
     model_config = _FROZEN
 
+    builtins: ToolList = Field(
+        (), description="built-in tools to register (exec, http_fetch); none by default"
+    )
+    allow: ToolList = Field((), description="only these tools may be called (empty: every registered tool)")
+    deny: ToolList = Field((), description="these tools may never be called (wins over allow)")
     timeouts_s: dict[str, Seconds] = Field(default_factory=dict)
     loop_detection: dict[str, Any] | None = None
+
+    _lists = field_validator("builtins", "allow", "deny", mode="before")(_split_modules)
+    _groups = field_validator("allow", "deny")(_known_groups)
+
+    @field_validator("builtins")
+    @classmethod
+    def _known_builtins(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if name not in BUILTIN_TOOLS:
+                raise ValueError(f"unknown built-in tool {name!r}; built-ins: {', '.join(BUILTIN_TOOLS)}")
+        return names
 
 
 class LimitSettings(BaseModel):
@@ -263,12 +309,6 @@ class ApiSettings(BaseModel):
         return value
 
 
-def _split_modules(value: Any) -> Any:
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
-
-
 class Settings(BaseSettings):
     """Everything unstuck reads from its environment and config file."""
 
@@ -313,6 +353,14 @@ class Settings(BaseSettings):
     def broker_url(self) -> str:
         """The effective broker URL."""
         return self.broker.url or self.redis.url
+
+    def tool_policy(self, agent_id: str) -> ToolPolicy:
+        """The tools ``agent_id`` may call: ``tools.allow/deny``, narrowed by its own entry."""
+        layers = [ToolRules(allow=self.tools.allow, deny=self.tools.deny)]
+        entry = next((e for e in self.agents.list if e.id == agent_id), None)
+        if entry is not None:
+            layers.append(ToolRules(allow=entry.tool_allow, deny=entry.tool_deny))
+        return ToolPolicy(tuple(layers))
 
     def tool_timeout_s(self, agent_id: str, tool_name: str, declared_s: float | None) -> float:
         """Soft limit of a tool: config per tool, else the tool's own, else the agent's default."""

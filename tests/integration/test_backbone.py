@@ -12,12 +12,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness import Proc, processes_with_cmdline, wait_until
+from tests.harness import Proc, base_env, processes_with_cmdline, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.settings import Settings
 from workers.task_names import INVOKE_TASK
 
 GRACE_S = 2.0
+
+
+@pytest.fixture
+def env(redis_url: str) -> dict[str, str]:
+    # Built-ins are off by default; these tests use them, so they enable them explicitly.
+    return base_env(redis_url, UNSTUCK_TOOLS__BUILTINS="exec,http_fetch")
 
 
 @pytest.fixture

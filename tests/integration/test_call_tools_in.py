@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Proc
+from tests.harness import Proc, base_env
 from workers import ToolGateway, ToolResult
 from workers.errors import ProviderFormatError
 from workers.settings import Settings
@@ -76,6 +76,12 @@ def _expected_append(fmt: str, results: list[ToolResult]) -> Any:
         for (_, n, _), r in zip(CALLS, results, strict=True)
     ]
     return {"role": "user", "parts": parts}
+
+
+@pytest.fixture
+def env(redis_url: str) -> dict[str, str]:
+    # Built-ins are off by default; these tests use them, so they enable them explicitly.
+    return base_env(redis_url, UNSTUCK_TOOLS__BUILTINS="exec,http_fetch")
 
 
 @pytest.fixture
@@ -215,3 +221,26 @@ def test_tool_definitions_come_from_the_registry(gateway: ToolGateway) -> None:
     names = [d["name"] for d in gateway.tool_definitions(format="gemini")[0]["functionDeclarations"]]
     assert {"echo", "boom", "exec", "http_fetch"} <= set(names)
     assert names == sorted(names)
+
+
+def test_tool_definitions_for_an_agent_list_only_what_it_may_call(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a global allowlist and an agent that narrows it further
+    monkeypatch.setenv("UNSTUCK_TOOLS__ALLOW", "echo,boom,group:builtins")
+    monkeypatch.setenv(
+        "UNSTUCK_AGENTS__LIST",
+        '[{"id": "reader", "tool_allow": ["echo", "http_fetch", "exec"], "tool_deny": ["exec"]}]',
+    )
+    gateway = ToolGateway(Settings())
+    try:
+        # When definitions are asked per agent
+        def listed(agent_id: str | None) -> list[str]:
+            return [d["name"] for d in gateway.tool_definitions(format="neutral", agent_id=agent_id)]
+
+        # Then each agent sees only what it may call; without an agent, every registered tool
+        assert listed("main") == ["boom", "echo", "exec", "http_fetch"]
+        assert listed("reader") == ["echo", "http_fetch"]
+        assert {"sleepy", "exec"} <= set(listed(None))
+    finally:
+        gateway.close()

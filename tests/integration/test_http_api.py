@@ -43,7 +43,12 @@ class Api:
 @pytest.fixture
 def api(env: dict[str, str], worker: Proc) -> Iterator[Api]:
     port = free_port()
-    server_env = {**env, "UNSTUCK_API__TOKENS": TOKEN, "UNSTUCK_API__MAX_BODY_BYTES": "20000"}
+    server_env = {
+        **env,
+        "UNSTUCK_API__TOKENS": TOKEN,
+        "UNSTUCK_API__MAX_BODY_BYTES": "20000",
+        "UNSTUCK_AGENTS__LIST": json.dumps([{"id": "narrow", "tool_allow": ["echo"]}]),
+    }
     proc = Proc([UNSTUCK, "serve", "--port", str(port)], server_env, "serve")
     try:
         proc.wait_for_log("Uvicorn running on", timeout_s=30)
@@ -112,6 +117,23 @@ def test_run_lifecycle_sessions_health_and_repair(api: Api) -> None:
     assert status == 200, repaired
     assert repaired["transcript"][-1]["role"] == "toolResult"
     assert repaired["transcript"][-1]["toolCallId"] == "x1"
+
+
+def test_tools_per_agent_and_a_refused_call(api: Api) -> None:
+    # Given an agent whose allowlist holds only echo
+    status, everything = api.call("GET", "/v1/tools?format=neutral")
+    assert status == 200
+    assert {"echo", "boom", "sleepy"} <= {d["name"] for d in everything}
+    # When its tools are listed / Then only echo
+    status, narrow = api.call("GET", "/v1/tools?format=anthropic&agent_id=narrow")
+    assert (status, [d["name"] for d in narrow]) == (200, ["echo"])
+    assert api.call("GET", "/v1/tools?agent_id=")[0] == 422
+    # And a call of another tool is answered tool_not_allowed without running
+    message = {"calls": [{"id": "n1", "name": "boom", "arguments": {"message": "x"}}]}
+    body = {"agent_id": "narrow", "format": "neutral", "message": message}
+    status, answer = api.call("POST", "/v1/sessions/narrow-s/runs/r1/tool-calls", body)
+    assert status == 200, answer
+    assert answer["results"][0]["details"]["reason"] == "tool_not_allowed"
 
 
 def test_the_openapi_document_describes_the_contract(api: Api) -> None:

@@ -11,6 +11,7 @@ from workers.core.config_checks import (
     ConfigWarning,
     ToolLimits,
     check_agent,
+    check_builtins,
     check_config,
     check_lease,
     check_loop_detection,
@@ -144,3 +145,37 @@ def test_safe_config_has_no_warnings() -> None:
         lease_ttl_s=10,
     )
     assert found == []
+
+
+@pytest.mark.parametrize(
+    ("builtins", "allow", "deny", "warns"),
+    [
+        ((), (), (), False),  # the default: no shell at all
+        (("http_fetch",), (), (), False),
+        (("exec",), (), (), True),  # a shell for every agent
+        (("exec", "http_fetch"), (), (), True),
+        (("exec",), ("echo",), (), False),  # an allowlist: exec only where it is listed
+        (("exec",), ("exec",), (), False),  # listed on purpose
+        (("exec",), (), ("exec",), False),  # enabled but denied everywhere
+        (("exec",), (), ("group:builtins",), False),
+        (("exec",), (), ("http_fetch",), True),
+    ],
+)
+def test_exec_without_allowlist(
+    builtins: tuple[str, ...], allow: tuple[str, ...], deny: tuple[str, ...], warns: bool
+) -> None:
+    found = check_builtins(builtins, allow, deny)
+    assert paths(found) == (["tools.builtins"] if warns else [])
+    if warns:
+        assert "tools.allow" in found[0].message
+
+
+def test_check_config_reports_exec_without_allowlist_last() -> None:
+    found = check_config(
+        agents=[defaults(loops=ON)],
+        global_loop_block=None,
+        tools=[],
+        lease_ttl_s=10,
+        builtins=("exec",),
+    )
+    assert paths(found) == ["tools.builtins"]

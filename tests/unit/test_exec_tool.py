@@ -18,10 +18,19 @@ from typing import Any
 import psutil
 import pytest
 
+from workers.core.tool_policy import BUILTIN_TOOLS
 from workers.errors import HeartbeatInterrupt, ToolExecutionError
-from workers.tools.builtins import MAX_OUTPUT_BYTES, TRUNCATED
+from workers.tools.builtins import MAX_OUTPUT_BYTES, TRUNCATED, enable_builtins
 from workers.tools.context import ToolContext
 from workers.tools.registry import get_tool, validate_arguments
+
+
+@pytest.fixture(autouse=True)
+def _builtins_enabled() -> Iterator[None]:
+    # Built-ins are opt-in (tools.builtins); these tests use them through the registry.
+    enable_builtins(BUILTIN_TOOLS)
+    yield
+    enable_builtins(())
 
 
 class Recorder:

@@ -14,7 +14,7 @@ import tests.misbehaving_tools  # noqa: F401 - registers the tools listed below
 from workers.cli.main import main
 from workers.core.models import TextBlock, ToolResult
 from workers.doors.mcp_server import MALFORMED_ARGUMENTS, accept_any_arguments, to_mcp_result, tool_entries
-from workers.doors.mcp_sessions import CallTarget, RunTracker, resolve_target
+from workers.doors.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
 from workers.settings import Settings
 
 IDLE_MS = 300_000
@@ -214,3 +214,16 @@ def test_mcp_refuses_a_public_address_without_tokens(
         monkeypatch.delenv(name)
     assert main(["mcp", "--host", "0.0.0.0"]) == 2
     assert "api.tokens" in capsys.readouterr().err
+
+
+def test_tools_list_shows_only_what_the_agent_may_call() -> None:
+    # Given a global allowlist and an agent narrowing it
+    settings = Settings(
+        tools={"allow": ("echo", "boom")},
+        agents={"list": [{"id": "narrow", "tool_allow": ("echo",)}]},
+    )
+    # Then each agent sees its own tools, never more than the global list
+    assert [tool.name for tool in tool_entries(settings)] == ["boom", "echo"]
+    assert [tool.name for tool in tool_entries(settings, "narrow")] == ["echo"]
+    assert agent_of({"unstuck/agent": "narrow"}) == "narrow"
+    assert agent_of(None) == agent_of({"unstuck/agent": " "}) == "main"

@@ -393,13 +393,42 @@ def test_same_named_functions_from_two_modules_are_refused(
 # --- loader ---------------------------------------------------------------------------------
 
 
-def test_load_tools_includes_builtins() -> None:
+def test_load_tools_registers_no_builtins_by_default() -> None:
     tools = loader.load_tools([], use_entry_points=False)
-    assert {"exec", "http_fetch"} <= set(tools)
+    assert not {"exec", "http_fetch"} & set(tools)
 
 
-def test_load_tools_with_entry_points() -> None:
-    assert "exec" in loader.load_tools([], use_entry_points=True)
+def test_load_tools_registers_only_the_enabled_builtins_and_unregisters_the_others() -> None:
+    # Given both built-ins enabled
+    assert {"exec", "http_fetch"} <= set(loader.load_tools([], builtins=["exec", "http_fetch"]))
+    # When loaded again with only http_fetch (the registry follows the latest settings)
+    tools = loader.load_tools([], builtins=["http_fetch"], use_entry_points=False)
+    # Then exec is gone, from the returned snapshot and from the registry
+    assert "http_fetch" in tools
+    assert "exec" not in tools
+    assert "exec" not in registered_tools()
+    loader.load_tools([], use_entry_points=False)
+    assert "http_fetch" not in registered_tools()
+
+
+def test_unknown_builtin_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="shell"):
+        loader.load_tools([], builtins=["shell"], use_entry_points=False)
+
+
+def test_disabling_a_builtin_keeps_a_user_tool_of_the_same_name() -> None:
+    # Given a user tool named like a built-in
+    @tool(name="http_fetch")
+    def my_fetch(url: str) -> str:
+        return url
+
+    try:
+        # When the built-ins are loaded disabled
+        loader.load_tools([], use_entry_points=False)
+        # Then the user's tool stays
+        assert registered_tools()["http_fetch"].func is my_fetch
+    finally:
+        registry._REGISTRY.pop("http_fetch", None)
 
 
 def test_load_tools_imports_configured_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

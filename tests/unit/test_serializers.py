@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,12 +12,22 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import dumps, loads, prepare_accept_content
 from pydantic import ValidationError
 
-import workers.tools.builtins  # noqa: F401 - registers exec and http_fetch
 from workers.celery_app import create_app
 from workers.core.models import CallJob
+from workers.core.tool_policy import BUILTIN_TOOLS
 from workers.errors import ToolNotFound
 from workers.settings import Settings
+from workers.tools.builtins import enable_builtins
 from workers.tools.registry import get_tool, registered_tools
+
+
+@pytest.fixture(autouse=True)
+def _builtins_enabled() -> Iterator[None]:
+    # Built-ins are opt-in (tools.builtins); these tests use them through the registry.
+    enable_builtins(BUILTIN_TOOLS)
+    yield
+    enable_builtins(())
+
 
 _UNPICKLED: list[str] = []
 

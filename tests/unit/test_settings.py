@@ -510,3 +510,94 @@ def test_unit_check_sees_the_whole_tree() -> None:
 
     walk(Settings)
     assert {"agents.defaults.llm.idle_timeout_s", "agents.list[].tool_timeout_s", "lease.ttl_s"} <= set(seen)
+
+
+# --- tools: built-ins and allow/deny lists -----------------------------------------------
+
+
+def test_no_builtins_and_no_tool_lists_by_default() -> None:
+    settings = Settings()
+    assert settings.tools.builtins == ()
+    assert (settings.tools.allow, settings.tools.deny) == ((), ())
+    assert not settings.tool_policy("main").restricted
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("exec,http_fetch", ("exec", "http_fetch")),
+        (" exec , ", ("exec",)),
+        ('["http_fetch"]', ("http_fetch",)),
+    ],
+)
+def test_tool_lists_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: tuple[str, ...]
+) -> None:
+    monkeypatch.setenv("UNSTUCK_TOOLS__BUILTINS", value)
+    monkeypatch.setenv("UNSTUCK_TOOLS__ALLOW", value)
+    monkeypatch.setenv("UNSTUCK_TOOLS__DENY", "group:builtins")
+    settings = load_settings()
+    assert settings.tools.builtins == expected
+    assert settings.tools.allow == expected
+    assert settings.tools.deny == ("group:builtins",)
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "fragment"),
+    [
+        ("UNSTUCK_TOOLS__BUILTINS", "shell", "unknown built-in tool 'shell'"),
+        ("UNSTUCK_TOOLS__ALLOW", "echo,group:fs", "unknown tool group 'group:fs'"),
+        ("UNSTUCK_TOOLS__DENY", "group:builtin", "unknown tool group 'group:builtin'"),
+    ],
+)
+def test_invalid_tool_lists_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, fragment: str
+) -> None:
+    monkeypatch.setenv(env, value)
+    error = _config_error()
+    assert env in str(error)
+    assert fragment in str(error)
+
+
+def test_config_file_tool_lists_and_agent_narrowing(tmp_path: Path) -> None:
+    # Given the reference shape: global lists, builtins, and one agent's own lists
+    path = _write(
+        tmp_path,
+        {
+            "tools": {"builtins": ["exec"], "allow": ["echo", "group:builtins"], "deny": ["http_fetch"]},
+            "agents": {"list": [{"id": "coder", "tools": {"allow": ["exec", "boom"], "deny": ["echo"]}}]},
+        },
+    )
+    # When
+    settings = load_settings(config=path)
+    # Then the global lists apply to every agent and the agent's narrow them
+    assert settings.tools.builtins == ("exec",)
+    main, coder = settings.tool_policy("main"), settings.tool_policy("coder")
+    assert [main.allows(t) for t in ("echo", "exec", "http_fetch", "boom")] == [True, True, False, False]
+    assert [coder.allows(t) for t in ("echo", "exec", "http_fetch", "boom")] == [False, True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("config", "key_path", "reason"),
+    [
+        ({"tools": {"alow": ["echo"]}}, "tools.alow", "did you mean 'allow'?"),
+        ({"tools": {"denny": ["exec"]}}, "tools.denny", "did you mean 'deny'?"),
+        ({"tools": {"builtin": ["exec"]}}, "tools.builtin", "did you mean 'builtins'?"),
+        (
+            {"agents": {"list": [{"id": "a", "tools": {"alow": ["x"]}}]}},
+            "agents.list[0].tools.alow",
+            "did you mean 'allow'?",
+        ),
+        (
+            {"agents": {"defaults": {"tools": {"allow": ["x"]}}}},
+            "agents.defaults.tools.allow",
+            "use tools.allow",
+        ),
+        ({"tools": {"allow": "echo"}}, "tools.allow", "valid list"),
+    ],
+)
+def test_tool_list_mistakes_in_the_config_file(
+    tmp_path: Path, config: dict[str, Any], key_path: str, reason: str
+) -> None:
+    error = _config_error(config=_write(tmp_path, config))
+    assert [reason in why for where, why in error.problems if where == key_path] == [True], error.problems

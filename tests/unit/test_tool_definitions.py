@@ -8,6 +8,7 @@ from typing import Any, Literal
 import pytest
 
 from workers.core.provider_calls import FORMATS
+from workers.core.tool_policy import ToolPolicy, ToolRules
 from workers.errors import InvalidArguments, ProviderFormatError, ToolNotFound
 from workers.tools import registry
 from workers.tools.definitions import parameters_schema, tool_definitions
@@ -125,3 +126,14 @@ def test_names_pick_tools_in_the_given_order() -> None:
 def test_an_unknown_format_lists_the_valid_ones() -> None:
     with pytest.raises(ProviderFormatError, match="valid formats: neutral, anthropic, openai-chat"):
         tool_definitions("claude")
+
+
+def test_a_policy_lists_only_the_tools_it_allows() -> None:
+    # Given an allowlist naming one of the registered tools and one nobody registered
+    policy = ToolPolicy((ToolRules(allow=("search", "nothing_zq")),))
+    # Then only the allowed, registered tool is listed, also among picked names
+    assert [d["name"] for d in tool_definitions("neutral", policy=policy)] == ["search"]
+    assert [d["name"] for d in tool_definitions("neutral", names=["clock", "search"], policy=policy)] == [
+        "search"
+    ]
+    assert tool_definitions("gemini", policy=ToolPolicy((ToolRules(deny=("*",)),))) == []

@@ -146,7 +146,7 @@ def _tool_limits(settings: Settings) -> list[ToolLimits]:
     configured = settings.tools.timeouts_s
     default_s = settings.agents.defaults.tools.timeout_s
     tools = []
-    for name, spec in sorted(load_tools(settings.tool_modules).items()):
+    for name, spec in sorted(load_tools(settings.tool_modules, builtins=settings.tools.builtins).items()):
         if name in configured:
             soft_s, path = configured[name], f"tools.timeouts.{name}"
         elif spec.soft_timeout_s is not None:
@@ -175,6 +175,9 @@ def collect_warnings(settings: Settings) -> list[ConfigWarning]:
         global_loop_block=settings.tools.loop_detection,
         tools=_tool_limits(settings),
         lease_ttl_s=settings.lease.ttl_s,
+        builtins=settings.tools.builtins,
+        allow=settings.tools.allow,
+        deny=settings.tools.deny,
     )
 
 

@@ -4,7 +4,7 @@ Each check takes numbers and dicts, never ``Settings``, and returns :class:`Conf
 values naming the key path as the user writes it in the config file. The risks are the
 ones the reference system's users ran into: a run allowed to last hours, a model stream
 with no idle limit, loop detection off, a soft limit that can never fire before the hard
-one, and a lease that outlives the shortest tool call.
+one, a lease that outlives the shortest tool call, and a shell tool open to every agent.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.core.loops.config import merge_loop_blocks
+from workers.core.tool_policy import ToolRules
 
 __all__ = [
     "HUGE_IDLE_TIMEOUT_S",
@@ -22,6 +23,7 @@ __all__ = [
     "ConfigWarning",
     "ToolLimits",
     "check_agent",
+    "check_builtins",
     "check_config",
     "check_lease",
     "check_loop_detection",
@@ -157,12 +159,35 @@ def check_lease(lease_ttl_s: float, tools: Iterable[ToolLimits]) -> list[ConfigW
     ]
 
 
+def check_builtins(builtins: Sequence[str], allow: Sequence[str], deny: Sequence[str]) -> list[ConfigWarning]:
+    """``exec`` enabled with no global allowlist: every agent may run shell commands on workers.
+
+    Args:
+        builtins: ``tools.builtins``.
+        allow: ``tools.allow``.
+        deny: ``tools.deny``.
+    """
+    if "exec" not in builtins or allow or not ToolRules(deny=tuple(deny)).allows("exec"):
+        return []
+    return [
+        ConfigWarning(
+            "tools.builtins",
+            "exec (a shell on every worker host) is enabled without tools.allow: any agent may run "
+            "any command; list the tools agents may call in tools.allow (agents.list[].tools.allow "
+            "narrows it per agent)",
+        )
+    ]
+
+
 def check_config(
     *,
     agents: Sequence[AgentLimits],
     global_loop_block: Mapping[str, Any] | None,
     tools: Sequence[ToolLimits],
     lease_ttl_s: float,
+    builtins: Sequence[str] = (),
+    allow: Sequence[str] = (),
+    deny: Sequence[str] = (),
 ) -> list[ConfigWarning]:
     """Every warning, defaults first.
 
@@ -172,6 +197,9 @@ def check_config(
         global_loop_block: ``tools.loopDetection`` as configured.
         tools: every registered or configured tool with its effective limits.
         lease_ttl_s: the worker lease TTL.
+        builtins: ``tools.builtins``.
+        allow: ``tools.allow``.
+        deny: ``tools.deny``.
     """
     found: list[ConfigWarning] = []
     for agent in agents:
@@ -180,4 +208,5 @@ def check_config(
     found += check_loop_detection(global_loop_block, defaults_block, agents[1:])
     found += check_tools(tools)
     found += check_lease(lease_ttl_s, tools)
+    found += check_builtins(builtins, allow, deny)
     return found

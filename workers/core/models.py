@@ -23,6 +23,7 @@ class SyntheticReason(enum.StrEnum):
     CRASHED = "crashed"
     INVALID_ARGUMENTS = "invalid_arguments"
     UNKNOWN_TOOL = "unknown_tool"
+    TOOL_NOT_ALLOWED = "tool_not_allowed"
     DISPATCH_FAILED = "dispatch_failed"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     CANCELLED = "cancelled"

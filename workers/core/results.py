@@ -12,6 +12,7 @@ __all__ = [
     "answer_by_deadline",
     "deadline_result",
     "fallback_result",
+    "not_allowed_result",
     "rejected_result",
     "render_value",
     "success_result",
@@ -36,6 +37,8 @@ _TEXTS: dict[SyntheticReason, str] = {
     _R.INVALID_ARGUMENTS: "The arguments for tool '{tool}' are invalid: {detail}. "
     "Fix the arguments and call it again.",
     _R.UNKNOWN_TOOL: "Unknown tool: '{tool}'{detail}. Use one of the available tools.",
+    _R.TOOL_NOT_ALLOWED: "Tool '{tool}' is not allowed for this agent{detail}; it did not run. "
+    "Use one of the tools you were given.",
     _R.DISPATCH_FAILED: "Tool '{tool}' could not be started because the task queue is unavailable"
     "{detail}. It did not run; you may retry later.",
     _R.DEADLINE_EXCEEDED: "Tool '{tool}' did not finish before its deadline{of_limit}{detail}. "
@@ -164,6 +167,18 @@ def rejected_result(call: ToolCall, error: ToolNotFound | InvalidArguments, elap
         attempt=0,
         detail="; ".join(error.problems),
         extra={"problems": error.problems},
+    )
+
+
+def not_allowed_result(call: ToolCall, agent_id: str, *, elapsed_ms: int, attempt: int) -> ToolResult:
+    """The answer to a call of a tool the agent's allow/deny lists refuse; the tool did not run."""
+    return synthetic_result(
+        call,
+        SyntheticReason.TOOL_NOT_ALLOWED,
+        elapsed_ms=elapsed_ms,
+        attempt=attempt,
+        detail=f" ({agent_id!r})",
+        extra={"agent_id": agent_id},
     )
 
 

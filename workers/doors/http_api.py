@@ -6,7 +6,7 @@ The contract (OpenAPI at ``/openapi.json``)::
          -> 200 {"results": [neutral ToolResult...], "append": <in format>, "aborted": null|{...}}
     GET  /v1/sessions/{session}/runs/{run}/results?format=F      (collect: the same shape)
     POST /v1/sessions/{session}/runs/{run}/compaction | heartbeat | end
-    GET  /v1/tools?format=F        tool definitions for the model
+    GET  /v1/tools?format=F&agent_id=A   tool definitions for the model (A: only what A may call)
     POST /v1/repair                {"format", "transcript", "provider"?}
     GET  /v1/sessions              what ``unstuck session list --json`` prints
     GET  /healthz                  200 when Redis answers, 503 otherwise
@@ -27,9 +27,9 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -202,9 +202,12 @@ def _routes(api: FastAPI, calls: CallsDoor, blocking: Callable[..., Awaitable[An
         return {"ended": await blocking(calls.gateway.end_run, session_key, run_id, body.status)}
 
     @api.get("/v1/tools")
-    async def tools(format: Format = "neutral") -> list[Any]:
-        """Tool definitions for the model, in ``format``."""
-        return calls.tool_definitions(format)
+    async def tools(
+        format: Format = "neutral",
+        agent_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    ) -> list[Any]:
+        """Tool definitions for the model, in ``format``; with ``agent_id``, only what it may call."""
+        return calls.tool_definitions(format, agent_id)
 
     @api.post("/v1/repair")
     async def repair(body: RepairBody) -> dict[str, Any]:

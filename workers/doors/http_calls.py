@@ -35,9 +35,9 @@ class CallsDoor:
         results = self.gateway.collect(session_key, run_id)
         return _shape(results, self.gateway.results_in(fmt, results), None)
 
-    def tool_definitions(self, fmt: str) -> list[Any]:
-        """The registered tools, for the model, in ``fmt``."""
-        return list(self.gateway.tool_definitions(format=fmt))
+    def tool_definitions(self, fmt: str, agent_id: str | None = None) -> list[Any]:
+        """The registered tools (those ``agent_id`` may call, if given), for the model, in ``fmt``."""
+        return list(self.gateway.tool_definitions(format=fmt, agent_id=agent_id))
 
     def repair(
         self, fmt: str, transcript: Any, provider: str | None, model_api: str | None, model_id: str | None

@@ -33,7 +33,7 @@ from mcp.server.context import CallNext, HandlerResult
 
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, rejected_result, synthetic_result
-from workers.doors.mcp_sessions import CallTarget, RunTracker, resolve_target
+from workers.doors.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
 from workers.errors import InvalidArguments, LoopDetected, StoreError
 from workers.gateway.client import ToolGateway
 from workers.runtime import open_ledger, worker_id
@@ -61,8 +61,8 @@ T = TypeVar("T")
 Args = TypeVarTuple("Args")
 
 
-def _spec_entry(spec: ToolSpec, settings: Settings) -> types.Tool:
-    timeout_s = settings.tool_timeout_s("main", spec.name, spec.soft_timeout_s)
+def _spec_entry(spec: ToolSpec, settings: Settings, agent_id: str) -> types.Tool:
+    timeout_s = settings.tool_timeout_s(agent_id, spec.name, spec.soft_timeout_s)
     return types.Tool(
         name=spec.name,
         description=spec.description or None,
@@ -72,10 +72,11 @@ def _spec_entry(spec: ToolSpec, settings: Settings) -> types.Tool:
     )
 
 
-def tool_entries(settings: Settings) -> list[types.Tool]:
-    """The registered tools as MCP ``Tool`` entries, by name (``_meta`` has the soft limit)."""
+def tool_entries(settings: Settings, agent_id: str = "main") -> list[types.Tool]:
+    """The tools ``agent_id`` may call as MCP ``Tool`` entries, by name (``_meta`` has the soft limit)."""
     specs = registered_tools()
-    return [_spec_entry(specs[name], settings) for name in sorted(specs)]
+    allowed = settings.tool_policy(agent_id).filter(sorted(specs))
+    return [_spec_entry(specs[name], settings, agent_id) for name in allowed]
 
 
 def to_mcp_result(result: ToolResult, target: CallTarget) -> types.CallToolResult:
@@ -162,7 +163,8 @@ class McpDoor:
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tool_entries(self.settings))
+        meta = params.meta if params is not None else None
+        return types.ListToolsResult(tools=tool_entries(self.settings, agent_of(meta)))
 
     async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         meta: Mapping[str, Any] = params.meta or {}

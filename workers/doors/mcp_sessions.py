@@ -33,6 +33,7 @@ __all__ = [
     "META_SESSION",
     "CallTarget",
     "RunTracker",
+    "agent_of",
     "resolve_target",
 ]
 
@@ -67,6 +68,11 @@ def _named(meta: Mapping[str, Any], key: str) -> str | None:
     return None
 
 
+def agent_of(meta: Mapping[str, Any] | None) -> str:
+    """The agent a request names in ``_meta`` (``unstuck/agent``), else ``main``."""
+    return _named(meta or {}, META_AGENT) or "main"
+
+
 def resolve_target(
     meta: Mapping[str, Any] | None,
     *,
@@ -85,7 +91,7 @@ def resolve_target(
     call_id = _named(meta, META_CALL) or f"mcp-{new_id()}"
     session = _named(meta, META_SESSION)
     run = _named(meta, META_RUN)
-    agent = _named(meta, META_AGENT) or "main"
+    agent = agent_of(meta)
     if session is None and mcp_session_id:
         session = f"mcp:{mcp_session_id[:_MAX_KEY]}"
     if session is None:

@@ -162,10 +162,15 @@ class ToolGateway:
         return encode_results(format, results)
 
     def tool_definitions(
-        self, format: str = "neutral", *, names: Sequence[str] | None = None
+        self, format: str = "neutral", *, names: Sequence[str] | None = None, agent_id: str | None = None
     ) -> list[dict[str, Any]]:
-        """The registered tools (or ``names``) as the provider's request takes them in ``tools``."""
-        return tool_definitions(format, names=names)
+        """The registered tools (or ``names``) as the provider's request takes them in ``tools``.
+
+        With ``agent_id``, only the tools that agent may call (``tools.allow``/``deny`` and
+        its own ``agents.list[].tools``).
+        """
+        policy = self.settings.tool_policy(agent_id) if agent_id is not None else None
+        return tool_definitions(format, names=names, policy=policy)
 
     def collect(self, session_key: str, run_id: str) -> list[ToolResult]:
         """After a gateway restart: results of every call of the run, waiting for live ones.
@@ -275,7 +280,7 @@ class ToolGateway:
             if verdict.abort_run:
                 batch.abort = verdict
             return
-        early = self._dispatcher.reject_early(call)
+        early = self._dispatcher.reject_early(call, agent_id)
         if early is not None:
             self._answer_now(batch, call, early)
             return

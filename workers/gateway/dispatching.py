@@ -12,7 +12,7 @@ from celery import Celery
 from workers.core.limits import resolve_limits
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import RejectedCall
-from workers.core.results import rejected_result, synthetic_result
+from workers.core.results import not_allowed_result, rejected_result, synthetic_result
 from workers.errors import InvalidArguments, ToolNotFound
 from workers.settings import Settings
 from workers.store.keys import RunKeys
@@ -42,22 +42,30 @@ class Dispatcher:
         self._writer = writer
         self._now_ms = now_ms
 
-    def reject_early(self, call: ToolCall) -> ToolResult | None:
-        """The answer to a call that must not run (unknown tool, invalid or oversized arguments).
+    def reject_early(self, call: ToolCall, agent_id: str) -> ToolResult | None:
+        """The answer to a call that must not run, or None when it may be dispatched.
 
-        A :class:`RejectedCall` (arguments unreadable in the provider's message) is answered
-        ``invalid_arguments`` here too, unless its tool is unknown, as for any other call.
+        Refused: an unknown tool, a tool ``agent_id`` may not call, invalid or oversized
+        arguments. A :class:`RejectedCall` (arguments unreadable in the provider's message)
+        is answered ``invalid_arguments`` here too, unless its tool is unknown or not
+        allowed, as for any other call.
         """
         size = len(json.dumps(call.arguments, default=str))
         cap = self.settings.limits.max_argument_bytes
+        policy = self.settings.tool_policy(agent_id)
         try:
+            get_tool(call.name)
+            if not policy.allows(call.name):
+                return not_allowed_result(call, agent_id, elapsed_ms=0, attempt=0)
             if isinstance(call, RejectedCall):
-                get_tool(call.name)
                 raise InvalidArguments(call.name, list(call.problems))
             if size > cap:
                 raise InvalidArguments(call.name, [f"arguments are {size} bytes; the limit is {cap}"])
             validate_arguments(get_tool(call.name), call.arguments)
-        except (ToolNotFound, InvalidArguments) as exc:
+        except ToolNotFound as exc:
+            # Suggest only tools the agent may call.
+            return rejected_result(call, ToolNotFound(call.name, policy.filter(exc.closest)), 0)
+        except InvalidArguments as exc:
             return rejected_result(call, exc, 0)
         return None
 

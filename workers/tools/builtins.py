@@ -1,4 +1,9 @@
-"""Built-in tools: ``exec`` (a shell command in its own process group) and ``http_fetch``."""
+"""Built-in tools: ``exec`` (a shell command in its own process group) and ``http_fetch``.
+
+Importing this module registers nothing: a shell on the worker host is opt-in.
+:func:`enable_builtins` registers the ones named in ``tools.builtins`` (and unregisters the
+others, so the registry follows the settings the process was last loaded with).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +14,16 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from workers.errors import ToolExecutionError
+from workers.errors import ConfigError, ToolExecutionError
 from workers.redact import redact_mapping, redact_url
 from workers.tools.context import ToolContext
-from workers.tools.registry import tool
+from workers.tools.registry import tool, unregister
 
-__all__ = ["exec_command", "http_fetch"]
+__all__ = ["enable_builtins", "exec_command", "http_fetch"]
 
 MAX_OUTPUT_BYTES = 64 * 1024
 TRUNCATED = "\n[... output truncated by unstuck ...]"
@@ -34,7 +40,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-@tool(name="exec", soft_timeout_s=None, heartbeat_timeout_s=None)
 def exec_command(
     ctx: ToolContext, command: str, cwd: str | None = None, stdin: str | None = None
 ) -> dict[str, Any]:
@@ -91,7 +96,6 @@ def _wait_with_heartbeats(proc: subprocess.Popen[bytes], ctx: ToolContext) -> No
             ctx.heartbeat({"pid": proc.pid, "running": True})
 
 
-@tool(idempotent=True, soft_timeout_s=60.0)
 def http_fetch(
     url: str,
     method: str = "GET",
@@ -134,3 +138,26 @@ def http_fetch(
         }
     finally:
         conn.close()
+
+
+_BUILTINS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
+    "exec": (exec_command, {"soft_timeout_s": None, "heartbeat_timeout_s": None}),
+    "http_fetch": (http_fetch, {"idempotent": True, "soft_timeout_s": 60.0}),
+}
+
+
+def enable_builtins(names: Iterable[str]) -> None:
+    """Register the built-ins in ``names`` and unregister the others.
+
+    Raises:
+        ConfigError: a name is not a built-in, or another tool already uses its name.
+    """
+    wanted = set(names)
+    unknown = wanted - set(_BUILTINS)
+    if unknown:
+        raise ConfigError([("tools.builtins", f"unknown built-in tool(s): {', '.join(sorted(unknown))}")])
+    for name, (func, options) in _BUILTINS.items():
+        if name in wanted:
+            tool(name=name, **options)(func)
+        else:
+            unregister(name, func)

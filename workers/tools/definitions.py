@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workers.core.provider_calls import check_format
+from workers.core.tool_policy import ToolPolicy
 from workers.tools.registry import ToolSpec, get_tool, registered_tools
 
 __all__ = ["parameters_schema", "tool_definitions"]
@@ -34,10 +35,13 @@ def parameters_schema(spec: ToolSpec) -> dict[str, Any]:
     return schema
 
 
-def tool_definitions(fmt: str = "neutral", *, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def tool_definitions(
+    fmt: str = "neutral", *, names: Sequence[str] | None = None, policy: ToolPolicy | None = None
+) -> list[dict[str, Any]]:
     """The definitions of the registered tools (or of ``names``, in that order) in ``fmt``.
 
-    Without ``names`` every registered tool is listed, sorted by name, built-ins included.
+    Without ``names`` every registered tool is listed, sorted by name (the enabled built-ins
+    included). With ``policy``, only the tools it allows are listed.
 
     Raises:
         ProviderFormatError: the format is unknown.
@@ -45,6 +49,8 @@ def tool_definitions(fmt: str = "neutral", *, names: Sequence[str] | None = None
     """
     check_format(fmt)
     specs = [get_tool(name) for name in names] if names is not None else _sorted(registered_tools())
+    if policy is not None:
+        specs = [spec for spec in specs if policy.allows(spec.name)]
     neutral = [
         {"name": spec.name, "description": spec.description, "parameters": parameters_schema(spec)}
         for spec in specs

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from importlib.metadata import entry_points
 
 from workers.errors import ConfigError
+from workers.tools.builtins import enable_builtins
 from workers.tools.registry import ToolSpec, registered_tools
 
 __all__ = ["ENTRY_POINT_GROUP", "load_tools"]
@@ -14,10 +15,19 @@ __all__ = ["ENTRY_POINT_GROUP", "load_tools"]
 ENTRY_POINT_GROUP = "unstuck.tools"
 
 
-def load_tools(modules: Iterable[str], *, use_entry_points: bool = True) -> dict[str, ToolSpec]:
-    """Import every tool module and return the registry; raises ``ConfigError`` naming a broken one."""
+def load_tools(
+    modules: Iterable[str], *, builtins: Iterable[str] = (), use_entry_points: bool = True
+) -> dict[str, ToolSpec]:
+    """Import every tool module, register the enabled ``builtins``, and return the registry.
+
+    Built-ins not in ``builtins`` are not registered (and unregistered if they were).
+
+    Raises:
+        ConfigError: naming each module or entry point that does not import.
+    """
+    enable_builtins(builtins)
     problems: list[tuple[str, str]] = []
-    for module in ("workers.tools.builtins", *modules):
+    for module in modules:
         try:
             importlib.import_module(module)
         except Exception as exc:  # noqa: BLE001 - any import failure becomes one clear start-up error

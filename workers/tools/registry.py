@@ -15,7 +15,15 @@ from workers.core.limits import RetryPolicy
 from workers.errors import ConfigError, InvalidArguments, ToolNotFound
 from workers.tools.context import ToolContext
 
-__all__ = ["NO_FALLBACK", "ToolSpec", "get_tool", "registered_tools", "tool", "validate_arguments"]
+__all__ = [
+    "NO_FALLBACK",
+    "ToolSpec",
+    "get_tool",
+    "registered_tools",
+    "tool",
+    "unregister",
+    "validate_arguments",
+]
 
 NO_FALLBACK: Any = object()
 
@@ -161,6 +169,13 @@ def tool(
 
 def _origin(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
+
+
+def unregister(name: str, func: Callable[..., Any]) -> None:
+    """Remove tool ``name`` if ``func`` registered it (a user's tool of that name stays)."""
+    existing = _REGISTRY.get(name)
+    if existing is not None and _origin(existing.func) == _origin(func):
+        del _REGISTRY[name]
 
 
 def registered_tools() -> dict[str, ToolSpec]:

@@ -91,8 +91,16 @@ def broker(request: pytest.FixtureRequest) -> Broker:
 
 @pytest.fixture(scope="module")
 def broker_env(redis_server: EmbeddedRedis, broker: Broker) -> dict[str, str]:
-    """Worker environment: the private Redis as ledger, ``broker`` as broker, a unique queue."""
-    return base_env(redis_server.url, UNSTUCK_BROKER__URL=broker.url, UNSTUCK_BROKER__QUEUE=broker.queue)
+    """Worker environment: the private Redis as ledger, ``broker`` as broker, a unique queue.
+
+    ``exec`` is enabled explicitly (built-ins are off by default): the tests run a command.
+    """
+    return base_env(
+        redis_server.url,
+        UNSTUCK_BROKER__URL=broker.url,
+        UNSTUCK_BROKER__QUEUE=broker.queue,
+        UNSTUCK_TOOLS__BUILTINS="exec",
+    )
 
 
 @pytest.fixture(scope="module")
