@@ -88,8 +88,7 @@ class HashRecord(Generic[F]):
     """A HASH key: its fields (one StrEnum member each) and its field families (``prefix<part>``)."""
 
     name: str
-    key: str  # as the keys.py table spells it
-    builder: str  # the keys.py builder
+    builder: str  # its builder in keys.py, whose schema table lists the key
     ttl: str
     fields: Mapping[F, FieldSpec]
     families: Mapping[str, FieldSpec] = field(default_factory=dict)
@@ -100,7 +99,6 @@ class KeyRecord:
     """A key that is not a HASH: what its members, scores, entries or value mean."""
 
     name: str
-    key: str
     builder: str
     redis_type: Literal["ZSET", "LIST", "STREAM", "STRING"]
     ttl: str
@@ -123,7 +121,7 @@ def _str(meaning: str, default: Default = "") -> FieldSpec:
 
 
 class CallField(enum.StrEnum):
-    """Fields of ``P:{tag}:call:<call>``."""
+    """Fields of the call record (``RunKeys.call``)."""
 
     CALL_ID = "call_id"
     TOOL = "tool"
@@ -149,7 +147,6 @@ class CallField(enum.StrEnum):
 
 CALL: Final = HashRecord[CallField](
     name="call",
-    key="P:{tag}:call:<call>",
     builder="RunKeys.call",
     ttl="ledger.ttl_s, set by register, claim and finish",
     fields={
@@ -198,7 +195,7 @@ def pgid_of(name: str) -> int | None:
 
 
 class RunField(enum.StrEnum):
-    """Fields of ``P:{tag}:run``."""
+    """Fields of the run record (``RunKeys.run``)."""
 
     STATUS = "status"
     AGENT_ID = "agent_id"
@@ -228,7 +225,6 @@ class RunField(enum.StrEnum):
 
 RUN: Final = HashRecord[RunField](
     name="run",
-    key="P:{tag}:run",
     builder="RunKeys.run",
     ttl="ledger.ttl_s, set when opened or begun; the loop scripts only ever extend it",
     fields={
@@ -273,7 +269,7 @@ RUN: Final = HashRecord[RunField](
 
 
 class LaneField(enum.StrEnum):
-    """Fields of ``P:{S}:lane``."""
+    """Fields of a session's lane (``SessionKeys.lane``)."""
 
     RUN_ID = "run_id"
     TOKEN = "token"
@@ -284,7 +280,6 @@ class LaneField(enum.StrEnum):
 
 LANE: Final = HashRecord[LaneField](
     name="lane",
-    key="P:{S}:lane",
     builder="SessionKeys.lane",
     ttl="PEXPIREAT lease_until_ms: the holder's deadline + 60 s",
     fields={
@@ -298,7 +293,7 @@ LANE: Final = HashRecord[LaneField](
 
 
 class WatchdogField(enum.StrEnum):
-    """Fields of ``P:{runs}:watchdog``."""
+    """Fields of the watchdog's own record (``watchdog_key``)."""
 
     LAST_SWEEP_MS = "last_sweep_ms"
     LAST_GAP_MS = "last_gap_ms"
@@ -308,7 +303,6 @@ class WatchdogField(enum.StrEnum):
 
 WATCHDOG: Final = HashRecord[WatchdogField](
     name="watchdog",
-    key="P:{runs}:watchdog",
     builder="watchdog_key",
     ttl="7 days (RECORD_TTL_MS), refreshed by every completed sweep",
     fields={
@@ -326,7 +320,7 @@ HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG)
 
 
 class EventField(enum.StrEnum):
-    """The one field every entry of ``P:events`` has; the others depend on the kind."""
+    """The one field every entry of the events stream has; the others depend on the kind."""
 
     KIND = "kind"
 
@@ -336,33 +330,33 @@ _REFRESHED = "ledger.ttl_s, refreshed on every write"
 _ON_BEGIN = "ledger.ttl_s, refreshed on begin"
 
 KEY_RECORDS: Final = (
-    KeyRecord("late", "P:{tag}:late:<call>", "RunKeys.late", "LIST", _LEDGER_TTL,
+    KeyRecord("late", "RunKeys.late", "LIST", _LEDGER_TTL,
               "results (ToolResult JSON) that lost the first-writer race"),
-    KeyRecord("lease", "P:{tag}:lease:<call>", "RunKeys.lease", "STRING", "lease.ttl_s (PX), renewed",
+    KeyRecord("lease", "RunKeys.lease", "STRING", "lease.ttl_s (PX), renewed",
               "the claiming worker's id; renewed by its main process"),
-    KeyRecord("calls", "P:{tag}:calls", "RunKeys.calls", "ZSET", _LEDGER_TTL,
+    KeyRecord("calls", "RunKeys.calls", "ZSET", _LEDGER_TTL,
               "member call id, score submitted ms"),
-    KeyRecord("open", "P:{tag}:open", "RunKeys.open", "ZSET", _LEDGER_TTL,
+    KeyRecord("open", "RunKeys.open", "ZSET", _LEDGER_TTL,
               "member id of a call without a result, score its deadline ms"),
-    KeyRecord("done", "P:{tag}:done", "RunKeys.done", "LIST", _LEDGER_TTL,
+    KeyRecord("done", "RunKeys.done", "LIST", _LEDGER_TTL,
               "ids of answered calls (the waiting gateway's wake-up)"),
-    KeyRecord("history", "P:{tag}:history", "RunKeys.history", "ZSET", "loops.ttl_s",
+    KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",
               "member '<seq>|<entry json>', score seq (see loop_history.py)"),
-    KeyRecord("due", "P:due", "due_index_key", "ZSET", _REFRESHED,
+    KeyRecord("due", "due_index_key", "ZSET", _REFRESHED,
               "member 'S/R/C' (quoted parts), score the call's deadline ms"),
-    KeyRecord("leases", "P:leases", "lease_index_key", "ZSET", _REFRESHED,
+    KeyRecord("leases", "lease_index_key", "ZSET", _REFRESHED,
               "member 'S/R/C', score the lease's expiry ms as last written"),
-    KeyRecord("events", "P:events", "events_stream_key", "STREAM", _REFRESHED + "; MAXLEN ~10000",
+    KeyRecord("events", "events_stream_key", "STREAM", _REFRESHED + "; MAXLEN ~10000",
               "entries: kind (EventField.KIND) plus that kind's fields, str or JSON"),
-    KeyRecord("fence", "P:{S}:fence", "SessionKeys.fence", "STRING", _LEDGER_TTL,
+    KeyRecord("fence", "SessionKeys.fence", "STRING", _LEDGER_TTL,
               "the session's fencing counter (INCR per run begun)"),
-    KeyRecord("by_deadline", "P:{runs}:by_deadline", "run_index_keys", "ZSET", _ON_BEGIN,
+    KeyRecord("by_deadline", "run_index_keys.by_deadline", "ZSET", _ON_BEGIN,
               "member 'S/R' of a running run, score its deadline ms"),
-    KeyRecord("by_progress", "P:{runs}:by_progress", "run_index_keys", "ZSET", _ON_BEGIN,
+    KeyRecord("by_progress", "run_index_keys.by_progress", "ZSET", _ON_BEGIN,
               "member 'S/R' of a running run, score its latest progress ms (raised only)"),
-    KeyRecord("ended", "P:{runs}:ended", "run_index_keys", "ZSET", "ledger.ttl_s, refreshed on end",
+    KeyRecord("ended", "run_index_keys.ended", "ZSET", "ledger.ttl_s, refreshed on end",
               "member 'S/R' of an ended run, score its end ms (older than a TTL: trimmed)"),
-    KeyRecord("sweep_lock", "P:{runs}:sweep_lock", "sweep_lock_key", "STRING", "PX 3 sweep intervals",
+    KeyRecord("sweep_lock", "sweep_lock_key", "STRING", "PX 3 sweep intervals",
               "the token of the sweep holding it"),
 )  # fmt: skip
 

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from workers.errors import StoreError
 from workers.store.records import REQUIRED, HashRecord
 
-__all__ = ["Row"]
+__all__ = ["Row", "reply_member"]
 
 F = TypeVar("F", bound=enum.StrEnum)
 E = TypeVar("E", bound=enum.StrEnum)
@@ -36,7 +36,7 @@ class Row(Generic[F]):
 
     def __init__(self, record: HashRecord[F], values: Mapping[Any, _Raw], *, where: str = "") -> None:
         self.record = record
-        self.where = where or record.key
+        self.where = where or f"a {record.name} record"
         self._values = {
             str(_decode(k)): v for k, value in values.items() if (v := _decode(value)) is not None
         }
@@ -95,3 +95,11 @@ class Row(Generic[F]):
         if not isinstance(default, kind):
             raise TypeError(f"{self.record.name}.{name} is not read as {kind.__name__}")
         return default
+
+
+def reply_member(values: type[E], raw: _Raw, *, where: str) -> E:
+    """A state a script returned, as its enum; any other value is a ``StoreError``."""
+    try:
+        return values(_decode(raw) or "")
+    except ValueError:
+        raise StoreError(f"{where} returned {raw!r}, not a {values.__name__}") from None
