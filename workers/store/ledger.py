@@ -32,7 +32,6 @@ __all__ = [
     "Ledger",
     "Registration",
     "connect",
-    "parse_int",
     "store_errors",
 ]
 
@@ -103,14 +102,6 @@ _OPEN_FIELDS = (
     CallField.DISPATCHED, CallField.SUBMITTED_MS, CallField.TOOL,
 )  # fmt: skip
 _RUNNING_FIELDS = (CallField.STATE, CallField.WORKER, CallField.HB_MS)
-
-
-def parse_int(value: Any, default: int = 0) -> int:
-    """An integer field as Redis returned it; ``default`` when absent or malformed."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
 
 
 class Ledger:
