@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import workers.store.keys
-from workers.core.models import CallState
+from workers.core.models import CallState, ClaimStatus
 from workers.core.run_health import RunStatus
 from workers.errors import StoreError
 from workers.store.records import (
@@ -32,7 +32,7 @@ from workers.store.records import (
     pgid_field,
     pgid_of,
 )
-from workers.store.rows import Row
+from workers.store.rows import Row, reply_member
 
 # --- the Lua scripts name declared fields only -----------------------------------------------
 
@@ -325,3 +325,9 @@ def test_an_enum_value_outside_its_enum_is_a_store_error() -> None:
         Row(CALL, {"state": "exploded"}).member(CallField.STATE, CallState)
     with pytest.raises(StoreError, match="not a RunStatus"):
         Row(RUN, {}).member(RunField.STATUS, RunStatus)  # missing reads '', which no run status is
+
+
+def test_a_script_reply_becomes_its_enum_or_a_store_error() -> None:
+    assert reply_member(ClaimStatus, b"busy", where="ledger_claim.lua") is ClaimStatus.BUSY
+    with pytest.raises(StoreError, match=r"ledger_claim\.lua returned 'exploded', not a ClaimStatus"):
+        reply_member(ClaimStatus, "exploded", where="ledger_claim.lua")

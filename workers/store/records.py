@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
 from workers.core.models import CallState
-from workers.core.run_health import RunStatus
+from workers.core.run_health import RunStatus, SessionClass
 
 __all__ = [
     "CALL",
@@ -242,7 +242,9 @@ RUN: Final = HashRecord[RunField](
         RunField.PROGRESS_MS: _ms("latest activity of the run or any call (never lowered); 0: none"),
         RunField.OPEN_N: _int("calls without a result (summary kept by lib_run_summary.lua)"),
         RunField.CLAIMED_N: _int("calls claimed and not answered (summary kept by lib_run_summary.lua)"),
-        RunField.CLASS: FieldSpec(FieldType.ENUM, "the watchdog's latest SessionClass; '' before", ""),
+        RunField.CLASS: FieldSpec(
+            FieldType.ENUM, "the watchdog's latest SessionClass; '' before its first look", "", SessionClass
+        ),
         RunField.ENDED_MS: _ms("when the run ended; 0 while running"),
         RunField.END_REASON: _str("why it ended (superseded, a detector, a SyntheticReason)"),
         RunField.ABORTED_MS: _ms("when the loop detector aborted it"),
@@ -306,7 +308,9 @@ WATCHDOG: Final = HashRecord[WatchdogField](
     builder="watchdog_key",
     ttl="7 days (RECORD_TTL_MS), refreshed by every completed sweep",
     fields={
-        WatchdogField.LAST_SWEEP_MS: _ms("when the latest sweep completed; the record exists once it is set"),
+        WatchdogField.LAST_SWEEP_MS: _ms(
+            "when the latest sweep completed; a record without it is no record (None, never 0)", REQUIRED
+        ),
         WatchdogField.LAST_GAP_MS: _ms("the gap before the latest sweep; -1 for the first", -1),
         WatchdogField.MAX_GAP_MS: _ms("the longest gap seen"),
         WatchdogField.SWEEPS: _int("completed sweeps"),
