@@ -4,11 +4,13 @@
 this module says what is inside them. Each HASH record names its fields once, as a StrEnum
 (``CallField.SUBMITTED_MS``), with the field's type, meaning and the decision a reader makes
 when the field is missing: a default, or :class:`~workers.errors.StoreError`. Python readers
-and writers in ``workers/store`` use those names, never string literals, and read a hash by
-name (:class:`Row`: ``HMGET`` of a declared list zipped to names, or ``HGETALL``), never by
-position. The Lua scripts cannot import this module: ``tests/unit/test_records.py`` checks
-that every field a script names is declared here, and ``tests/test_architecture.py`` that no
-Python module outside this one spells a field name in a hash command.
+and writers use those names, never string literals, and read a hash by name
+(:class:`~workers.store.rows.Row`: ``HMGET`` of a declared list zipped to names, or
+``HGETALL``), never by position. Each declaration names its key builder; a test holds the
+declarations and the rows of the keys.py table to each other. The Lua scripts cannot import
+this module: ``tests/unit/test_records.py`` checks that every field a script names is declared
+here, and ``tests/test_architecture.py`` that no Python module outside this one spells a field
+name in a hash command.
 
 Types: ``int ms`` (epoch milliseconds), ``int``, ``flag`` (``"1"``/``"0"``), ``str``,
 ``json`` and ``enum`` (the values of a StrEnum of the core). A malformed number reads like a
