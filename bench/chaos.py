@@ -38,6 +38,8 @@ from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
+from workers.store.records import CallField
+from workers.store.rows import Row
 
 CallKey = tuple[str, str, str]  # session, run, call id
 
@@ -309,17 +311,17 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
             record = ledger.record(keys, call_id)
             if record is None:
                 continue
-            deadlines[key] = int(record.fields.get("deadline_ms", "0"))
-            if "finished_ms" in record.fields:
+            deadlines[key] = record.row.integer(CallField.DEADLINE_MS)
+            if CallField.FINISHED_MS in record.row:
                 report.worst_call_ms = max(
-                    report.worst_call_ms, int(record.fields["finished_ms"]) - deadlines[key]
+                    report.worst_call_ms, record.row.integer(CallField.FINISHED_MS) - deadlines[key]
                 )
             report.late += len(ledger.late_results(keys, call_id))
             delivered = tally.delivered.get(key, [])
             for result in delivered:
                 if stored.get(call_id) != result:
                     report.differs += 1
-                    report.examples.append(_difference(key, result, stored.get(call_id), record.fields))
+                    report.examples.append(_difference(key, result, stored.get(call_id), record.row))
             for result in delivered[:1]:
                 report.reasons[result.reason or "real result"] += 1
     for keys_of_batch, returned_ms in tally.batches:
@@ -330,14 +332,14 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
 
 
 def _difference(
-    key: CallKey, delivered: ToolResult, stored: ToolResult | None, fields: dict[str, str]
+    key: CallKey, delivered: ToolResult, stored: ToolResult | None, fields: Row[CallField]
 ) -> str:
     def show(result: ToolResult | None) -> str:
         return "nothing" if result is None else f"{result.reason or 'real'} {result.text[:90]!r}"
 
     return (
-        f"{'/'.join(key)} ({fields.get('tool')}): delivered {show(delivered)}; ledger holds {show(stored)} "
-        f"written by {fields.get('writer')}"
+        f"{'/'.join(key)} ({fields.raw(CallField.TOOL)}): delivered {show(delivered)}; "
+        f"ledger holds {show(stored)} written by {fields.raw(CallField.WRITER)}"
     )
 
 

@@ -25,6 +25,7 @@ from workers import ToolCall, ToolGateway, ToolResult
 from workers.errors import LoopDetected, StoreError
 from workers.settings import Settings
 from workers.store.ledger import Ledger
+from workers.store.records import CallField
 from workers.store.watchdog_liveness import WatchdogLiveness
 
 __all__ = ["SweepPulse", "Unattended", "hog_every_slot", "kill_everything", "unattended_failures"]
@@ -159,8 +160,8 @@ def unattended_failures(ledger: Ledger, runs: list[Unattended], budget_ms: int) 
         if record.result is None:
             failures.append(f"unattended {run.session}: no result in the ledger")
             continue
-        writer = record.fields.get("writer", "")
-        took_ms = int(record.fields.get("finished_ms", "0")) - run.killed_ms
+        writer = record.row.text(CallField.WRITER)
+        took_ms = record.row.integer(CallField.FINISHED_MS) - run.killed_ms
         if not writer.endswith("/watchdog") or took_ms > budget_ms:
             failures.append(f"unattended {run.session}: answered by {writer!r} {took_ms} ms after the kill")
     return failures

@@ -28,6 +28,7 @@ from tests.harness import UNSTUCK, Proc, base_env, start_worker
 from workers import ToolCall, ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.settings import Settings
+from workers.store.records import CallField
 
 NOOP = {"calls": [{"id": "c", "name": "noop", "arguments": {}}]}
 
@@ -135,7 +136,7 @@ def _late_ms(settings: Settings, waited: list[Waited]) -> list[int]:
         late = []
         for n, one in enumerate(waited):
             record = ledger.record(ledger.keys(f"bench-wait-{n}", "r1"), "w")
-            deadline_ms = int(record.fields.get("deadline_ms", "0")) if record else 0
+            deadline_ms = record.row.integer(CallField.DEADLINE_MS) if record else 0
             late.append(one.received_ms - deadline_ms if deadline_ms else 0)
         return late
     finally:

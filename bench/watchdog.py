@@ -30,11 +30,13 @@ from typing import Any
 
 import redis
 
+from workers.core.models import CallState
 from workers.core.run_health import RunStatus
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 from workers.store.keys import SessionKeys, due_index_key, lease_index_key, run_index_keys, run_member
 from workers.store.ledger import Ledger, connect
+from workers.store.records import CallField, LaneField, RunField
 from workers.store.sessions import SessionStore
 from workers.watchdog.alerts import AlertSink
 from workers.watchdog.sweep import Watchdog
@@ -66,7 +68,7 @@ def _populate_due(client: redis.Redis, now: int, run_id: str, *, heartbeat: bool
         session = f"agent:main:s{n}"
         store.begin_run(session, run_id, "main", old, now + 3_600_000, writer="bench")
         keys = ledger.keys(session, run_id)
-        job = {"tool": "exec", "dispatched": "1", "idempotent": "0"}
+        job: dict[str, str] = {CallField.TOOL: "exec", CallField.DISPATCHED: "1", CallField.IDEMPOTENT: "0"}
         ledger.register_call(keys, "c1", now_ms=old, deadline_ms=now + 600_000, fields=job)
         ledger.claim(keys, "c1", worker_id="w:1", now_ms=old + 5)
         if heartbeat:
@@ -87,22 +89,26 @@ def _populate_recent(client: redis.Redis, now: int) -> None:
         session, run = f"agent:main:s{n}", "r1"
         keys = ledger.keys(session, run)
         record: dict[Any, Any] = {
-            "started_ms": now - 60_000, "deadline_ms": now + 3_600_000, "agent_id": "main", "token": 1,
-            "status": "running", "progress_ms": now - 1000, "open_n": 1, "claimed_n": 1,
+            RunField.STARTED_MS: now - 60_000, RunField.DEADLINE_MS: now + 3_600_000,
+            RunField.AGENT_ID: "main", RunField.TOKEN: 1, RunField.STATUS: RunStatus.RUNNING,
+            RunField.PROGRESS_MS: now - 1000, RunField.OPEN_N: 1, RunField.CLAIMED_N: 1,
         }  # fmt: skip
         pipe.hset(keys.run, mapping=record)
         pipe.expire(keys.run, 3600)
         lane = SessionKeys(PREFIX, session).lane
-        pipe.hset(lane, mapping={"run_id": run, "token": 1, "agent_id": "main", "since_ms": now - 60_000,
-                                 "lease_until_ms": now + 3_660_000})  # fmt: skip
+        holder: dict[Any, Any] = {
+            LaneField.RUN_ID: run, LaneField.TOKEN: 1, LaneField.AGENT_ID: "main",
+            LaneField.SINCE_MS: now - 60_000, LaneField.LEASE_UNTIL_MS: now + 3_660_000,
+        }  # fmt: skip
+        pipe.hset(lane, mapping=holder)
         pipe.pexpireat(lane, now + 3_660_000)
         member = run_member(session, run)
         pipe.zadd(index.by_deadline, {member: now + 3_600_000})
         pipe.zadd(index.by_progress, {member: now - 1000})
         call: dict[Any, Any] = {
-            "call_id": "c1", "tool": "exec", "state": "running", "submitted_ms": now - 2000,
-            "started_ms": now - 1990, "hb_ms": now - 1000, "deadline_ms": now + 600_000, "attempt": 1,
-            "dispatched": "1",
+            CallField.CALL_ID: "c1", CallField.TOOL: "exec", CallField.STATE: CallState.RUNNING,
+            CallField.SUBMITTED_MS: now - 2000, CallField.STARTED_MS: now - 1990, CallField.HB_MS: now - 1000,
+            CallField.DEADLINE_MS: now + 600_000, CallField.ATTEMPT: 1, CallField.DISPATCHED: "1",
         }  # fmt: skip
         pipe.hset(keys.call("c1"), mapping=call)
         pipe.expire(keys.call("c1"), 3600)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from tasks.requests import answer_if_holder_died
 from workers.celery_app import app
-from workers.core.models import CallJob, SyntheticReason, ToolResult
+from workers.core.models import CallJob, ClaimStatus, SyntheticReason, ToolResult
 from workers.core.results import answer_by_deadline, not_allowed_result
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.task_names import INVOKE_TASK
@@ -39,10 +39,10 @@ def invoke(self: Any, job: dict[str, Any]) -> str:
     rt = runtime()
     keys = rt.ledger.keys(parsed.session_key, parsed.run_id)
     claim = rt.ledger.claim(keys, parsed.call.id, worker_id=worker_id(), now_ms=now_ms())
-    if claim.status == "busy" and answer_if_holder_died({"job": job}):
+    if claim.status is ClaimStatus.BUSY and answer_if_holder_died({"job": job}):
         return "crashed"  # a redelivery after its first child died holding the claim
-    if claim.status != "claimed":
-        return claim.status
+    if claim.status is not ClaimStatus.CLAIMED:
+        return claim.status.value
     if not rt.settings.tool_policy(parsed.agent_id).allows(parsed.call.name):
         # Defence in depth: the gateway refuses these; a message that got here anyway runs nothing.
         log.warning(

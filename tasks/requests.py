@@ -25,6 +25,7 @@ from workers.core.models import CallJob, SyntheticReason
 from workers.core.results import answer_by_deadline
 from workers.errors import StoreError
 from workers.runtime import now_ms, runtime, worker_id
+from workers.store.records import CallField
 from workers.worker.execution import interrupted_result
 
 __all__ = ["GuardedRequest", "answer_from_main_process", "answer_if_holder_died", "pid_alive"]
@@ -51,7 +52,7 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
         record = rt.ledger.record(keys, job.call.id)
-        attempt = int(record.fields.get("attempt", "1")) if record else 1
+        attempt = record.row.integer(CallField.ATTEMPT) if record else 1
         result = interrupted_result(
             job, rt.tools.get(job.call.name), reason, elapsed_ms=now_ms() - job.submitted_ms, attempt=attempt
         )

@@ -11,13 +11,14 @@ import sys
 import tokenize
 import tomllib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 import grimp
 import pytest
 
 import workers.errors
+from workers.store.records import declared_field
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {".venv", ".git", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"}
@@ -176,6 +177,122 @@ def test_key_literal_check_finds_a_key_in_the_keys_module() -> None:
     assert KEY_LITERAL.search('f"{prefix}:due"')
     assert KEY_LITERAL.search("unstuck:{tag}:lease:c1")
     assert any(KEY_LITERAL.search(text) for _, text in _string_literals(ROOT / KEYS_MODULE))
+
+
+# --- habit 8: hash fields are named in one module -------------------------------------------
+
+RECORDS_MODULE = "workers/store/records.py"
+# Commands that name hash fields, and the ledger's register, whose ``fields`` become the hash.
+HASH_COMMANDS = frozenset(
+    {"hset", "hsetnx", "hget", "hmget", "hdel", "hincrby", "hincrbyfloat", "hexists", "hstrlen"}
+    | {"register", "register_call"}
+)
+# Tests are left out on purpose: they spell the stored names to pin the format independently.
+FIELD_ROOTS = ("workers", "tasks", "beat_schedule.py", "bench")
+
+
+def _strings(node: ast.AST) -> Iterator[tuple[ast.Constant, str]]:
+    """String constants in ``node``: itself, inside containers and calls, literal parts of f-strings."""
+    for child in ast.walk(node):
+        if isinstance(child, ast.Constant) and isinstance(child.value, str):
+            yield child, child.value
+
+
+def _is_fields(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "fields"  # a CallRecord's raw hash
+
+
+def _field_uses(node: ast.AST) -> Iterator[ast.AST]:
+    """The parts of ``node`` that name hash fields: hash commands, and reads of ``record.fields``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr in HASH_COMMANDS:
+            yield from [*node.args, *(k.value for k in node.keywords)]
+        elif node.func.attr in ("get", "pop") and _is_fields(node.func.value) and node.args:
+            yield node.args[0]
+    elif isinstance(node, ast.Subscript) and _is_fields(node.value):
+        yield node.slice
+    elif isinstance(node, ast.Compare) and any(_is_fields(c) for c in node.comparators):
+        yield node.left
+
+
+def hash_field_literals(source: str, name: str) -> list[str]:
+    """Declared field names spelled as string literals where ``source`` names hash fields."""
+    return [
+        f"{name}:{constant.lineno}: {text!r}"
+        for node in ast.walk(ast.parse(source))
+        for use in _field_uses(node)
+        for constant, text in _strings(use)
+        if text and declared_field(text)
+    ]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+
+
+def any_field_literals(source: str, name: str) -> list[str]:
+    """Every string literal (docstrings aside) of ``source`` that is a declared field name."""
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    return [
+        f"{name}:{constant.lineno}: {text!r}"
+        for constant, text in _strings(tree)
+        if id(constant) not in docs and text and declared_field(text)
+    ]
+
+
+def test_no_module_spells_a_hash_field_in_a_hash_command() -> None:
+    # Given every module of the package, its tasks and the benchmarks but the declarations
+    files = [p for p in _python_files(*FIELD_ROOTS) if _rel(p) != RECORDS_MODULE]
+    assert len(files) > 100
+    # Then none names a declared field by a literal in a hash command or a read of a record's fields
+    assert [hit for p in files for hit in hash_field_literals(p.read_text(encoding="utf-8"), _rel(p))] == []
+
+
+def test_no_store_module_spells_a_hash_field_at_all() -> None:
+    # The store reads and writes the hashes: there even a list of names handed to HMGET later
+    # must use the declared names.
+    files = [p for p in _python_files("workers/store") if _rel(p) != RECORDS_MODULE]
+    assert len(files) > 10
+    assert [hit for p in files for hit in any_field_literals(p.read_text(encoding="utf-8"), _rel(p))] == []
+
+
+FIELD_SAMPLE = '''
+def write(client, ledger, keys, record):
+    """Reads the "status" field (a docstring is no use of it)."""
+    client.hset(keys.run, "status", "running")
+    client.hmget(keys.call("c1"), ["state", CallField.TOOL])
+    client.hset(keys.call("c1"), f"pgid:{4}", "1")
+    ledger.register_call(keys, "c1", now_ms=1, deadline_ms=2, fields={"dispatched": "1"})
+    if "job" in record.fields:
+        return int(record.fields.get("attempt", "0")) + int(record.fields["hb_ms"])
+    client.set("worker", 1)
+    return {"status": "ok"}
+'''
+
+
+def test_the_field_check_finds_literals_in_hash_commands() -> None:
+    assert hash_field_literals(FIELD_SAMPLE, "sample.py") == [
+        "sample.py:4: 'status'",
+        "sample.py:5: 'state'",
+        "sample.py:6: 'pgid:'",
+        "sample.py:7: 'dispatched'",
+        "sample.py:8: 'job'",
+        "sample.py:9: 'attempt'",
+        "sample.py:9: 'hb_ms'",
+    ]
+
+
+def test_the_store_field_check_finds_a_name_list_but_no_docstring() -> None:
+    found = any_field_literals('_PROBED = ["state", "deadline_ms"]\n' + FIELD_SAMPLE, "sample.py")
+    assert found[:2] == ["sample.py:1: 'state'", "sample.py:1: 'deadline_ms'"]
+    assert "sample.py:11: 'worker'" in found  # any literal, not only in hash commands
+    assert not any(hit.startswith("sample.py:4:") for hit in found)  # the docstring line
 
 
 # --- habit 1: the pure core imports alone ---------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from workers.core.run_health import RunStatus
 from workers.gateway.client import ToolGateway
 from workers.settings import Settings
 from workers.store.events import read_events
@@ -106,3 +107,17 @@ def test_an_idle_stream_is_recorded_on_the_run_and_in_the_events(gateway: ToolGa
     assert info.stream_idles == 2
     kinds = [fields["kind"] for _, fields in read_events(gateway._rt.ledger, "0-0", block_ms=1)]
     assert kinds.count("stream_idle") == 2
+
+
+def test_end_run_takes_a_run_status_or_its_value(gateway: ToolGateway) -> None:
+    # Given two running runs
+    assert gateway.heartbeat("enum", "r1")
+    assert gateway.heartbeat("text", "r1")
+    # When one is ended with the enum and the other with its value (the HTTP door's JSON)
+    assert gateway.end_run("enum", "r1", RunStatus.ABORTED)
+    assert gateway.end_run("text", "r1", "timed_out")
+    # Then both are stored alike, and a value that is no run status is refused
+    store = SessionStore(gateway._rt.ledger)
+    assert [info.status for info in store.runs([("enum", "r1"), ("text", "r1")])] == ["aborted", "timed_out"]
+    with pytest.raises(ValueError, match="finished"):
+        gateway.end_run("enum", "r1", "finished")

@@ -48,6 +48,9 @@ from workers.core.reaper import OpenCall, decide
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.store.keys import due_index_key, lease_index_key
 from workers.store.ledger import Ledger
+from workers.store.records import CALL as CALL_RECORD
+from workers.store.records import CallField
+from workers.store.rows import Row
 from workers.store.sweep_probe import _probe_verdict
 from workers.watchdog.due_calls import sweep_due_calls
 
@@ -141,11 +144,15 @@ def _open_call(case: CallCase) -> OpenCall:
 
 def probe_verdict(case: CallCase) -> str:
     """The pure probe: reap, drop, rescore, unhold or keep."""
-    fields: list[Any] = [None] * 4
+    fields: dict[CallField, str] = {}
     if case.state != "gone":
-        deadline, submitted = CALL_DEADLINES[case.deadline], SUBMITTED[case.submitted]
-        fields = [case.state, str(deadline), str(submitted), "1" if case.dispatched else "0"]
-    return _probe_verdict(fields, LEASE_LEFT[case.lease], now_ms=NOW, lease_ms=LEASE_MS)
+        fields = {
+            CallField.STATE: case.state,
+            CallField.DEADLINE_MS: str(CALL_DEADLINES[case.deadline]),
+            CallField.SUBMITTED_MS: str(SUBMITTED[case.submitted]),
+            CallField.DISPATCHED: "1" if case.dispatched else "0",
+        }
+    return _probe_verdict(Row(CALL_RECORD, fields), LEASE_LEFT[case.lease], now_ms=NOW, lease_ms=LEASE_MS)
 
 
 def expected_call(case: CallCase, verdict: str | None = None) -> CallOutcome:

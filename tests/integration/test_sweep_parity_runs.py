@@ -54,7 +54,7 @@ from tests.integration.sweep_parity import (
     session_store,
     sweep_settings,
 )
-from workers.core.models import SyntheticReason
+from workers.core.models import CallState, SyntheticReason
 from workers.core.run_health import (
     CallActivity,
     RunStatus,
@@ -189,11 +189,11 @@ def _activity(case: RunCase) -> tuple[CallActivity, ...]:
     if kind == "none":
         return ()
     if kind == "pending":
-        return (CallActivity(CALL, "echo", "pending", t, 0, 0, 0, False, True),)
+        return (CallActivity(CALL, "echo", CallState.PENDING, t, 0, 0, 0, False, True),)
     if kind == "done":
-        return (CallActivity(CALL, "echo", "done", t, t, t, t, False, True),)
+        return (CallActivity(CALL, "echo", CallState.DONE, t, t, t, t, False, True),)
     beat = NOW - 1 if kind == "beat" else t
-    return (CallActivity(CALL, "echo", "running", t, t, beat, 0, kind != "lost", True),)
+    return (CallActivity(CALL, "echo", CallState.RUNNING, t, t, beat, 0, kind != "lost", True),)
 
 
 def _summary(case: RunCase) -> RunView:

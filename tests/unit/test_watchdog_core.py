@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from workers.core.models import CallState
 from workers.core.run_health import (
     CallActivity,
     RunView,
@@ -29,7 +30,7 @@ def call(
     finished: int = 0,
     lease: bool = True,
 ) -> CallActivity:
-    return CallActivity("c1", "exec", state, submitted, started, hb, finished, lease, True)
+    return CallActivity("c1", "exec", CallState(state), submitted, started, hb, finished, lease, True)
 
 
 def run(

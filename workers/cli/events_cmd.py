@@ -21,6 +21,7 @@ from workers.runtime import open_ledger
 from workers.settings import load_settings
 from workers.store.events import last_event_id, read_events, recent_events
 from workers.store.ledger import Ledger
+from workers.store.records import EventField
 
 __all__ = ["format_event", "register"]
 
@@ -42,8 +43,8 @@ def register(subparsers: Any) -> None:
 
 def format_event(entry_id: str, fields: dict[str, Any], *, as_json: bool) -> str:
     """One line for one stream entry: its time (from the entry id), kind and fields."""
-    values = {k: _decode(v) for k, v in fields.items() if k != "kind"}
-    kind = str(fields.get("kind", "event"))
+    values = {k: _decode(v) for k, v in fields.items() if k != EventField.KIND}
+    kind = str(fields.get(EventField.KIND, "event"))
     at = datetime.fromtimestamp(int(entry_id.split("-")[0]) / 1000, tz=UTC)
     if as_json:
         stamp = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -18,6 +18,7 @@ from workers.core.run_health import RunStatus
 from workers.errors import ConfigError, StoreError
 from workers.runtime import now_ms, open_ledger, worker_id
 from workers.settings import Settings, load_settings
+from workers.store.records import CallField
 from workers.store.sessions import RunInfo, SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness
 from workers.watchdog.operator_view import iso, session_rows, watchdog_warning
@@ -94,11 +95,6 @@ def _digest(job_json: str) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def _ms(fields: dict[str, str], name: str) -> int:
-    value = fields.get(name, "")
-    return int(value) if value.isdigit() else 0
-
-
 def timeline(store: SessionStore, info: RunInfo) -> list[dict[str, Any]]:
     """The run's calls in submission order: tool, arguments digest, outcome, reason, durations."""
     keys = store.ledger.keys(info.session_key, info.run_id)
@@ -107,8 +103,9 @@ def timeline(store: SessionStore, info: RunInfo) -> list[dict[str, Any]]:
         record = store.ledger.record(keys, call_id)
         if record is None:
             continue
-        f = record.fields
-        submitted, started, finished = _ms(f, "submitted_ms"), _ms(f, "started_ms"), _ms(f, "finished_ms")
+        f = record.row
+        submitted = f.integer(CallField.SUBMITTED_MS)
+        started, finished = f.integer(CallField.STARTED_MS), f.integer(CallField.FINISHED_MS)
         outcome = record.state.value
         if record.result is not None:
             outcome = "error" if record.result.is_error else "ok"
@@ -116,10 +113,10 @@ def timeline(store: SessionStore, info: RunInfo) -> list[dict[str, Any]]:
             {
                 "call_id": call_id,
                 "tool": record.tool,
-                "arguments": _digest(f.get("job", "")),
+                "arguments": _digest(f.text(CallField.JOB)),
                 "outcome": outcome,
-                "reason": f.get("reason", ""),
-                "writer": f.get("writer", ""),
+                "reason": f.text(CallField.REASON),
+                "writer": f.text(CallField.WRITER),
                 "queued_ms": started - submitted if started else None,
                 "ran_ms": finished - started if finished and started else None,
                 "total_ms": finished - submitted if finished else None,

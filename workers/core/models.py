@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from workers.core.transcript.adapters import anthropic, gemini, openai_chat, openai_responses
 
-__all__ = ["CallJob", "CallState", "SyntheticReason", "TextBlock", "ToolCall", "ToolResult"]
+__all__ = ["CallJob", "CallState", "ClaimStatus", "SyntheticReason", "TextBlock", "ToolCall", "ToolResult"]
 
 
 class SyntheticReason(enum.StrEnum):
@@ -38,6 +38,14 @@ class CallState(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     DONE = "done"
+
+
+class ClaimStatus(enum.StrEnum):
+    """What a worker's claim of a call found."""
+
+    CLAIMED = "claimed"  # the claim is ours: run the tool
+    DONE = "done"  # already answered: never run it again
+    BUSY = "busy"  # another live worker holds the lease
 
 
 class ToolCall(BaseModel):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import deadline_result, synthetic_result
 
-__all__ = ["Action", "ActionKind", "OpenCall", "answer_open_call", "decide"]
+__all__ = ["Action", "ActionKind", "DueVerdict", "OpenCall", "answer_open_call", "decide"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,16 @@ class OpenCall:
     idempotent: bool
     dispatched: bool
     submitted_ms: int
+
+
+class DueVerdict(enum.StrEnum):
+    """What a sweep does with one member of the due or lease index (the branches of ``sweep_calls.lua``)."""
+
+    REAP = "reap"  # overdue, lost or never dispatched: decide() answers or requeues it
+    DROP = "drop"  # record gone or answered: leave both indexes
+    RESCORE = "rescore"  # its lease is alive: the lease index lags, move its score
+    UNHOLD = "unhold"  # pending in the queue: its deadline covers it, leave the lease index
+    KEEP = "keep"  # nothing to do yet
 
 
 class ActionKind(enum.Enum):

@@ -24,6 +24,8 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from workers.core.models import CallState
+
 __all__ = [
     "CallActivity",
     "RunStatus",
@@ -77,7 +79,7 @@ class CallActivity:
 
     call_id: str
     tool: str
-    state: str
+    state: CallState
     submitted_ms: int
     started_ms: int
     heartbeat_ms: int
@@ -88,12 +90,12 @@ class CallActivity:
     @property
     def open(self) -> bool:
         """Whether the call has no result yet."""
-        return self.state != "done"
+        return self.state is not CallState.DONE
 
     @property
     def working(self) -> bool:
         """Whether a live worker runs it right now."""
-        return self.state == "running" and self.lease_alive
+        return self.state is CallState.RUNNING and self.lease_alive
 
     @property
     def last_activity_ms(self) -> int:

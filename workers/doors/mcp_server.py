@@ -33,13 +33,16 @@ from mcp.server.context import CallNext, HandlerResult
 
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, rejected_result, synthetic_result
+from workers.core.run_health import RunStatus
 from workers.doors.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
 from workers.errors import InvalidArguments, LoopDetected, StoreError
 from workers.gateway.client import ToolGateway
 from workers.runtime import open_ledger, worker_id
 from workers.settings import Settings
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger, parse_int
+from workers.store.ledger import Ledger
+from workers.store.records import CALL, CallField
+from workers.store.rows import Row
 from workers.tools.registry import ToolSpec, registered_tools
 
 __all__ = ["MALFORMED_ARGUMENTS", "McpDoor", "accept_any_arguments", "to_mcp_result", "tool_entries"]
@@ -252,17 +255,18 @@ class McpDoor:
         keys, now = self._keys(target), self._now_ms()
         try:
             record = self.ledger.record(keys, call.id)
-            fields = record.fields if record is not None else {}
+            row = record.row if record is not None else Row(CALL, {})
             result = synthetic_result(
                 call,
                 SyntheticReason.CANCELLED,
                 elapsed_ms=now - started_ms,
-                attempt=parse_int(fields.get("attempt")),
+                attempt=row.integer(CallField.ATTEMPT),
                 detail=" by the MCP client",
             )
-            if "deadline_ms" in fields:
-                deadline_ms = parse_int(fields["deadline_ms"])
-                submitted_ms = parse_int(fields.get("submitted_ms"), deadline_ms)
+            if CallField.DEADLINE_MS in row:
+                deadline_ms = row.integer(CallField.DEADLINE_MS)
+                submitted_ms = row.maybe_integer(CallField.SUBMITTED_MS)
+                submitted_ms = deadline_ms if submitted_ms is None else submitted_ms
                 result = answer_by_deadline(
                     result, call, submitted_ms=submitted_ms, deadline_ms=deadline_ms, now_ms=now
                 )
@@ -285,13 +289,13 @@ class McpDoor:
             record = self.ledger.record(keys, call_id)
         except StoreError:
             return None
-        if record is None or "hb_ms" not in record.fields:
+        if record is None or CallField.HB_MS not in record.row:
             return None
-        return parse_int(record.fields["hb_ms"]), record.fields.get("progress", "")
+        return record.row.integer(CallField.HB_MS), record.row.text(CallField.PROGRESS)
 
     def _end_run(self, session_key: str, run_id: str) -> None:
         try:
-            self.gateway.end_run(session_key, run_id, "completed")
+            self.gateway.end_run(session_key, run_id, RunStatus.COMPLETED)
         except StoreError as exc:
             log.warning("run %s/%s not ended (its deadline ends it): %s", session_key, run_id, exc)
 

@@ -195,11 +195,14 @@ class ToolGateway:
         """``collect`` for asyncio callers."""
         return await asyncio.to_thread(self.collect, session_key, run_id)
 
-    def end_run(self, session_key: str, run_id: str, status: str = "completed") -> bool:
+    def end_run(self, session_key: str, run_id: str, status: RunStatus | str = RunStatus.COMPLETED) -> bool:
         """Mark a run finished and free its session's lane; False if it had ended already.
 
-        ``status`` is ``completed``, ``aborted`` or ``timed_out``. Calls of an ended run are
-        refused (answered ``run_aborted``) from then on.
+        ``status`` is a :class:`RunStatus` (``COMPLETED``, ``ABORTED`` or ``TIMED_OUT``) or its
+        value. Calls of an ended run are refused (answered ``run_aborted``) from then on.
+
+        Raises:
+            ValueError: when ``status`` is no run status.
         """
         self._run_deadlines.pop((session_key, run_id), None)
         self._liveness.forget(self._rt.ledger.keys(session_key, run_id))  # the next beat must ask
@@ -386,7 +389,7 @@ class ToolGateway:
             self._run_deadlines[run] = state.deadline_ms
         return state.abort
 
-    def _refuse(self, batch: Batch, call: ToolCall, run_status: str) -> None:
+    def _refuse(self, batch: Batch, call: ToolCall, run_status: RunStatus) -> None:
         """Answer a call its run no longer accepts; a loop abort is raised to the caller later."""
         self._run_deadlines.pop((batch.keys.session_key, batch.keys.run_id), None)
         try:

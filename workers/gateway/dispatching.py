@@ -17,6 +17,7 @@ from workers.errors import InvalidArguments, ToolNotFound
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, Registration
+from workers.store.records import CallField
 from workers.task_names import INVOKE_TASK
 from workers.tools.registry import get_tool, validate_arguments
 
@@ -103,7 +104,11 @@ class Dispatcher:
         """
         now = self._now_ms()
         ledger = self._ledger
-        fields = {"tool": result.tool_name, "idempotent": "0", "dispatched": "1"}
+        fields: dict[str, str] = {
+            CallField.TOOL: result.tool_name,
+            CallField.IDEMPOTENT: "0",
+            CallField.DISPATCHED: "1",
+        }
         registration = ledger.register_call(
             keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields
         )
@@ -114,15 +119,15 @@ class Dispatcher:
     def register_and_dispatch(self, keys: RunKeys, job: CallJob) -> Registration:
         """Register the call and publish it unless it existed or its run refuses new calls."""
         spec = get_tool(job.call.name)
-        fields = {
-            "tool": job.call.name,
-            "agent_id": job.agent_id,
-            "idempotent": "1" if spec.idempotent else "0",
-            "job": job.model_dump_json(),
+        fields: dict[str, str] = {
+            CallField.TOOL: job.call.name,
+            CallField.AGENT_ID: job.agent_id,
+            CallField.IDEMPOTENT: "1" if spec.idempotent else "0",
+            CallField.JOB: job.model_dump_json(),
             # Marked before the publish to save a round trip: if this process dies in
             # between, the call is answered at its deadline instead of at once.
-            "dispatched": "1",
-            "task_id": task_id(keys, job.call.id, 0),
+            CallField.DISPATCHED: "1",
+            CallField.TASK_ID: task_id(keys, job.call.id, 0),
         }
         registration = self._ledger.register_call(
             keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
@@ -164,7 +169,8 @@ class Dispatcher:
     def redispatch(self, keys: RunKeys, call_id: str) -> None:
         """Publish a lost idempotent call again (after the ledger handed it back)."""
         record = self._ledger.record(keys, call_id)
-        if record is None or "job" not in record.fields:
+        if record is None or CallField.JOB not in record.row:
             return
-        job = CallJob.model_validate_json(record.fields["job"])
-        self.dispatch(keys, job, attempt=int(record.fields.get("requeues", "1")))
+        job = CallJob.model_validate_json(record.row.text(CallField.JOB))
+        # The requeue that handed the call back counted itself: attempt 0 was the first message.
+        self.dispatch(keys, job, attempt=max(1, record.row.integer(CallField.REQUEUES)))

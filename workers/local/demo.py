@@ -30,6 +30,7 @@ from workers.local.up import Interrupted, Stack, StackOptions, StartupError, sto
 from workers.runtime import build_runtime
 from workers.settings import Settings, load_settings
 from workers.store.ledger import Ledger
+from workers.store.records import CallField
 
 __all__ = ["Demo", "DemoGateway", "GatewaySide", "demo_overrides", "run_demo"]
 
@@ -221,10 +222,11 @@ class Demo:
                 continue
             row.result = result
             record = self.ledger.record(keys, result.tool_call_id)
-            if record is not None and "finished_ms" in record.fields:
-                submitted = int(record.fields["submitted_ms"])
-                row.latency_s = round((int(record.fields["finished_ms"]) - submitted) / 1000, 2)
-                row.deadline_s = round((int(record.fields["deadline_ms"]) - submitted) / 1000, 2)
+            if record is not None and CallField.FINISHED_MS in record.row:
+                stored = record.row
+                submitted = stored.integer(CallField.SUBMITTED_MS)
+                row.latency_s = round((stored.integer(CallField.FINISHED_MS) - submitted) / 1000, 2)
+                row.deadline_s = round((stored.integer(CallField.DEADLINE_MS) - submitted) / 1000, 2)
                 row.grace_s = self.settings.gateway.grace_s
 
 

@@ -21,6 +21,7 @@ from workers.store.events import last_event_id, read_events
 from workers.store.keys import parse_due_member
 from workers.store.ledger import Ledger
 from workers.store.ledger_scan import due_deadlines
+from workers.store.records import CallField, EventField
 
 __all__ = ["DueWatcher", "Event", "EventPrinter", "StreamWatcher"]
 
@@ -65,7 +66,7 @@ class StreamWatcher:
         events: list[Event] = []
         for entry_id, fields in read_events(self._ledger, self._last_id, block_ms=block_ms):
             self._last_id = entry_id
-            kind = str(fields.pop("kind", "event"))
+            kind = str(fields.pop(EventField.KIND, "event"))
             events.append(Event(kind, {k: _decode(v) for k, v in fields.items()}))
         return events
 
@@ -105,7 +106,7 @@ class DueWatcher:
         record = self._ledger.record(keys, call_id)
         if record is None or record.result is None or not record.result.synthetic:
             return None
-        elapsed_ms = int(record.fields.get("finished_ms", 0)) - int(record.fields.get("submitted_ms", 0))
+        elapsed_ms = record.row.integer(CallField.FINISHED_MS) - record.row.integer(CallField.SUBMITTED_MS)
         return Event(
             "synthetic",
             {
@@ -115,7 +116,7 @@ class DueWatcher:
                 "tool": record.tool,
                 "reason": record.result.reason,
                 "elapsed_s": round(elapsed_ms / 1000, 2),
-                "writer": record.fields.get("writer", ""),
+                "writer": record.row.text(CallField.WRITER),
             },
         )
 

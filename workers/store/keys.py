@@ -56,6 +56,11 @@ key                                type    TTL              written by          
                                            every sweep
 =================================  ======  ===============  ==================  ======================
 
+What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
+this table: the fields of the four HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``) with their
+types, defaults and TTL rule, and the members, scores, entries or value of the other keys
+(``KEY_RECORDS``). A test holds the two to the same rows.
+
 ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` and ``P:leases``
 are the only call keys outside a run's slot; they are indexes that the watchdog re-checks
 against the ledger, so they never need to change atomically with a run's keys. ``P:due``

@@ -17,11 +17,14 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from workers.core.models import CallState, ToolResult
+from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall
+from workers.core.run_health import RunStatus
 from workers.errors import StoreError
 from workers.store.keys import RunKeys, due_index_key, events_stream_key, lease_index_key
 from workers.store.lua import load_script
+from workers.store.records import CALL, CallField, EventField, pgid_field, pgid_of
+from workers.store.rows import Row, reply_member
 
 __all__ = [
     "CallRecord",
@@ -29,7 +32,6 @@ __all__ = [
     "Ledger",
     "Registration",
     "connect",
-    "parse_int",
     "store_errors",
 ]
 
@@ -60,7 +62,7 @@ def connect(url: str, *, socket_timeout_s: float, socket_connect_timeout_s: floa
 class Claim:
     """Outcome of a worker's claim: ``claimed`` (run it), ``done`` or ``busy`` (do not)."""
 
-    status: str
+    status: ClaimStatus
     attempt: int
 
 
@@ -69,18 +71,18 @@ class Registration:
     """Outcome of registering a call: whether it is new, and its run's state."""
 
     created: bool
-    run_status: str
+    run_status: RunStatus
     guard_armed: bool
 
     @property
     def refused(self) -> bool:
         """The run no longer accepts calls (superseded, aborted, timed out or completed)."""
-        return self.run_status != "running"
+        return self.run_status is not RunStatus.RUNNING
 
 
 @dataclass(frozen=True)
 class CallRecord:
-    """A call as the ledger holds it."""
+    """A call as the ledger holds it; ``fields`` as stored, ``row`` to read them by declared name."""
 
     call_id: str
     tool: str
@@ -88,16 +90,21 @@ class CallRecord:
     result: ToolResult | None
     fields: dict[str, str]
 
+    @property
+    def row(self) -> Row[CallField]:
+        """The stored fields with their declared types and defaults."""
+        return Row(CALL, self.fields)
+
 
 _HANDED_BACK = "\x00"  # marks a wake-up signal one waiter gave back to the run's other waiters
 
 
-def parse_int(value: Any, default: int = 0) -> int:
-    """An integer field as Redis returned it; ``default`` when absent or malformed."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+# What the gateway and watchdog need of an unanswered call (ledger_open.lua reads these).
+_OPEN_FIELDS = (
+    CallField.CALL_ID, CallField.STATE, CallField.DEADLINE_MS, CallField.ATTEMPT, CallField.IDEMPOTENT,
+    CallField.DISPATCHED, CallField.SUBMITTED_MS, CallField.TOOL,
+)  # fmt: skip
+_RUNNING_FIELDS = (CallField.STATE, CallField.WORKER, CallField.HB_MS)
 
 
 class Ledger:
@@ -170,8 +177,16 @@ class Ledger:
     def register_call(
         self, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, fields: dict[str, str]
     ) -> Registration:
-        """Record a new call and read its run's status and guard state, in one round trip."""
-        flat = [item for pair in {**fields, "call_id": call_id}.items() for item in pair]
+        """Record a new call and read its run's status and guard state, in one round trip.
+
+        Raises:
+            ValueError: when ``fields`` names a field the call record does not declare.
+            StoreError: when Redis fails.
+        """
+        undeclared = sorted(set(fields) - set(CALL.fields))
+        if undeclared:
+            raise ValueError(f"not fields of the call record: {undeclared}")
+        flat = [item for pair in {**fields, CallField.CALL_ID: call_id}.items() for item in pair]
         member = keys.due_member(call_id)
 
         def index(pipe: Pipeline) -> None:
@@ -180,7 +195,7 @@ class Ledger:
             # by this process until it publishes: if it dies first, the sweep finds the call
             # by that hold's expiry instead of waiting for the deadline.
             self._index_due(pipe, {member: deadline_ms})
-            if fields.get("dispatched") != "1":
+            if fields.get(CallField.DISPATCHED) != "1":
                 self._index_lease(pipe, member, now_ms + self.lease_ttl_ms)
 
         with store_errors():
@@ -190,14 +205,18 @@ class Ledger:
                 [call_id, now_ms, deadline_ms, self.ttl_s, *flat],
                 index,
             )
-        return Registration(created == 1, str(status or "running"), int(guard) > 0)
+        # No status yet: the call comes before its run record (register opens no run).
+        run_status = reply_member(RunStatus, status or RunStatus.RUNNING, where="ledger_register.lua")
+        return Registration(created == 1, run_status, int(guard) > 0)
 
     def mark_dispatched(self, keys: RunKeys, call_id: str, task_id: str) -> None:
         """Note that the broker accepted the call's message."""
         # The registration's hold in the lease index stays: a worker may already have claimed
         # the call and re-scored it. The sweep drops it once it finds the call queued.
         with store_errors():
-            self.client.hset(keys.call(call_id), mapping={"dispatched": "1", "task_id": task_id})
+            self.client.hset(
+                keys.call(call_id), mapping={CallField.DISPATCHED: "1", CallField.TASK_ID: task_id}
+            )
 
     def claim(self, keys: RunKeys, call_id: str, *, worker_id: str, now_ms: int) -> Claim:
         """Claim a call for running; a finished call is never claimed again."""
@@ -208,7 +227,7 @@ class Ledger:
                 [now_ms, worker_id, self.lease_ttl_ms, self.ttl_s],
                 lambda pipe: self._index_lease(pipe, keys.due_member(call_id), now_ms + self.lease_ttl_ms),
             )
-        return Claim(str(status), int(attempt))
+        return Claim(reply_member(ClaimStatus, status, where="ledger_claim.lua"), int(attempt))
 
     def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
         """Store ``result`` if it is the first; otherwise keep it as late. True when it won."""
@@ -236,7 +255,7 @@ class Ledger:
     def publish_event(self, kind: str, **fields: Any) -> None:
         """Append an event to the capped events stream (read by ``unstuck up``); best effort."""
         entry = {
-            "kind": kind,
+            EventField.KIND: kind,
             **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in fields.items()},
         }
         key = events_stream_key(self.prefix)
@@ -263,13 +282,13 @@ class Ledger:
     def add_process_group(self, keys: RunKeys, call_id: str, pgid: int) -> None:
         """Remember a process group the tool started (killed by the main process on a hard end)."""
         with store_errors():
-            self.client.hset(keys.call(call_id), f"pgid:{pgid}", "1")
+            self.client.hset(keys.call(call_id), pgid_field(pgid), "1")
 
     def process_groups(self, keys: RunKeys, call_id: str) -> list[int]:
         """Process groups recorded for a call."""
         with store_errors():
             fields = [str(f) for f in self.client.hkeys(keys.call(call_id))]
-        return [int(f.split(":", 1)[1]) for f in fields if f.startswith("pgid:")]
+        return [pgid for f in fields if (pgid := pgid_of(f)) is not None]
 
     def renew_leases(self, calls: Sequence[tuple[RunKeys, str]], worker_id: str, *, now_ms: int) -> None:
         """Extend live leases and their scores in the lease index, in one round trip.
@@ -294,9 +313,13 @@ class Ledger:
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
             for keys, call_id in calls:
-                pipe.hmget(keys.call(call_id), ["state", "worker", "hb_ms"])
-            rows = pipe.execute()
-        return [(str(state or ""), str(worker or ""), parse_int(hb)) for state, worker, hb in rows]
+                pipe.hmget(keys.call(call_id), _RUNNING_FIELDS)
+            replies = pipe.execute()
+        rows = [Row.zip(CALL, _RUNNING_FIELDS, reply) for reply in replies]
+        return [
+            (row.raw(CallField.STATE) or "", row.text(CallField.WORKER), row.integer(CallField.HB_MS))
+            for row in rows
+        ]
 
     def results(self, keys: RunKeys, call_ids: Sequence[str]) -> dict[str, ToolResult]:
         """The delivered results among ``call_ids``."""
@@ -305,7 +328,7 @@ class Ledger:
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
             for call_id in call_ids:
-                pipe.hget(keys.call(call_id), "result")
+                pipe.hget(keys.call(call_id), CallField.RESULT)
             raw = pipe.execute()
         return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
 
@@ -334,8 +357,13 @@ class Ledger:
             return []
         script_keys = [k for cid in call_ids for k in (keys.call(cid), keys.lease(cid))]
         with store_errors():
-            rows = self._open(keys=script_keys, args=[])
-        return [_open_call(row) for row in rows if row[1] != CallState.DONE.value]
+            replies = self._open(keys=script_keys, args=list(_OPEN_FIELDS))
+        calls = []
+        for call_id, (lease_alive, reply) in zip(call_ids, replies, strict=True):
+            row = Row.zip(CALL, _OPEN_FIELDS, reply, where=keys.call(call_id))
+            if CallField.CALL_ID in row:  # registered (not expired, not a stray write)
+                calls.append(_open_call(row, bool(lease_alive)))
+        return [call for call in calls if call.state is not CallState.DONE]
 
     def run_call_ids(self, keys: RunKeys) -> list[str]:
         """Every call id of a run in submission order."""
@@ -349,10 +377,11 @@ class Ledger:
         fields = {str(k): str(v) for k, v in raw.items()}
         if not fields:
             return None
-        result = ToolResult.from_json(fields["result"]) if "result" in fields else None
-        return CallRecord(
-            call_id, fields.get("tool", ""), CallState(fields.get("state", "pending")), result, fields
-        )
+        row = Row(CALL, fields, where=keys.call(call_id))
+        stored = row.raw(CallField.RESULT)
+        result = ToolResult.from_json(stored) if stored is not None else None
+        state = row.member(CallField.STATE, CallState)
+        return CallRecord(call_id, row.text(CallField.TOOL), state, result, fields)
 
     def late_results(self, keys: RunKeys, call_id: str) -> list[ToolResult]:
         """Results that lost the race for a call (audit)."""
@@ -361,16 +390,15 @@ class Ledger:
         return [ToolResult.from_json(r) for r in raw]
 
 
-def _open_call(row: list[Any]) -> OpenCall:
-    call_id, state, deadline, attempt, lease, idempotent, dispatched, submitted = row[:8]
+def _open_call(row: Row[CallField], lease_alive: bool) -> OpenCall:
     return OpenCall(
-        call_id=str(call_id),
-        tool=str(row[10] or ""),
-        state=CallState(state or "pending"),
-        deadline_ms=parse_int(deadline),
-        attempt=parse_int(attempt),
-        lease_alive=bool(parse_int(lease)),
-        idempotent=idempotent == "1",
-        dispatched=dispatched == "1",
-        submitted_ms=parse_int(submitted),
+        call_id=row.text(CallField.CALL_ID),
+        tool=row.text(CallField.TOOL),
+        state=row.member(CallField.STATE, CallState),
+        deadline_ms=row.integer(CallField.DEADLINE_MS),
+        attempt=row.integer(CallField.ATTEMPT),
+        lease_alive=lease_alive,
+        idempotent=row.flag(CallField.IDEMPOTENT),
+        dispatched=row.flag(CallField.DISPATCHED),
+        submitted_ms=row.integer(CallField.SUBMITTED_MS),
     )

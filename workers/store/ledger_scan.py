@@ -15,10 +15,16 @@ from typing import Any, Final
 from workers.core.models import CallState
 from workers.store.keys import due_index_key, ledger_key_kind, ledger_scan_pattern, parse_due_member
 from workers.store.ledger import Ledger, store_errors
+from workers.store.records import CALL, RUN, CallField, RunField
+from workers.store.rows import Row
 
 __all__ = ["CallRow", "DueSample", "KeyScan", "LedgerScanner", "RunRow", "due_deadlines"]
 
-_CALL_FIELDS: Final = ("tool", "state", "reason", "started_ms", "finished_ms")
+_CALL_FIELDS: Final = (
+    CallField.TOOL, CallField.STATE, CallField.REASON, CallField.STARTED_MS, CallField.FINISHED_MS
+)  # fmt: skip
+_RUN_FIELDS: Final = (RunField.STATUS, RunField.CLASS, RunField.STREAM_IDLE_N)
+_DUE_FIELDS: Final = (CallField.STATE, CallField.SUBMITTED_MS)
 _BATCH: Final = 500
 _SCAN_COUNT: Final = 1000
 
@@ -67,13 +73,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _ms(value: Any) -> int | None:
-    try:
-        return int(_text(value))
-    except ValueError:
-        return None
-
-
 def _batches(keys: Sequence[str]) -> Iterator[Sequence[str]]:
     for start in range(0, len(keys), _BATCH):
         yield keys[start : start + _BATCH]
@@ -112,12 +111,20 @@ class LedgerScanner:
             with store_errors():
                 pipe = self.ledger.client.pipeline(transaction=False)
                 for key in batch:
-                    pipe.hmget(key, list(_CALL_FIELDS))
+                    pipe.hmget(key, _CALL_FIELDS)
                 replies = pipe.execute()
-            for tool, state, reason, started, finished in replies:
+            for key, reply in zip(batch, replies, strict=True):
+                row = Row.zip(CALL, _CALL_FIELDS, reply, where=key)
+                state = row.raw(CallField.STATE)
                 if state is None:  # expired between SCAN and HMGET
                     continue
-                yield CallRow(_text(tool), _text(state), _text(reason), _ms(started), _ms(finished))
+                yield CallRow(
+                    row.text(CallField.TOOL),
+                    state,
+                    row.text(CallField.REASON),
+                    row.maybe_integer(CallField.STARTED_MS),
+                    row.maybe_integer(CallField.FINISHED_MS),
+                )
 
     def run_statuses(self, keys: Sequence[str]) -> list[str]:
         """The ``status`` of each run record still present among ``keys``."""
@@ -130,12 +137,17 @@ class LedgerScanner:
             with store_errors():
                 pipe = self.ledger.client.pipeline(transaction=False)
                 for key in batch:
-                    pipe.hmget(key, ["status", "class", "stream_idle_n"])
+                    pipe.hmget(key, _RUN_FIELDS)
                 replies = pipe.execute()
+            found = (
+                Row.zip(RUN, _RUN_FIELDS, reply, where=key) for key, reply in zip(batch, replies, strict=True)
+            )
             rows.extend(
-                RunRow(_text(status), _text(klass), _ms(idles) or 0)
-                for status, klass, idles in replies
-                if status is not None
+                RunRow(
+                    row.text(RunField.STATUS), row.text(RunField.CLASS), row.integer(RunField.STREAM_IDLE_N)
+                )
+                for row in found
+                if RunField.STATUS in row
             )
         return rows
 
@@ -153,10 +165,14 @@ class LedgerScanner:
             pipe = self.ledger.client.pipeline(transaction=False)
             for member in members:
                 keys, call_id = parse_due_member(prefix, member)
-                pipe.hmget(keys.call(call_id), ["state", "submitted_ms"])
+                pipe.hmget(keys.call(call_id), _DUE_FIELDS)
             replies = pipe.execute()
+        rows = [Row.zip(CALL, _DUE_FIELDS, reply) for reply in replies]
+        # A submission time missing or malformed is left out, not taken as the oldest.
         submitted = [
-            _ms(sub) for state, sub in replies if state is not None and _text(state) != CallState.DONE.value
+            row.maybe_integer(CallField.SUBMITTED_MS)
+            for row in rows
+            if row.raw(CallField.STATE) not in (None, CallState.DONE)
         ]
         return DueSample(pending, min((s for s in submitted if s is not None), default=None))
 

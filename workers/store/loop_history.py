@@ -28,8 +28,11 @@ from workers.errors import StoreError
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, store_errors
 from workers.store.lua import load_script
+from workers.store.records import RunField
 
 __all__ = ["RedisLoopHistory"]
+
+_GUARD_FIELDS = (RunField.GUARD_REMAINING, RunField.GUARD_WINDOW, RunField.GUARD_ARMED_MS)
 
 
 def _text(value: Any) -> str:
@@ -143,7 +146,7 @@ class RedisLoopHistory:
     def disarm_guard(self, scope: RunScope) -> None:
         """Disarm the post-compaction guard of a run."""
         try:
-            self._client.hdel(self._keys(scope).run, "guard_remaining", "guard_window", "guard_armed_ms")
+            self._client.hdel(self._keys(scope).run, *_GUARD_FIELDS)
         except redis.RedisError as exc:
             raise StoreError(f"guard disarm failed: {exc}") from exc
 

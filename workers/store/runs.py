@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workers.core.run_health import RunStatus
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger, parse_int, store_errors
+from workers.store.ledger import Ledger, store_errors
 from workers.store.lua import load_script
+from workers.store.records import RUN, RunField
+from workers.store.rows import Row
 from workers.store.sessions import SessionStore
 
 __all__ = [
@@ -38,39 +41,39 @@ class RunState:
     guard_armed: bool
 
 
+_ABORT_FIELDS = (RunField.STATUS, RunField.ABORT_DETECTOR, RunField.ABORT_COUNT, RunField.ABORT_MESSAGE)
+_OPEN_FIELDS = (RunField.DEADLINE_MS, RunField.GUARD_REMAINING, *_ABORT_FIELDS)
+
+
 def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> RunState:
     """Create the run record on first use and read its deadline, abort and guard state."""
     with store_errors():
         pipe = ledger.client.pipeline(transaction=True)
-        pipe.hsetnx(keys.run, "started_ms", now_ms)
-        pipe.hsetnx(keys.run, "deadline_ms", deadline_ms)
-        pipe.hsetnx(keys.run, "agent_id", agent_id)
-        pipe.hsetnx(keys.run, "status", "running")
+        pipe.hsetnx(keys.run, RunField.STARTED_MS, now_ms)
+        pipe.hsetnx(keys.run, RunField.DEADLINE_MS, deadline_ms)
+        pipe.hsetnx(keys.run, RunField.AGENT_ID, agent_id)
+        pipe.hsetnx(keys.run, RunField.STATUS, RunStatus.RUNNING)
         pipe.expire(keys.run, ledger.ttl_s)
-        fields = [
-            "deadline_ms",
-            "status",
-            "abort_detector",
-            "abort_count",
-            "abort_message",
-            "guard_remaining",
-        ]
-        pipe.hmget(keys.run, fields)
-        stored, status, detector, count, message, guard = pipe.execute()[-1]
-    loop_abort = status == "aborted" and detector
-    abort = RunAbort(str(detector), parse_int(count), str(message or "")) if loop_abort else None
-    return RunState(parse_int(stored, deadline_ms), abort, parse_int(guard) > 0)
+        pipe.hmget(keys.run, _OPEN_FIELDS)
+        row = Row.zip(RUN, _OPEN_FIELDS, pipe.execute()[-1], where=keys.run)
+    # The deadline was set just above unless the record had one: never missing in practice.
+    stored = row.maybe_integer(RunField.DEADLINE_MS)
+    guard_armed = row.integer(RunField.GUARD_REMAINING) > 0
+    return RunState(deadline_ms if stored is None else stored, _abort(row), guard_armed)
+
+
+def _abort(row: Row[RunField]) -> RunAbort | None:
+    detector = row.text(RunField.ABORT_DETECTOR)
+    if row.text(RunField.STATUS) != RunStatus.ABORTED or not detector:
+        return None
+    return RunAbort(detector, row.integer(RunField.ABORT_COUNT), row.text(RunField.ABORT_MESSAGE))
 
 
 def run_abort(ledger: Ledger, keys: RunKeys) -> RunAbort | None:
     """The loop detector's abort record of a run, or None."""
     with store_errors():
-        status, detector, count, message = ledger.client.hmget(
-            keys.run, ["status", "abort_detector", "abort_count", "abort_message"]
-        )
-    if status != "aborted" or not detector:
-        return None
-    return RunAbort(str(detector), parse_int(count), str(message or ""))
+        reply = ledger.client.hmget(keys.run, _ABORT_FIELDS)
+    return _abort(Row.zip(RUN, _ABORT_FIELDS, reply, where=keys.run))
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,11 @@ def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: 
         pipe.hset(
             keys.run,
             mapping={
-                "status": "aborted",
-                "aborted_ms": now_ms,
-                "abort_detector": abort.detector,
-                "abort_count": abort.count,
-                "abort_message": abort.message,
+                RunField.STATUS: RunStatus.ABORTED,
+                RunField.ABORTED_MS: now_ms,
+                RunField.ABORT_DETECTOR: abort.detector,
+                RunField.ABORT_COUNT: abort.count,
+                RunField.ABORT_MESSAGE: abort.message,
             },
         )
         pipe.expire(keys.run, ledger.ttl_s)

@@ -14,96 +14,31 @@
   progress, so a sweep reads only the runs that are due (O(due), not O(sessions)). They are
   hints: every decision re-reads the run record. Members are removed when a run ends.
 
+The reads (lanes, run records, indexes, the activity of a run's calls) are in
+:mod:`workers.store.session_reads`; the fields of each record in :mod:`workers.store.records`.
 Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic steps; see the
 key schema for why. Times come in as arguments; nothing here reads the clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
 
 from workers.core.models import SyntheticReason
 from workers.core.reaper import answer_open_call
-from workers.core.run_health import CallActivity, RunStatus
-from workers.store.keys import (
-    RunKeys,
-    SessionKeys,
-    lane_pattern,
-    parse_lane_key,
-    parse_run_member,
-    run_index_keys,
-    run_member,
-    sweep_lock_key,
-)
-from workers.store.ledger import Ledger, parse_int, store_errors
+from workers.core.run_health import RunStatus
+from workers.store.keys import RunKeys, run_index_keys, run_member, sweep_lock_key
+from workers.store.ledger import Ledger, store_errors
 from workers.store.lua import load_script
+from workers.store.records import CallField, RunField
+from workers.store.session_reads import Lane, RunInfo, SessionReads
 
 __all__ = ["Lane", "RunInfo", "SessionStore"]
 
-RECENT_CALLS = 20
 LANE_LEASE_MARGIN_MS = 60_000
 
 
-@dataclass(frozen=True)
-class Lane:
-    """Who holds a session's lane."""
-
-    session_key: str
-    run_id: str
-    token: int
-    agent_id: str
-    since_ms: int
-    lease_until_ms: int
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """A run record as stored."""
-
-    session_key: str
-    run_id: str
-    agent_id: str
-    status: str
-    started_ms: int
-    deadline_ms: int
-    progress_ms: int
-    token: int
-    klass: str
-    ended_ms: int
-    end_reason: str
-    open_calls: int = 0
-    claimed_calls: int = 0
-    agent_beat_ms: int = 0  # the agent's own last heartbeat (a model turn streaming)
-    agent_beat_what: str = ""
-    stream_idles: int = 0  # model streams that went idle past their timeout
-
-
-def _text(raw: dict[Any, Any]) -> dict[str, str]:
-    return {str(k): str(v) for k, v in raw.items()}
-
-
-def _scored(member: Any, score: Any) -> tuple[str, str, int]:
-    session_key, run_id = parse_run_member(str(member))
-    return session_key, run_id, int(score)
-
-
-def _run_info(session_key: str, run_id: str, raw: dict[str, str]) -> RunInfo:
-    fields = (
-        "started_ms", "deadline_ms", "progress_ms", "token", "ended_ms", "open_n", "claimed_n",
-        "agent_beat_ms", "stream_idle_n",
-    )  # fmt: skip
-    num = {k: parse_int(raw.get(k)) for k in fields}
-    return RunInfo(
-        session_key, run_id, raw.get("agent_id", ""), raw.get("status", ""), num["started_ms"],
-        num["deadline_ms"], num["progress_ms"] or num["started_ms"], num["token"], raw.get("class", ""),
-        num["ended_ms"], raw.get("end_reason", ""), max(0, num["open_n"]), max(0, num["claimed_n"]),
-        num["agent_beat_ms"], raw.get("agent_beat_what", ""), num["stream_idle_n"],
-    )  # fmt: skip
-
-
-class SessionStore:
+class SessionStore(SessionReads):
     """Redis access for lanes, run records and run indexes; raises ``StoreError`` on Redis failure."""
 
     def __init__(self, ledger: Ledger) -> None:
@@ -118,10 +53,6 @@ class SessionStore:
         self._end = load_script(self.client, "session_end.lua")
         self._unlock = load_script(self.client, "session_unlock.lua")
 
-    def session(self, session_key: str) -> SessionKeys:
-        """The key builder of one session."""
-        return SessionKeys(self.prefix, session_key)
-
     # -- the gateway's calls ------------------------------------------------------------------
 
     def begin_run(
@@ -135,7 +66,7 @@ class SessionStore:
         run_keys = RunKeys(self.prefix, session_key, run_id)
         sess = self.session(session_key)
         with store_errors():
-            status = self.client.hget(run_keys.run, "status")
+            status = self.client.hget(run_keys.run, RunField.STATUS)
             if status and status != RunStatus.RUNNING.value:
                 return 0
             lease_until = max(deadline_ms, now_ms) + LANE_LEASE_MARGIN_MS
@@ -206,101 +137,6 @@ class SessionStore:
             )
             self._unindex(session_key, run_id, now_ms, ended=True)
 
-    def holds_lane(self, session_key: str, run_id: str, token: int) -> bool:
-        """Whether ``run_id`` still holds its session's lane with ``token`` (the fencing check)."""
-        lane = self.lane(session_key)
-        return lane is not None and lane.run_id == run_id and lane.token == token
-
-    # -- reads ------------------------------------------------------------------------------------
-
-    def lane(self, session_key: str) -> Lane | None:
-        """The lane of a session, or None when free."""
-        with store_errors():
-            raw = self.client.hgetall(self.session(session_key).lane)
-        return _lane(session_key, _text(raw)) if raw else None
-
-    def run(self, session_key: str, run_id: str) -> RunInfo | None:
-        """One run record, or None when it does not exist (or expired)."""
-        found = self.runs([(session_key, run_id)])
-        return found[0] if found else None
-
-    def runs(self, pairs: Sequence[tuple[str, str]]) -> list[RunInfo]:
-        """Run records of (session, run) pairs, in one round trip; missing ones are skipped."""
-        with store_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for session_key, run_id in pairs:
-                pipe.hgetall(RunKeys(self.prefix, session_key, run_id).run)
-            rows = pipe.execute() if pairs else []
-        return [_run_info(s, r, raw) for (s, r), raw in zip(pairs, rows, strict=True) if raw]
-
-    def _members(self, key: str, low: float, high: float, limit: int) -> list[tuple[str, str, int]]:
-        with store_errors():
-            rows: Any = self.client.zrangebyscore(key, low, high, start=0, num=limit, withscores=True)
-        return [_scored(m, score) for m, score in rows]
-
-    def past_deadline(self, now_ms: int, limit: int) -> list[tuple[str, str, int]]:
-        """Running runs whose deadline has passed: (session, run, deadline ms)."""
-        return self._members(self.index.by_deadline, float("-inf"), now_ms, limit)
-
-    def quiet_since(self, before_ms: int, limit: int) -> list[tuple[str, str, int]]:
-        """Running runs with no indexed progress after ``before_ms``: (session, run, progress ms)."""
-        return self._members(self.index.by_progress, float("-inf"), before_ms, limit)
-
-    def running(self, limit: int) -> list[tuple[str, str, int]]:
-        """Indexed running runs, oldest progress first: (session, run, progress ms)."""
-        return self._members(self.index.by_progress, float("-inf"), float("inf"), limit)
-
-    def ended(self, limit: int) -> list[tuple[str, str, int]]:
-        """Recently ended runs, newest first: (session, run, end ms)."""
-        with store_errors():
-            rows: Any = self.client.zrevrange(self.index.ended, 0, limit - 1, withscores=True)
-        return [_scored(m, score) for m, score in rows]
-
-    def find_session(self, session_key: str, limit: int = 100_000) -> RunInfo | None:
-        """The session's current run (lane holder), else its latest run found in the indexes."""
-        lane = self.lane(session_key)
-        if lane is not None and (info := self.run(session_key, lane.run_id)) is not None:
-            return info
-        candidates = [(s, r) for s, r, _ in self.running(limit) + self.ended(limit) if s == session_key]
-        infos = self.runs(candidates)
-        return max(infos, key=lambda info: info.started_ms, default=None)
-
-    def activity(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[CallActivity]]:
-        """Recent and open calls of each run, with their real activity times (two round trips)."""
-        with store_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for session_key, run_id in pairs:
-                keys = RunKeys(self.prefix, session_key, run_id)
-                pipe.zrevrange(keys.calls, 0, RECENT_CALLS - 1)
-                pipe.zrange(keys.open, 0, RECENT_CALLS - 1)
-            raw = pipe.execute() if pairs else []
-            wanted: list[tuple[tuple[str, str], str]] = []
-            for index, pair in enumerate(pairs):
-                ids = dict.fromkeys([*raw[2 * index], *raw[2 * index + 1]])
-                wanted.extend((pair, str(call_id)) for call_id in ids)
-            pipe = self.client.pipeline(transaction=False)
-            for (session_key, run_id), call_id in wanted:
-                keys = RunKeys(self.prefix, session_key, run_id)
-                pipe.hmget(keys.call(call_id), _ACTIVITY_FIELDS)
-                pipe.exists(keys.lease(call_id))
-            rows = pipe.execute() if wanted else []
-        out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair in pairs}
-        for n, (pair, call_id) in enumerate(wanted):
-            fields, lease = rows[2 * n], rows[2 * n + 1]
-            if fields[0] is not None:
-                out[pair].append(_activity(call_id, fields, bool(lease)))
-        return out
-
-    def lanes(self, count: int = 1000) -> list[Lane]:
-        """Every lane lock (SCAN: for the operator's ``locks`` command, not for sweeps)."""
-        found: list[Lane] = []
-        with store_errors():
-            for key in self.client.scan_iter(match=lane_pattern(self.prefix), count=count):
-                raw = self.client.hgetall(key)
-                if raw:
-                    found.append(_lane(parse_lane_key(self.prefix, str(key)), _text(raw)))
-        return found
-
     # -- writes by the watchdog and the operator ------------------------------------------------
 
     def try_sweep_lock(self, token: str, ttl_ms: int) -> bool:
@@ -318,7 +154,7 @@ class SessionStore:
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
             for session_key, run_id, klass in pairs_classes:
-                pipe.hset(RunKeys(self.prefix, session_key, run_id).run, "class", klass)
+                pipe.hset(RunKeys(self.prefix, session_key, run_id).run, RunField.CLASS, klass)
             pipe.execute()
 
     def note_activity(self, scores: dict[tuple[str, str], int]) -> None:
@@ -352,7 +188,7 @@ class SessionStore:
             result = answer_open_call(call, reason, now_ms=now_ms, detail=detail)
             if self.ledger.finish(keys, result, now_ms=now_ms, writer=writer):
                 record = self.ledger.record(keys, call.call_id)
-                answered.append((call.call_id, record.fields.get("task_id", "") if record else ""))
+                answered.append((call.call_id, record.row.text(CallField.TASK_ID) if record else ""))
         return answered
 
     def _supersede(self, session_key: str, run_id: str, token: int, now_ms: int, writer: str) -> None:
@@ -378,25 +214,3 @@ class SessionStore:
         pipe.zremrangebyscore(self.index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
         pipe.expire(self.index.ended, self.ledger.ttl_s)
         pipe.execute()
-
-
-_ACTIVITY_FIELDS = ["state", "tool", "submitted_ms", "started_ms", "hb_ms", "finished_ms", "dispatched"]
-
-
-def _activity(call_id: str, fields: list[Any], lease_alive: bool) -> CallActivity:
-    state, tool, submitted, started, hb, finished, dispatched = fields
-    return CallActivity(
-        call_id, str(tool or ""), str(state or "pending"), parse_int(submitted), parse_int(started),
-        parse_int(hb), parse_int(finished), lease_alive, dispatched == "1",
-    )  # fmt: skip
-
-
-def _lane(session_key: str, raw: dict[str, str]) -> Lane:
-    return Lane(
-        session_key=session_key,
-        run_id=raw.get("run_id", ""),
-        token=parse_int(raw.get("token")),
-        agent_id=raw.get("agent_id", ""),
-        since_ms=parse_int(raw.get("since_ms")),
-        lease_until_ms=parse_int(raw.get("lease_until_ms")),
-    )

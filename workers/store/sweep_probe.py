@@ -8,32 +8,34 @@ are fixed in another.
 
 from __future__ import annotations
 
-from typing import Any
-
+from workers.core.models import CallState
+from workers.core.reaper import DueVerdict
 from workers.store.keys import RunKeys, due_index_key, lease_index_key, parse_due_member
-from workers.store.ledger import Ledger, parse_int, store_errors
+from workers.store.ledger import Ledger, store_errors
+from workers.store.records import CALL, CallField
+from workers.store.rows import Row
 
-__all__ = ["probe_due_calls"]
+__all__ = ["PROBED_FIELDS", "probe_due_calls"]
 
-_PROBED = ["state", "deadline_ms", "submitted_ms", "dispatched"]
+PROBED_FIELDS = (CallField.STATE, CallField.DEADLINE_MS, CallField.SUBMITTED_MS, CallField.DISPATCHED)
 
 
-def _probe_verdict(fields: list[Any], lease_left_ms: int, *, now_ms: int, lease_ms: int) -> str:
+def _probe_verdict(row: Row[CallField], lease_left_ms: int, *, now_ms: int, lease_ms: int) -> DueVerdict:
     """What the sweep does with one candidate; the same rules as ``sweep_calls.lua``.
 
-    ``reap``, ``drop`` (record gone or answered: leave both indexes), ``rescore`` (lease
-    alive: index lagging), ``unhold`` (pending in the queue: leave the lease index) or ``keep``.
+    The record's fields read with their declared defaults, as the script's ``tonumber(x or 0)
+    or 0`` does: a missing deadline is overdue, a missing submission time long past.
     """
-    state, deadline, submitted, dispatched = fields
-    if state is None or state == "done":
-        return "drop"
-    if parse_int(deadline) <= now_ms:
-        return "reap"
-    if state == "running":
-        return "reap" if lease_left_ms == -2 else "rescore"
-    if dispatched == "1":
-        return "unhold"
-    return "reap" if parse_int(submitted) <= now_ms - lease_ms else "keep"
+    state = row.raw(CallField.STATE)
+    if state is None or state == CallState.DONE:
+        return DueVerdict.DROP
+    if row.integer(CallField.DEADLINE_MS) <= now_ms:
+        return DueVerdict.REAP
+    if state == CallState.RUNNING:
+        return DueVerdict.REAP if lease_left_ms == -2 else DueVerdict.RESCORE
+    if row.flag(CallField.DISPATCHED):
+        return DueVerdict.UNHOLD
+    return DueVerdict.REAP if row.integer(CallField.SUBMITTED_MS) <= now_ms - lease_ms else DueVerdict.KEEP
 
 
 def _candidates(ledger: Ledger, now_ms: int, limit: int) -> list[str]:
@@ -57,22 +59,23 @@ def probe_due_calls(ledger: Ledger, *, now_ms: int, lease_ms: int, limit: int) -
         parsed = [parse_due_member(ledger.prefix, m) for m in members]
         pipe = ledger.client.pipeline(transaction=False)
         for keys, call_id in parsed:
-            pipe.hmget(keys.call(call_id), _PROBED)
+            pipe.hmget(keys.call(call_id), PROBED_FIELDS)
             pipe.pttl(keys.lease(call_id))
         probes = pipe.execute() if parsed else []
         found: list[tuple[RunKeys, str]] = []
         fix = ledger.client.pipeline(transaction=False)
         for n, (member, (keys, call_id)) in enumerate(zip(members, parsed, strict=True)):
             left = int(probes[2 * n + 1])
-            verdict = _probe_verdict(probes[2 * n], left, now_ms=now_ms, lease_ms=lease_ms)
-            if verdict == "reap":
+            row = Row.zip(CALL, PROBED_FIELDS, probes[2 * n])
+            verdict = _probe_verdict(row, left, now_ms=now_ms, lease_ms=lease_ms)
+            if verdict is DueVerdict.REAP:
                 found.append((keys, call_id))
-            elif verdict == "drop":
+            elif verdict is DueVerdict.DROP:
                 fix.zrem(due, member)
                 fix.zrem(leases, member)
-            elif verdict == "rescore":
+            elif verdict is DueVerdict.RESCORE:
                 fix.zadd(leases, {member: now_ms + (left if left > 0 else lease_ms)}, xx=True)
-            elif verdict == "unhold":
+            elif verdict is DueVerdict.UNHOLD:
                 fix.zrem(leases, member)
         fix.execute()
     return found

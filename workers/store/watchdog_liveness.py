@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workers.store.keys import watchdog_key
-from workers.store.ledger import Ledger, parse_int, store_errors
+from workers.store.ledger import Ledger, store_errors
 from workers.store.lua import load_script
+from workers.store.records import WATCHDOG, WatchdogField
+from workers.store.rows import Row
 
 __all__ = ["SweepRecord", "WatchdogLiveness"]
 
@@ -48,12 +50,13 @@ class WatchdogLiveness:
     def last(self) -> SweepRecord | None:
         """The record, or None when no sweep completed within its TTL."""
         with store_errors():
-            raw = self.ledger.client.hgetall(self._key)
-        if not raw or "last_sweep_ms" not in raw:
+            row = Row(WATCHDOG, self.ledger.client.hgetall(self._key), where=self._key)
+        last = row.maybe_integer(WatchdogField.LAST_SWEEP_MS)
+        if last is None:  # the record exists once a sweep completed
             return None
         return SweepRecord(
-            last_sweep_ms=parse_int(raw["last_sweep_ms"]),
-            last_gap_ms=parse_int(raw.get("last_gap_ms"), -1),
-            max_gap_ms=parse_int(raw.get("max_gap_ms")),
-            sweeps=parse_int(raw.get("sweeps")),
+            last_sweep_ms=last,
+            last_gap_ms=row.integer(WatchdogField.LAST_GAP_MS),
+            max_gap_ms=row.integer(WatchdogField.MAX_GAP_MS),
+            sweeps=row.integer(WatchdogField.SWEEPS),
         )

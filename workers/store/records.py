@@ -1,0 +1,375 @@
+"""What every Redis key of the store holds: one declaration per record, field by field.
+
+:mod:`workers.store.keys` builds the keys (its table says who writes and reads each one);
+this module says what is inside them. Each HASH record names its fields once, as a StrEnum
+(``CallField.SUBMITTED_MS``), with the field's type, meaning and the decision a reader makes
+when the field is missing: a default, or :class:`~workers.errors.StoreError`. Python readers
+and writers use those names, never string literals, and read a hash by name
+(:class:`~workers.store.rows.Row`: ``HMGET`` of a declared list zipped to names, or
+``HGETALL``), never by position. Each declaration names its key builder; a test holds the
+declarations and the rows of the keys.py table to each other. The Lua scripts cannot import
+this module: ``tests/unit/test_records.py`` checks that every field a script names is declared
+here, and ``tests/test_architecture.py`` that no Python module outside this one spells a field
+name in a hash command.
+
+Types: ``int ms`` (epoch milliseconds), ``int``, ``flag`` (``"1"``/``"0"``), ``str``,
+``json`` and ``enum`` (the values of a StrEnum of the core). A malformed number reads like a
+missing one, as the scripts' ``tonumber(x or 0) or 0`` does, so both paths of the sweep decide
+alike.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Generic, Literal, TypeVar
+
+from workers.core.models import CallState
+from workers.core.run_health import RunStatus, SessionClass
+
+__all__ = [
+    "CALL",
+    "HASH_RECORDS",
+    "KEY_RECORDS",
+    "LANE",
+    "REQUIRED",
+    "RUN",
+    "WATCHDOG",
+    "CallField",
+    "EventField",
+    "FieldSpec",
+    "FieldType",
+    "HashRecord",
+    "KeyRecord",
+    "LaneField",
+    "RunField",
+    "WatchdogField",
+    "declared_field",
+    "pgid_field",
+    "pgid_of",
+]
+
+
+class FieldType(enum.StrEnum):
+    """How a field's value is spelled in Redis."""
+
+    MS = "int ms"
+    INT = "int"
+    FLAG = "flag"
+    STR = "str"
+    JSON = "json"
+    ENUM = "enum"
+
+
+class _Required(enum.Enum):
+    REQUIRED = "required"
+
+
+REQUIRED: Final = _Required.REQUIRED
+"""A field's "default" when a reader that finds it missing raises ``StoreError``."""
+
+Default = int | str | _Required
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field: its type, what it means, and what a reader gets when it is missing."""
+
+    kind: FieldType
+    meaning: str
+    default: Default = REQUIRED
+    values: type[enum.StrEnum] | None = None  # the enum of an ENUM field
+
+
+F = TypeVar("F", bound=enum.StrEnum)
+
+
+@dataclass(frozen=True)
+class HashRecord(Generic[F]):
+    """A HASH key: its fields (one StrEnum member each) and its field families (``prefix<part>``)."""
+
+    name: str
+    builder: str  # its builder in keys.py, whose schema table lists the key
+    ttl: str
+    fields: Mapping[F, FieldSpec]
+    families: Mapping[str, FieldSpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """A key that is not a HASH: what its members, scores, entries or value mean."""
+
+    name: str
+    builder: str
+    redis_type: Literal["ZSET", "LIST", "STREAM", "STRING"]
+    ttl: str
+    holds: str
+
+
+def _ms(meaning: str, default: Default = 0) -> FieldSpec:
+    return FieldSpec(FieldType.MS, meaning, default)
+
+
+def _int(meaning: str, default: Default = 0) -> FieldSpec:
+    return FieldSpec(FieldType.INT, meaning, default)
+
+
+def _str(meaning: str, default: Default = "") -> FieldSpec:
+    return FieldSpec(FieldType.STR, meaning, default)
+
+
+# --- the call record -------------------------------------------------------------------------
+
+
+class CallField(enum.StrEnum):
+    """Fields of the call record (``RunKeys.call``)."""
+
+    CALL_ID = "call_id"
+    TOOL = "tool"
+    AGENT_ID = "agent_id"
+    STATE = "state"
+    SUBMITTED_MS = "submitted_ms"
+    DEADLINE_MS = "deadline_ms"
+    ATTEMPT = "attempt"
+    IDEMPOTENT = "idempotent"
+    DISPATCHED = "dispatched"
+    JOB = "job"
+    TASK_ID = "task_id"
+    REQUEUES = "requeues"
+    STARTED_MS = "started_ms"
+    HB_MS = "hb_ms"
+    WORKER = "worker"
+    PROGRESS = "progress"
+    RESULT = "result"
+    REASON = "reason"
+    FINISHED_MS = "finished_ms"
+    WRITER = "writer"
+
+
+CALL: Final = HashRecord[CallField](
+    name="call",
+    builder="RunKeys.call",
+    ttl="ledger.ttl_s, set by register, claim and finish",
+    fields={
+        CallField.CALL_ID: _str("the call's id; present in every registered call", REQUIRED),
+        CallField.TOOL: _str("the tool's name as the model sent it"),
+        CallField.AGENT_ID: _str("the agent that submitted it"),
+        CallField.STATE: FieldSpec(
+            FieldType.ENUM,
+            "pending (registered or requeued), running (claimed), done (answered)",
+            CallState.PENDING,
+            CallState,
+        ),
+        CallField.SUBMITTED_MS: _ms("registration; missing reads 0, long ago, as sweep_calls.lua does"),
+        CallField.DEADLINE_MS: _ms("answer by then; missing reads 0, overdue, as sweep_calls.lua does"),
+        CallField.ATTEMPT: _int("claims so far (0 until a worker claims it)"),
+        CallField.IDEMPOTENT: FieldSpec(FieldType.FLAG, "the tool may run again after a lost worker", 0),
+        CallField.DISPATCHED: FieldSpec(FieldType.FLAG, "the broker accepted its message", 0),
+        CallField.JOB: FieldSpec(FieldType.JSON, "the CallJob, to dispatch it again", ""),
+        CallField.TASK_ID: _str("the Celery task id of its latest message"),
+        CallField.REQUEUES: _int("times the watchdog handed it back to the queue"),
+        CallField.STARTED_MS: _ms("latest claim; 0 before the first"),
+        CallField.HB_MS: _ms("latest tool heartbeat (or the claim); 0 before it"),
+        CallField.WORKER: _str("host:pid of the claiming worker child"),
+        CallField.PROGRESS: FieldSpec(FieldType.JSON, "the tool's latest progress report", ""),
+        CallField.RESULT: FieldSpec(FieldType.JSON, "the delivered ToolResult; absent while open", ""),
+        CallField.REASON: _str("the SyntheticReason of a synthetic result, '' for the tool's own"),
+        CallField.FINISHED_MS: _ms("when the delivered result was written; 0 while open"),
+        CallField.WRITER: _str("who wrote the delivered result (worker id, gateway, watchdog)"),
+    },
+    families={"pgid:": FieldSpec(FieldType.FLAG, "pgid:<n> = 1: a process group the tool started", 0)},
+)
+
+
+def pgid_field(pgid: int) -> str:
+    """The call-record field remembering one process group."""
+    return f"pgid:{pgid}"
+
+
+def pgid_of(name: str) -> int | None:
+    """The process group a call-record field names, None for any other field."""
+    prefix, _, number = name.partition(":")
+    return int(number) if prefix + ":" in CALL.families and number.isdigit() else None
+
+
+# --- the run record --------------------------------------------------------------------------
+
+
+class RunField(enum.StrEnum):
+    """Fields of the run record (``RunKeys.run``)."""
+
+    STATUS = "status"
+    AGENT_ID = "agent_id"
+    TOKEN = "token"
+    STARTED_MS = "started_ms"
+    DEADLINE_MS = "deadline_ms"
+    PROGRESS_MS = "progress_ms"
+    OPEN_N = "open_n"
+    CLAIMED_N = "claimed_n"
+    CLASS = "class"
+    ENDED_MS = "ended_ms"
+    END_REASON = "end_reason"
+    ABORTED_MS = "aborted_ms"
+    ABORT_DETECTOR = "abort_detector"
+    ABORT_COUNT = "abort_count"
+    ABORT_MESSAGE = "abort_message"
+    AGENT_BEAT_MS = "agent_beat_ms"
+    AGENT_BEAT_WHAT = "agent_beat_what"
+    STREAM_IDLE_N = "stream_idle_n"
+    STREAM_IDLE_MS = "stream_idle_ms"
+    GUARD_REMAINING = "guard_remaining"
+    GUARD_WINDOW = "guard_window"
+    GUARD_ARMED_MS = "guard_armed_ms"
+    LOOP_WARN_SEQ = "loop_warn_seq"
+    LOOP_WARN_COUNT = "loop_warn_count"
+
+
+RUN: Final = HashRecord[RunField](
+    name="run",
+    builder="RunKeys.run",
+    ttl="ledger.ttl_s, set when opened or begun; the loop scripts only ever extend it",
+    fields={
+        RunField.STATUS: FieldSpec(
+            FieldType.ENUM,
+            "RunStatus; missing reads '': a record only the loop guard or the watchdog wrote, never"
+            " running, so the sweep drops it",
+            "",
+            RunStatus,
+        ),
+        RunField.AGENT_ID: _str("the agent that opened the run"),
+        RunField.TOKEN: _int("the lane's fencing token the run began under; 0 before begin_run"),
+        RunField.STARTED_MS: _ms("when the run was opened; 0 for a record no gateway opened"),
+        RunField.DEADLINE_MS: _ms("when the watchdog times the run out; 0: no deadline"),
+        RunField.PROGRESS_MS: _ms("latest activity of the run or any call (never lowered); 0: none"),
+        RunField.OPEN_N: _int("calls without a result (summary kept by lib_run_summary.lua)"),
+        RunField.CLAIMED_N: _int("calls claimed and not answered (summary kept by lib_run_summary.lua)"),
+        RunField.CLASS: FieldSpec(
+            FieldType.ENUM, "the watchdog's latest SessionClass; '' before its first look", "", SessionClass
+        ),
+        RunField.ENDED_MS: _ms("when the run ended; 0 while running"),
+        RunField.END_REASON: _str("why it ended (superseded, a detector, a SyntheticReason)"),
+        RunField.ABORTED_MS: _ms("when the loop detector aborted it"),
+        RunField.ABORT_DETECTOR: _str("the loop detector that aborted it; '' when none did"),
+        RunField.ABORT_COUNT: _int("the detector's repeat count at the abort"),
+        RunField.ABORT_MESSAGE: _str("the detector's message"),
+        RunField.AGENT_BEAT_MS: _ms("the agent's own latest heartbeat"),
+        RunField.AGENT_BEAT_WHAT: _str("what the agent said it was doing (<= 64 chars)"),
+        RunField.STREAM_IDLE_N: _int("model streams that went idle past their timeout"),
+        RunField.STREAM_IDLE_MS: _ms("when the latest of those went idle"),
+        RunField.GUARD_REMAINING: _int("outcomes the post-compaction guard still watches; 0: disarmed"),
+        RunField.GUARD_WINDOW: _str("observed [tool, argsHash, resultHash] JSON triples, one a line"),
+        RunField.GUARD_ARMED_MS: _ms("when the guard was last armed"),
+        RunField.LOOP_WARN_SEQ: _int("insertion counter of the loop_warn: fields"),
+        RunField.LOOP_WARN_COUNT: _int("loop_warn: fields held (at most WARNING_KEY_LIMIT)"),
+    },
+    families={
+        "loop_warn:": _str("loop_warn:<warning key> = '<insertion seq>:<last bucket>' (de-duplication)")
+    },
+)
+
+
+# --- the session lane and the watchdog's own record ------------------------------------------
+
+
+class LaneField(enum.StrEnum):
+    """Fields of a session's lane (``SessionKeys.lane``)."""
+
+    RUN_ID = "run_id"
+    TOKEN = "token"
+    AGENT_ID = "agent_id"
+    SINCE_MS = "since_ms"
+    LEASE_UNTIL_MS = "lease_until_ms"
+
+
+LANE: Final = HashRecord[LaneField](
+    name="lane",
+    builder="SessionKeys.lane",
+    ttl="PEXPIREAT lease_until_ms: the holder's deadline + 60 s",
+    fields={
+        LaneField.RUN_ID: _str("the run holding the lane; every lane has one", REQUIRED),
+        LaneField.TOKEN: _int("its fencing token (> 0, strictly increasing per session)", REQUIRED),
+        LaneField.AGENT_ID: _str("the holder's agent"),
+        LaneField.SINCE_MS: _ms("when the holder took the lane"),
+        LaneField.LEASE_UNTIL_MS: _ms("when the lane frees itself (its key's expiry)"),
+    },
+)
+
+
+class WatchdogField(enum.StrEnum):
+    """Fields of the watchdog's own record (``watchdog_key``)."""
+
+    LAST_SWEEP_MS = "last_sweep_ms"
+    LAST_GAP_MS = "last_gap_ms"
+    MAX_GAP_MS = "max_gap_ms"
+    SWEEPS = "sweeps"
+
+
+WATCHDOG: Final = HashRecord[WatchdogField](
+    name="watchdog",
+    builder="watchdog_key",
+    ttl="7 days (RECORD_TTL_MS), refreshed by every completed sweep",
+    fields={
+        WatchdogField.LAST_SWEEP_MS: _ms(
+            "when the latest sweep completed; a record without it is no record (None, never 0)", REQUIRED
+        ),
+        WatchdogField.LAST_GAP_MS: _ms("the gap before the latest sweep; -1 for the first", -1),
+        WatchdogField.MAX_GAP_MS: _ms("the longest gap seen"),
+        WatchdogField.SWEEPS: _int("completed sweeps"),
+    },
+)
+
+HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG)
+
+
+# --- keys that are not hashes ----------------------------------------------------------------
+
+
+class EventField(enum.StrEnum):
+    """The one field every entry of the events stream has; the others depend on the kind."""
+
+    KIND = "kind"
+
+
+_LEDGER_TTL = "ledger.ttl_s"
+_REFRESHED = "ledger.ttl_s, refreshed on every write"
+_ON_BEGIN = "ledger.ttl_s, refreshed on begin"
+
+KEY_RECORDS: Final = (
+    KeyRecord("late", "RunKeys.late", "LIST", _LEDGER_TTL,
+              "results (ToolResult JSON) that lost the first-writer race"),
+    KeyRecord("lease", "RunKeys.lease", "STRING", "lease.ttl_s (PX), renewed",
+              "the claiming worker's id; renewed by its main process"),
+    KeyRecord("calls", "RunKeys.calls", "ZSET", _LEDGER_TTL,
+              "member call id, score submitted ms"),
+    KeyRecord("open", "RunKeys.open", "ZSET", _LEDGER_TTL,
+              "member id of a call without a result, score its deadline ms"),
+    KeyRecord("done", "RunKeys.done", "LIST", _LEDGER_TTL,
+              "ids of answered calls (the waiting gateway's wake-up)"),
+    KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",
+              "member '<seq>|<entry json>', score seq (see loop_history.py)"),
+    KeyRecord("due", "due_index_key", "ZSET", _REFRESHED,
+              "member 'S/R/C' (quoted parts), score the call's deadline ms"),
+    KeyRecord("leases", "lease_index_key", "ZSET", _REFRESHED,
+              "member 'S/R/C', score the lease's expiry ms as last written"),
+    KeyRecord("events", "events_stream_key", "STREAM", _REFRESHED + "; MAXLEN ~10000",
+              "entries: kind (EventField.KIND) plus that kind's fields, str or JSON"),
+    KeyRecord("fence", "SessionKeys.fence", "STRING", _LEDGER_TTL,
+              "the session's fencing counter (INCR per run begun)"),
+    KeyRecord("by_deadline", "run_index_keys.by_deadline", "ZSET", _ON_BEGIN,
+              "member 'S/R' of a running run, score its deadline ms"),
+    KeyRecord("by_progress", "run_index_keys.by_progress", "ZSET", _ON_BEGIN,
+              "member 'S/R' of a running run, score its latest progress ms (raised only)"),
+    KeyRecord("ended", "run_index_keys.ended", "ZSET", "ledger.ttl_s, refreshed on end",
+              "member 'S/R' of an ended run, score its end ms (older than a TTL: trimmed)"),
+    KeyRecord("sweep_lock", "sweep_lock_key", "STRING", "PX 3 sweep intervals",
+              "the token of the sweep holding it"),
+)  # fmt: skip
+
+
+def declared_field(name: str) -> bool:
+    """Whether ``name`` is a field (or in a field family) of some HASH record."""
+    return any(
+        name in record.fields or any(name.startswith(prefix) for prefix in record.families)
+        for record in HASH_RECORDS
+    )
