@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from tests.harness import Proc, base_env, settings_in_env, start_worker
+from workers.gateway.client import ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 
@@ -42,3 +43,11 @@ def worker(env: dict[str, str]) -> Iterator[Proc]:
     proc = start_worker(env)
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def gateway(settings: Settings) -> Iterator[ToolGateway]:
+    """A gateway on this test's Redis, closed afterwards."""
+    gw = ToolGateway(settings)
+    yield gw
+    gw.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,13 +23,6 @@ GRACE_S = 2.0
 def env(redis_url: str) -> dict[str, str]:
     # Built-ins are off by default; these tests use them, so they enable them explicitly.
     return base_env(redis_url, UNSTUCK_TOOLS__BUILTINS="exec,http_fetch")
-
-
-@pytest.fixture
-def gateway(settings: Settings) -> Iterator[ToolGateway]:
-    gw = ToolGateway(settings)
-    yield gw
-    gw.close()
 
 
 def _call(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -82,13 +81,6 @@ def _expected_append(fmt: str, results: list[ToolResult]) -> Any:
 def env(redis_url: str) -> dict[str, str]:
     # Built-ins are off by default; these tests use them, so they enable them explicitly.
     return base_env(redis_url, UNSTUCK_TOOLS__BUILTINS="exec,http_fetch")
-
-
-@pytest.fixture
-def gateway(settings: Settings) -> Iterator[ToolGateway]:
-    gw = ToolGateway(settings)
-    yield gw
-    gw.close()
 
 
 @pytest.mark.timeout(60)

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests.harness import Proc, wait_until
 from workers import ToolCall, ToolGateway
-from workers.settings import Settings
 from workers.task_names import INVOKE_TASK
-
-
-@pytest.fixture
-def gateway(settings: Settings) -> Iterator[ToolGateway]:
-    gw = ToolGateway(settings)
-    yield gw
-    gw.close()
 
 
 def _forged_job(session: str, call: dict[str, object]) -> dict[str, object]:

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.harness import Proc
 from workers import ToolCall, ToolGateway
 from workers.core.models import SyntheticReason
 from workers.core.results import success_result, synthetic_result
-from workers.settings import Settings
-
-
-@pytest.fixture
-def gateway(settings: Settings) -> Iterator[ToolGateway]:
-    gw = ToolGateway(settings)
-    yield gw
-    gw.close()
 
 
 def _transcript(*call_ids: str) -> list[dict[str, object]]:

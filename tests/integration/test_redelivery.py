@@ -10,21 +10,12 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests.harness import Proc, wait_until
 from workers import ToolGateway
-from workers.settings import Settings
 from workers.task_names import INVOKE_TASK
-
-
-@pytest.fixture
-def gateway(settings: Settings) -> Iterator[ToolGateway]:
-    gw = ToolGateway(settings)
-    yield gw
-    gw.close()
 
 
 def _dead_pid() -> int:
