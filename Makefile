@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.loops
 	$(BIN)/python -m bench.repair
 	$(BIN)/python -m bench.watchdog
+	$(BIN)/python -m bench.http_door
 
 MINUTES ?= 5
 chaos: $(STAMP)
