@@ -1,4 +1,4 @@
-"""``unstuck up``: Redis, a prefork worker and beat on this machine, until Ctrl-C or SIGTERM.
+"""``unstuck up``: Redis, a worker, the watchdog, beat and the HTTP API here, until Ctrl-C or SIGTERM.
 
 Redis is ``UNSTUCK_REDIS__URL`` when set, else an embedded redis-server started and stopped
 here. The Redis URL and pids go to a state file (default ``<tmp>/unstuck-<uid>/up.json``,
@@ -36,7 +36,7 @@ _EXIT_CHILD_DIED = 1
 
 def register(subparsers: Any) -> None:
     """Add the ``up`` sub-command."""
-    parser = subparsers.add_parser("up", help="run Redis (embedded unless configured), a worker and beat")
+    parser = subparsers.add_parser("up", help="run Redis, a worker, the watchdog, beat and the HTTP API")
     parser.add_argument("--redis-port", type=int, help="port of the embedded Redis (default: a free one)")
     parser.add_argument("-c", "--concurrency", type=int, help="worker pool processes (default: settings)")
     parser.add_argument("--flower", action="store_true", help="also start Flower (web monitor)")

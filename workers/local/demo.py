@@ -275,7 +275,7 @@ def _run(
     stack: Stack, gateway: GatewaySide, progress: Callable[[str], None], json_output: bool, started: float
 ) -> int:
     where = "embedded" if not stack.settings.redis.url else "from UNSTUCK_REDIS__URL"
-    progress(f"starting Redis ({where}), a prefork worker and beat")
+    progress(f"starting Redis ({where}), a prefork worker, the watchdog and beat")
     stack.start()
     info = stack.describe()
     progress(f"Redis {info['redis_url']}, worker pid {info['worker_pid']}, beat pid {info['beat_pid']}")
