@@ -7,6 +7,10 @@ Only values are masked; names, user names and hosts stay readable for debugging:
     redis://app:s3cret@redis:6379/0        -> redis://app:****@redis:6379/0
     Authorization: Bearer eyJhbGci...      -> Authorization: ****
     GET /cb?code=1&access_token=abc        -> GET /cb?code=1&access_token=****
+
+Settings shown to an operator (``unstuck config show``) are masked more strictly by
+:func:`redact_settings`: a URL's whole user info, any query value named like a key, token or
+signature, and the path of webhook URLs (where chat webhooks keep their secret).
 """
 
 from __future__ import annotations
@@ -15,19 +19,24 @@ import logging
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "MASK",
     "RedactingFilter",
     "install_log_redaction",
     "is_sensitive_key",
+    "mask_setting_url",
     "redact",
     "redact_mapping",
+    "redact_settings",
     "redact_url",
 ]
 
 MASK = "****"
+# Query parameters of a settings URL that may carry a secret (broader than text redaction:
+# config show errs on the side of masking).
+_SECRET_SETTING_PARAM = re.compile(r"token|key|secret|password|passwd|sig|auth|credential", re.IGNORECASE)
 
 _HEADER_NAMES = (
     "authorization",
@@ -138,3 +147,41 @@ def install_log_redaction(logger: logging.Logger | None = None) -> None:
     for handler in target.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+def mask_setting_url(value: str, *, hide_path: bool = False) -> str:
+    """A settings URL with its whole user info, secret-looking query values and (optionally) path masked.
+
+    Stricter than :func:`redact_url`, which keeps user names: a settings URL's user name may
+    itself be a token.
+    """
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # malformed (e.g. an unclosed IPv6 bracket): mask it if it may hold a secret
+        return MASK if "@" in value else value
+    if not parts.scheme or not parts.netloc:
+        return value
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user = userinfo.partition(":")[0] if parts.password is not None else ""
+        netloc = f"{user}:{MASK}@{host}"
+    query = "&".join(_redact_param(pair) for pair in parts.query.split("&")) if parts.query else ""
+    path = f"/{MASK}" if hide_path and parts.path not in ("", "/") else parts.path
+    return urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
+
+
+def _redact_param(pair: str) -> str:
+    name, sep, _ = pair.partition("=")
+    return f"{name}={MASK}" if sep and _SECRET_SETTING_PARAM.search(name) else pair
+
+
+def redact_settings(data: Any, key: str = "") -> Any:
+    """A copy of ``data`` (dumped settings) with every URL-looking string masked; webhook paths too."""
+    if isinstance(data, dict):
+        return {k: redact_settings(v, str(k)) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [redact_settings(item, key) for item in data]
+    if isinstance(data, str):
+        return mask_setting_url(data, hide_path=key.endswith("webhook_url"))
+    return data

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from workers.cli.config_cmd import redact_url
 from workers.cli.flower_cmd import BASIC_AUTH_ENV, flower_argv, flower_env, is_loopback
 from workers.cli.main import main
 from workers.errors import ConfigError
+from workers.redact import mask_setting_url
 from workers.tools import registry
 
 
@@ -57,7 +57,7 @@ SAFE = {"tools": {"loopDetection": {"enabled": True}}}
     ],
 )
 def test_redact_url(url: str, expected: str) -> None:
-    assert redact_url(url) == expected
+    assert mask_setting_url(url) == expected
 
 
 def test_config_show_json_redacts_secrets(config_file: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from workers.core.config_checks import AgentLimits, ConfigWarning, ToolLimits, check_config
 from workers.core.loops.config import resolve_loop_config
 from workers.errors import ConfigError
+from workers.redact import redact_settings
 from workers.settings import Settings, check_loop_blocks, load_settings
 
-__all__ = ["collect_warnings", "effective_config", "redact", "redact_url", "register"]
+__all__ = ["collect_warnings", "effective_config", "register"]
 
 _EXIT_INVALID = 2
-_MASK = "****"
-_SECRET_PARAM = re.compile(r"token|key|secret|password|passwd|sig|auth|credential", re.IGNORECASE)
 
 
 def register(subparsers: Any) -> None:
@@ -40,40 +37,6 @@ def register(subparsers: Any) -> None:
     show.set_defaults(func=_show)
     check = commands.add_parser("check", help="warn about risky settings; exit 2 when the config is invalid")
     check.set_defaults(func=_check)
-
-
-def redact_url(value: str, *, hide_path: bool = False) -> str:
-    """``value`` with its user info, secret-looking query values and (optionally) path masked."""
-    try:
-        parts = urlsplit(value)
-    except ValueError:  # malformed (e.g. an unclosed IPv6 bracket): mask it if it may hold a secret
-        return _MASK if "@" in value else value
-    if not parts.scheme or not parts.netloc:
-        return value
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, host = netloc.rpartition("@")
-        user = userinfo.partition(":")[0] if parts.password is not None else ""
-        netloc = f"{user}:{_MASK}@{host}"
-    query = "&".join(_redact_param(pair) for pair in parts.query.split("&")) if parts.query else ""
-    path = f"/{_MASK}" if hide_path and parts.path not in ("", "/") else parts.path
-    return urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
-
-
-def _redact_param(pair: str) -> str:
-    name, sep, _ = pair.partition("=")
-    return f"{name}={_MASK}" if sep and _SECRET_PARAM.search(name) else pair
-
-
-def redact(data: Any, key: str = "") -> Any:
-    """A copy of ``data`` (dumped settings) with every URL-looking string redacted."""
-    if isinstance(data, dict):
-        return {k: redact(v, str(k)) for k, v in data.items()}
-    if isinstance(data, list | tuple):
-        return [redact(item, key) for item in data]
-    if isinstance(data, str):
-        return redact_url(data, hide_path=key.endswith("webhook_url"))
-    return data
 
 
 def effective_config(settings: Settings, agent_id: str | None = None) -> dict[str, Any]:
@@ -93,7 +56,7 @@ def effective_config(settings: Settings, agent_id: str | None = None) -> dict[st
             **profile.model_dump(mode="json"),
             "loop_detection_resolved": loops.model_dump(mode="json"),
         }
-    redacted: dict[str, Any] = redact(data)
+    redacted: dict[str, Any] = redact_settings(data)
     return redacted
 
 
