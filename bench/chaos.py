@@ -31,7 +31,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.chaos_faults import SweepPulse, Unattended, hog_every_slot, kill_everything, unattended_failures
-from tests.harness import Proc, base_env, kill_pids, start_beat, start_watchdog, start_worker, wait_until
+from tests.harness import (
+    Proc,
+    base_env,
+    kill_pids,
+    settings_of,
+    start_beat,
+    start_watchdog,
+    start_worker,
+    wait_until,
+)
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.errors import LoopDetected
 from workers.local.embedded_redis import EmbeddedRedis, free_port
@@ -416,13 +425,6 @@ def _inject(
         helper.join(90)
 
 
-def _settings_for(env: dict[str, str]) -> Settings:
-    for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
-        del os.environ[key]
-    os.environ.update({k: v for k, v in env.items() if k.startswith("UNSTUCK_")})
-    return Settings()
-
-
 def run(options: Options) -> int:
     """The whole soak; returns the exit status."""
     # Store outages are part of the plan: the gateway's warnings about them would drown the report.
@@ -435,7 +437,7 @@ def run(options: Options) -> int:
         f"chaos: seed {options.seed}, {options.minutes} min, {options.sessions} sessions, redis {server.url}"
     )
     try:
-        settings = _settings_for(cluster.env)
+        settings = settings_of(cluster.env)
         for _ in range(options.workers):
             cluster.add_worker()
         cluster.others.append(start_watchdog(cluster.env))

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tests.harness import UNSTUCK, Proc, base_env, start_worker
+from tests.harness import UNSTUCK, Proc, base_env, settings_of, start_worker
 from workers import ToolCall, ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.settings import Settings
@@ -39,20 +38,6 @@ class Options:
 
     calls: int
     waiting: int
-
-
-def _settings_from(env: dict[str, str]) -> Settings:
-    """The settings the worker and the server read from ``env``, for this process's gateway."""
-    previous = {k: v for k, v in os.environ.items() if k.startswith("UNSTUCK_")}
-    for key in previous:
-        del os.environ[key]
-    os.environ.update({k: v for k, v in env.items() if k.startswith("UNSTUCK_")})
-    try:
-        return Settings()
-    finally:
-        for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
-            del os.environ[key]
-        os.environ.update(previous)
 
 
 def _parse(argv: list[str] | None) -> Options:
@@ -148,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     options = _parse(argv)
     with EmbeddedRedis() as server:
         env = base_env(server.url, UNSTUCK_TOOLS__TIMEOUTS_S='{"noop": 1.0}')
-        settings = _settings_from(env)
+        settings = settings_of(env)
         port = free_port()
         worker = start_worker(env, concurrency=2, name="bench-http")
         serve = Proc([UNSTUCK, "serve", "--port", str(port)], env, "bench-serve")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import threading
@@ -28,7 +27,7 @@ from typing import Any
 
 import redis
 
-from tests.harness import REPO, Proc, base_env, kill_pids, start_worker, wait_until
+from tests.harness import REPO, Proc, base_env, kill_pids, settings_of, start_worker, wait_until
 from workers import ToolCall, ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
@@ -256,13 +255,6 @@ def _row(label: str, bare: float, guarded: float, target: str) -> None:
     print(f"{label:<22}{bare:>14.2f}{guarded:>12.2f}{guarded / bare:>9.2f}   {target}")
 
 
-def _settings_for(env: dict[str, str]) -> Settings:
-    for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
-        del os.environ[key]
-    os.environ.update({k: v for k, v in env.items() if k.startswith("UNSTUCK_")})
-    return Settings()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the whole benchmark and print the table; exit 0 whatever the figures are."""
     opts = _parse(argv)
@@ -271,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         env = base_env(
             server.url, UNSTUCK_LEASE__TTL_S=str(opts.lease_ttl_s), UNSTUCK_LEASE__RENEW_INTERVAL_S="0.5"
         )
-        settings = _settings_for(env)
+        settings = settings_of(env)
         unstuck_worker = start_worker(env, concurrency=opts.concurrency, name="bench-unstuck")
         bare_worker = Proc(
             [

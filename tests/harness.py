@@ -58,6 +58,20 @@ def base_env(redis_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def settings_of(env: dict[str, str]) -> Settings:
+    """The settings ``env``'s processes read, built here without leaving ``env`` in os.environ."""
+    previous = {k: v for k, v in os.environ.items() if k.startswith("UNSTUCK_")}
+    for key in previous:
+        del os.environ[key]
+    os.environ.update({k: v for k, v in env.items() if k.startswith("UNSTUCK_")})
+    try:
+        return Settings()
+    finally:
+        for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
+            del os.environ[key]
+        os.environ.update(previous)
+
+
 def settings_in_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The settings ``env``'s processes read, for this test process (its UNSTUCK_ vars replaced)."""
     for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 from kombu import Connection, Queue
 
-from tests.harness import Proc, base_env, start_worker
+from tests.harness import Proc, base_env, settings_in_env, start_worker
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 
@@ -114,9 +114,4 @@ def broker_worker(broker_env: dict[str, str]) -> Iterator[Proc]:
 @pytest.fixture
 def broker_settings(broker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings of this test process matching ``broker_env``."""
-    for key in [k for k in os.environ if k.startswith("UNSTUCK_")]:
-        monkeypatch.delenv(key)
-    for key, value in broker_env.items():
-        if key.startswith("UNSTUCK_"):
-            monkeypatch.setenv(key, value)
-    return Settings()
+    return settings_in_env(broker_env, monkeypatch)
