@@ -16,6 +16,7 @@ from workers.core.run_health import watchdog_late
 from workers.runtime import now_ms, runtime, worker_id
 from workers.store.sessions import SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness
+from workers.task_events import TaskEvents
 from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
 from workers.watchdog.alerts import AlertSink
 from workers.watchdog.sweep import Watchdog, clean_stale_lanes
@@ -31,8 +32,15 @@ def _revoke(task_ids: list[str]) -> None:
 
 
 @cache
+def _task_events() -> TaskEvents:
+    # Calls the watchdog answers close their task in Flower (their worker is gone or late).
+    return TaskEvents(app, runtime().ledger, role="watchdog").attach()
+
+
+@cache
 def _watchdog() -> Watchdog:
     rt = runtime()
+    _task_events()
     return Watchdog(
         SessionStore(rt.ledger),
         rt.settings,
@@ -62,6 +70,7 @@ def sweep() -> int:
         return 0
     if report.calls_answered or report.timed_out or report.recovered or report.alerts:
         log.warning("watchdog sweep: %s", report)
+        _task_events().flush(timeout_s=2.0)
     _note_completed(watchdog)
     return report.calls_answered
 

@@ -7,13 +7,16 @@ import time
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject
 from pydantic import ValidationError
 
-from tasks.requests import answer_if_holder_died
+from tasks.requests import answer_if_holder_died, report_outcome, stored_answer
 from workers.celery_app import app
 from workers.core.models import CallJob, ClaimStatus, SyntheticReason, ToolResult
 from workers.core.results import answer_by_deadline, not_allowed_result
+from workers.errors import CallFailed
 from workers.runtime import Runtime, now_ms, runtime, worker_id
+from workers.store.keys import RunKeys
 from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
 from workers.tools.registry import registered_tools
@@ -25,36 +28,50 @@ log = logging.getLogger(__name__)
 
 
 # shared=False: registered on the tool worker's app only, never on the watchdog's.
+# throws: a call that failed is an expected outcome, logged without a traceback.
 @app.task(
-    name=INVOKE_TASK, bind=True, ignore_result=True, shared=False, Request="tasks.requests:GuardedRequest"
+    name=INVOKE_TASK,
+    bind=True,
+    ignore_result=True,
+    shared=False,
+    throws=(CallFailed,),
+    Request="tasks.requests:GuardedRequest",
 )
-def invoke(self: Any, job: dict[str, Any]) -> str:
-    """Run one tool call; returns what happened to the claim (for logs and Flower)."""
+def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one tool call; the task ends as the call did (see ``workers.core.outcome``).
+
+    Returns the outcome's info for a tool's success; raises its :class:`CallFailed` (no retry:
+    the message was acked on receipt and the ledger already holds the answer) otherwise.
+    """
     try:
         parsed = CallJob.model_validate(job)
     except ValidationError as exc:
         # A forged or corrupt message: nothing to run and no call to answer.
         log.error("refused invoke message %s: %s", self.request.id, exc.errors()[:3])
-        return "refused"
+        raise Reject(f"refused: not a call ({exc.error_count()} problem(s))", requeue=False) from None
     rt = runtime()
     keys = rt.ledger.keys(parsed.session_key, parsed.run_id)
     claim = rt.ledger.claim(keys, parsed.call.id, worker_id=worker_id(), now_ms=now_ms())
-    if claim.status is ClaimStatus.BUSY and answer_if_holder_died({"job": job}):
-        return "crashed"  # a redelivery after its first child died holding the claim
-    if claim.status is not ClaimStatus.CLAIMED:
-        return claim.status.value
+    if claim.status is ClaimStatus.BUSY and not answer_if_holder_died({"job": job}):
+        # A second delivery while the holder still runs: the holder's task reports the call.
+        raise Ignore()
+    if claim.status is ClaimStatus.CLAIMED:
+        _answer(rt, keys, parsed, self.request.id, claim.attempt)
+    return report_outcome(stored_answer(rt, keys, parsed.call.id), loop_warning)
+
+
+def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: int) -> None:
+    """Run the claimed call (or refuse it) and store its answer; a late one is kept for audit."""
     if not rt.settings.tool_policy(parsed.agent_id).allows(parsed.call.name):
         # Defence in depth: the gateway refuses these; a message that got here anyway runs nothing.
         log.warning(
-            "refused %s: tool %r not allowed for agent %r", self.request.id, parsed.call.name, parsed.agent_id
+            "refused %s: tool %r not allowed for agent %r", task_id, parsed.call.name, parsed.agent_id
         )
         result = not_allowed_result(
             parsed.call, parsed.agent_id, elapsed_ms=now_ms() - parsed.submitted_ms, attempt=0
         )
     else:
-        result = bounded_result(
-            _execute(rt, parsed, claim.attempt), max_bytes=rt.settings.limits.max_result_bytes
-        )
+        result = bounded_result(_execute(rt, parsed, attempt), max_bytes=rt.settings.limits.max_result_bytes)
     finished_ms = now_ms()
     answer = answer_by_deadline(
         result,
@@ -63,10 +80,9 @@ def invoke(self: Any, job: dict[str, Any]) -> str:
         deadline_ms=parsed.deadline_ms,
         now_ms=finished_ms,
     )
-    won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id())
+    rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id())
     if answer is not result:
         rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id())  # kept as late (audit)
-    return "answered" if won and answer is result else "late"
 
 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:

@@ -17,18 +17,28 @@ from typing import Any
 
 import psutil
 from billiard.exceptions import TimeLimitExceeded
+from celery.exceptions import Ignore, Reject, Retry, Terminated
 from celery.worker.request import Request
 from pydantic import ValidationError
 
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
-from workers.core.models import CallJob, SyntheticReason
+from workers.core.models import CallJob, SyntheticReason, ToolResult
+from workers.core.outcome import TaskState, closing_event, failure_event, outcome_of
 from workers.core.results import answer_by_deadline
-from workers.errors import StoreError
-from workers.runtime import now_ms, runtime, worker_id
+from workers.errors import CallFailed, StoreError
+from workers.runtime import Runtime, now_ms, runtime, worker_id
+from workers.store.keys import RunKeys
 from workers.store.records import CallField
 from workers.worker.execution import interrupted_result
 
-__all__ = ["GuardedRequest", "answer_from_main_process", "answer_if_holder_died", "pid_alive"]
+__all__ = [
+    "GuardedRequest",
+    "answer_from_main_process",
+    "answer_if_holder_died",
+    "pid_alive",
+    "report_outcome",
+    "stored_answer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +108,35 @@ def answer_if_holder_died(kwargs: dict[str, Any]) -> bool:
     return True
 
 
+def stored_answer(rt: Runtime, keys: RunKeys, call_id: str) -> ToolResult | None:
+    """The answer the ledger holds for a call (the first stored, whoever wrote it)."""
+    return rt.ledger.results(keys, [call_id]).get(call_id)
+
+
+def report_outcome(answer: ToolResult | None, loop_warning: dict[str, Any] | None = None) -> dict[str, Any]:
+    """End the task as the call ended: the outcome's info for a tool's success, else raise its failure.
+
+    No answer (the record expired, or the message named no registered call): nothing to
+    report, so the task's state is left alone.
+    """
+    if answer is None:
+        raise Ignore()
+    outcome = outcome_of(answer, loop_warning)
+    if outcome.state is TaskState.SUCCESS:
+        return outcome.info()
+    raise outcome.failure()
+
+
+# Exceptions that end a task without a lost or failed tool behind them: nothing to answer.
+_NOT_A_LOSS = (CallFailed, Ignore, Reject, Retry, Terminated, SystemExit, KeyboardInterrupt)
+
+
 class GuardedRequest(Request):
-    """A Celery request whose hard-limit and lost-child paths still answer the call."""
+    """A Celery request whose hard-limit and lost-child paths still answer the call.
+
+    Every failure closes the task with the call's stored answer (its reason, no traceback of
+    ours), so Flower shows what the agent was told rather than a pool error.
+    """
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         """Hard limit: the child is being killed; answer ``timeout_hard`` before Celery's own handling."""
@@ -111,10 +148,37 @@ class GuardedRequest(Request):
         """A child that died (OOM, SIGKILL, segfault) surfaces as WorkerLostError here."""
         exc = getattr(exc_info, "exception", None)
         exc = getattr(exc, "exc", exc)  # billiard wraps pool errors in ExceptionWithTraceback
+        if isinstance(exc, CallFailed):
+            # The task body reported the call's outcome: close the task with it, traceback-free.
+            super().on_failure(exc_info, send_failed_event=False, return_ok=return_ok)
+            self._close(*failure_event(exc), send=send_failed_event)
+            return
+        if exc is None or isinstance(exc, _NOT_A_LOSS):
+            super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+            return
         if isinstance(exc, TimeLimitExceeded):
             answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
-        elif exc is not None:
+        else:
             # A lost child, or the task body itself failed (e.g. the store vanished mid-call).
             detail = f"{type(exc).__name__}: {exc}"
             answer_from_main_process(self.kwargs, SyntheticReason.CRASHED, detail=detail)
-        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        answer = self._stored_answer()
+        super().on_failure(
+            exc_info, send_failed_event=send_failed_event and answer is None, return_ok=return_ok
+        )
+        if answer is not None:
+            self._close(*closing_event(outcome_of(answer)), send=send_failed_event)
+
+    def _stored_answer(self) -> ToolResult | None:
+        job = _job(self.kwargs)
+        if job is None:
+            return None
+        rt = runtime()
+        try:
+            return stored_answer(rt, rt.ledger.keys(job.session_key, job.run_id), job.call.id)
+        except StoreError:
+            return None  # Celery's own failure event still closes the task
+
+    def _close(self, event_type: str, fields: dict[str, Any], *, send: bool) -> None:
+        if send:
+            self.send_event(event_type, **fields)

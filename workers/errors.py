@@ -9,7 +9,11 @@ decisions read the typed ``retryable`` field, never the message text::
      │    ├── ToolNotFound           no tool of that name is registered
      │    ├── InvalidArguments       arguments failed the tool's schema (R5)
      │    ├── ToolExecutionError     the tool raised; ``retryable`` says if a retry may help
-     │    └── ToolTimeout            a limit expired; ``kind`` is a LimitKind
+     │    ├── ToolTimeout            a limit expired; ``kind`` is a LimitKind
+     │    └── CallFailed             a call's one result is not a tool's success (its task's FAILURE)
+     │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
+     │             HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid, UnknownTool,
+     │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted
      ├── LoopDetected                the loop detector blocked a call or aborted a run
      │    └── CompactionLoopPersisted  a loop survived context compaction: the run is aborted
      ├── TranscriptError
@@ -30,24 +34,40 @@ import enum
 from typing import Any
 
 __all__ = [
+    "CALL_FAILURES",
+    "ArgumentsInvalid",
+    "CallFailed",
+    "Cancelled",
     "CompactionLoopPersisted",
     "ConfigError",
+    "Crashed",
+    "DeadlineExceeded",
     "DispatchError",
+    "DispatchFailed",
     "HeartbeatInterrupt",
+    "HeartbeatTimeout",
     "InvalidArguments",
     "LimitKind",
+    "LoopBlocked",
     "LoopDetected",
     "ProviderFormatError",
+    "RunAborted",
     "StoreError",
     "StreamIdleTimeout",
+    "TimeoutHard",
+    "TimeoutSoft",
     "ToolCallError",
     "ToolExecutionError",
+    "ToolFailed",
+    "ToolNotAllowed",
     "ToolNotFound",
     "ToolTimeout",
     "TranscriptError",
     "TranscriptRepairError",
+    "UnknownTool",
     "UnstuckError",
     "WorkerConfigError",
+    "WorkerLost",
 ]
 
 
@@ -112,6 +132,114 @@ class ToolTimeout(ToolCallError):
         self.kind = kind
         self.elapsed_s = elapsed_s
         super().__init__(f"{kind.value} limit expired after {elapsed_s:.1f}s")
+
+
+class CallFailed(ToolCallError):
+    """A call whose one result is not a tool's success: its invoke task ends FAILURE with this.
+
+    The subclass names the reason, the message the reason and what the model was told (never
+    a traceback); ``info`` is the call's outcome summary (``workers.core.outcome``).
+    """
+
+    reason = ""
+
+    def __init__(self, message: str, info: dict[str, Any] | None = None) -> None:
+        self.info = info or {}
+        super().__init__(message)
+
+
+class ToolFailed(CallFailed):
+    """The tool raised (``tool_error``)."""
+
+    reason = "tool_error"
+
+
+class TimeoutSoft(CallFailed):
+    """The tool was stopped at its soft limit."""
+
+    reason = "timeout_soft"
+
+
+class TimeoutHard(CallFailed):
+    """The tool ignored its soft limit and was killed at the hard limit."""
+
+    reason = "timeout_hard"
+
+
+class HeartbeatTimeout(CallFailed):
+    """The tool stopped reporting progress."""
+
+    reason = "heartbeat_timeout"
+
+
+class WorkerLost(CallFailed):
+    """The worker running the tool was lost (its lease lapsed)."""
+
+    reason = "worker_lost"
+
+
+class Crashed(CallFailed):
+    """The process running the tool died."""
+
+    reason = "crashed"
+
+
+class ArgumentsInvalid(CallFailed):
+    """The call's arguments failed the tool's schema; nothing ran."""
+
+    reason = "invalid_arguments"
+
+
+class UnknownTool(CallFailed):
+    """The call named no registered tool; nothing ran."""
+
+    reason = "unknown_tool"
+
+
+class ToolNotAllowed(CallFailed):
+    """The agent may not call this tool; nothing ran."""
+
+    reason = "tool_not_allowed"
+
+
+class DispatchFailed(CallFailed):
+    """The call could not be handed to the broker; nothing ran."""
+
+    reason = "dispatch_failed"
+
+
+class DeadlineExceeded(CallFailed):
+    """The call had no result by its deadline."""
+
+    reason = "deadline_exceeded"
+
+
+class Cancelled(CallFailed):
+    """The call was cancelled (its task is shown revoked)."""
+
+    reason = "cancelled"
+
+
+class LoopBlocked(CallFailed):
+    """The loop detector refused to run the call."""
+
+    reason = "loop_blocked"
+
+
+class RunAborted(CallFailed):
+    """The call's run had ended; the call did not run (its task is shown revoked)."""
+
+    reason = "run_aborted"
+
+
+CALL_FAILURES: dict[str, type[CallFailed]] = {
+    cls.reason: cls
+    for cls in (
+        ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid,
+        UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
+    )
+}  # fmt: skip
+"""The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""
 
 
 class LoopDetected(UnstuckError):

@@ -35,6 +35,7 @@ from workers.store.keys import RunKeys
 from workers.store.loop_history import RedisLoopHistory
 from workers.store.runs import AgentBeats, RunAbort, mark_run_aborted, open_run, run_abort
 from workers.store.sessions import SessionStore
+from workers.task_events import TaskEvents
 from workers.tools.definitions import tool_definitions
 
 __all__ = ["ToolGateway"]
@@ -60,6 +61,8 @@ class ToolGateway:
         self._clock = clock
         self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"
+        # Answers this gateway writes (never a tool's own) close their task in Flower.
+        self._task_events = TaskEvents(self._app, self._rt.ledger, role="gateway").attach()
         self._run_deadlines: dict[tuple[str, str], int] = {}
         self._dispatcher = Dispatcher(self.settings, self._rt.ledger, self._app, self._writer, self._now_ms)
         self._sessions = SessionStore(self._rt.ledger)
@@ -262,7 +265,8 @@ class ToolGateway:
         )
 
     def close(self) -> None:
-        """Release connections."""
+        """Release connections (after up to 1 s to send the last answers' events to Flower)."""
+        self._task_events.flush(timeout_s=1.0)
         self._rt.ledger.close()
 
     # -- submission -------------------------------------------------------------------------
@@ -291,7 +295,8 @@ class ToolGateway:
         batch.deadlines[call.id] = job.deadline_ms
         batch.submitted[call.id] = job.submitted_ms
         try:
-            registration = self._dispatcher.register_and_dispatch(batch.keys, job)
+            warning = self._loops.warning_of(verdict)
+            registration = self._dispatcher.register_and_dispatch(batch.keys, job, loop_warning=warning)
             batch.guard_armed = batch.guard_armed or registration.guard_armed
             if registration.refused:
                 self._refuse(batch, call, registration.run_status)

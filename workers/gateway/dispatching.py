@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from celery import Celery
 
@@ -18,7 +19,7 @@ from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, Registration
 from workers.store.records import CallField
-from workers.task_names import INVOKE_TASK
+from workers.task_names import INVOKE_TASK, invoke_task_id, invoke_task_label
 from workers.tools.registry import get_tool, validate_arguments
 
 __all__ = ["Dispatcher", "task_id"]
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def task_id(keys: RunKeys, call_id: str, attempt: int) -> str:
     """The Celery task id of one dispatch of a call (readable in Flower, unique per attempt)."""
-    return f"{keys.due_member(call_id)}#{attempt}"
+    return invoke_task_id(keys.due_member(call_id), attempt)
 
 
 class Dispatcher:
@@ -116,8 +117,13 @@ class Dispatcher:
             ledger.finish(keys, result, now_ms=now, writer=self._writer)
         return registration
 
-    def register_and_dispatch(self, keys: RunKeys, job: CallJob) -> Registration:
-        """Register the call and publish it unless it existed or its run refuses new calls."""
+    def register_and_dispatch(
+        self, keys: RunKeys, job: CallJob, *, loop_warning: dict[str, Any] | None = None
+    ) -> Registration:
+        """Register the call and publish it unless it existed or its run refuses new calls.
+
+        A ``loop_warning`` rides along in the message, so Flower shows it with the call's task.
+        """
         spec = get_tool(job.call.name)
         fields: dict[str, str] = {
             CallField.TOOL: job.call.name,
@@ -133,22 +139,27 @@ class Dispatcher:
             keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
         )
         if registration.created and not registration.refused:
-            self.dispatch(keys, job, attempt=0)
+            self.dispatch(keys, job, attempt=0, loop_warning=loop_warning)
         return registration
 
-    def dispatch(self, keys: RunKeys, job: CallJob, *, attempt: int) -> ToolResult | None:
+    def dispatch(
+        self, keys: RunKeys, job: CallJob, *, attempt: int, loop_warning: dict[str, Any] | None = None
+    ) -> ToolResult | None:
         """Publish the call; on failure store ``dispatch_failed`` and return it."""
         message_id = task_id(keys, job.call.id, attempt)
+        kwargs: dict[str, Any] = {"job": job.model_dump(mode="json")}
+        if loop_warning:
+            kwargs["loop_warning"] = loop_warning
         try:
             self._app.send_task(
                 INVOKE_TASK,
-                kwargs={"job": job.model_dump(mode="json")},
+                kwargs=kwargs,
                 task_id=message_id,
                 soft_time_limit=job.soft_s,  # type: ignore[arg-type]  # floats work; stubs say int
                 time_limit=job.hard_s,  # type: ignore[arg-type]
                 expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
                 queue=self.settings.broker.queue,
-                shadow=f"{job.call.name} [{job.session_key}/{job.run_id}]",
+                shadow=invoke_task_label(job.call.name, job.session_key, job.run_id),
                 ignore_result=True,  # results live in the ledger; skip the backend subscription
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run

@@ -112,11 +112,17 @@ class LoopGate:
             extra={"detector": _name(verdict.detector), "count": verdict.count},
         )
 
+    def warning_of(self, verdict: LoopVerdict | None) -> dict[str, Any] | None:
+        """The detector's warning about a call that still runs (shown in Flower), or None."""
+        if verdict is None or verdict.level.value != "warning" or not verdict.message:
+            return None
+        return {"detector": _name(verdict.detector), "count": verdict.count}
+
     def with_warning(self, result: ToolResult, verdict: LoopVerdict) -> ToolResult:
         """``result`` with the detector's warning appended to what the model sees."""
-        if verdict.level.value != "warning" or not verdict.message:
+        warning = self.warning_of(verdict)
+        if warning is None:
             return result
-        warning = {"detector": _name(verdict.detector), "count": verdict.count}
         return result.model_copy(
             update={
                 "content": (*result.content, TextBlock(text=f"[unstuck loop warning] {verdict.message}")),

@@ -7,6 +7,7 @@ Every multi-step change is one Lua script over the keys of a single run (see
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ __all__ = [
     "connect",
     "store_errors",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -115,6 +118,9 @@ class Ledger:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.lease_ttl_ms = lease_ttl_ms
+        # Called with every result this client stored first (best effort, never failing a
+        # write): the gateway and the watchdog close the call's task in Flower from here.
+        self.on_answered: list[Callable[[RunKeys, ToolResult], None]] = []
         self._register = load_script(client, "ledger_register.lua", with_summary=True)
         self._claim = load_script(client, "ledger_claim.lua", with_summary=True)
         self._finish = load_script(client, "ledger_finish.lua", with_summary=True)
@@ -250,7 +256,16 @@ class Ledger:
                 writer=writer,
                 elapsed_s=round(int(result.details.get("elapsed_ms", 0)) / 1000, 2),
             )
+        if won:
+            self._announce(keys, result)
         return bool(won)
+
+    def _announce(self, keys: RunKeys, result: ToolResult) -> None:
+        for listener in self.on_answered:
+            try:
+                listener(keys, result)
+            except Exception as exc:  # noqa: BLE001 - a listener never makes a stored answer fail
+                log.warning("answer listener failed for call %s: %s", result.tool_call_id, exc)
 
     def publish_event(self, kind: str, **fields: Any) -> None:
         """Append an event to the capped events stream (read by ``unstuck up``); best effort."""

@@ -1,0 +1,130 @@
+"""Close a call's Celery task in Flower when its answer was written outside the task.
+
+The gateway and the watchdog answer calls that no task could answer (``worker_lost``,
+``deadline_exceeded``, ``heartbeat_timeout``, ``cancelled``, ``dispatch_failed``, and every
+call refused at submission). Each such answer is stored through their ledger, whose
+``on_answered`` listener queues it here; a background thread then sends the Celery task
+events that end the call's task in the state its result deserves (``task-failed`` or
+``task-revoked``, see :mod:`workers.core.outcome`), preceded by ``task-received`` for a call
+no worker ever received, so Flower lists every call the agent made, with its reason.
+
+Sending never delays an answer: the queue is bounded and a broker that is down only costs
+events (logged). The events come from ``unstuck-<role>@<host>``, which Flower shows as the
+task's worker: who answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+from typing import Any
+
+from celery import Celery
+
+from workers.core.models import SyntheticReason, ToolResult
+from workers.core.outcome import closing_event, outcome_of
+from workers.errors import StoreError
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
+from workers.store.records import CallField
+from workers.task_names import invoke_task_id, invoke_task_label
+
+__all__ = ["TaskEvents"]
+
+log = logging.getLogger(__name__)
+
+_BATCH = 200
+Event = tuple[str, dict[str, Any]]
+
+
+class TaskEvents:
+    """Sends the task events of answers stored through ``ledger`` (attach with :meth:`attach`)."""
+
+    def __init__(self, app: Celery, ledger: Ledger, *, role: str, capacity: int = 10_000) -> None:
+        self.hostname = f"unstuck-{role}@{socket.gethostname()}"
+        self._app = app
+        self._ledger = ledger
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[RunKeys, ToolResult]] = queue.Queue(capacity)
+        self._pid = 0
+
+    def attach(self) -> TaskEvents:
+        """Listen to every answer the ledger stores first; returns self."""
+        self._ledger.on_answered.append(self.answered)
+        return self
+
+    def answered(self, keys: RunKeys, result: ToolResult) -> None:
+        """Queue the events closing the task of ``result``'s call (never blocks)."""
+        self._ensure_sender()
+        try:
+            self._queue.put_nowait((keys, result))
+        except queue.Full:
+            log.warning("Flower events queue full; call %s not shown as answered", result.tool_call_id)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until every queued answer was sent (or failed); True if so."""
+        with self._queue.all_tasks_done:
+            return self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks, timeout_s)
+
+    def events_for(self, keys: RunKeys, result: ToolResult) -> list[Event]:
+        """The events closing the call's task: ``task-received`` first if no worker received it."""
+        record = self._ledger.record(keys, result.tool_call_id)
+        task_id = record.row.text(CallField.TASK_ID) if record is not None else ""
+        label = invoke_task_label(result.tool_name, keys.session_key, keys.run_id)
+        events: list[Event] = []
+        if not task_id or result.reason == SyntheticReason.DISPATCH_FAILED.value:
+            task_id = task_id or invoke_task_id(keys.due_member(result.tool_call_id), 0)
+            call = {
+                "session_key": keys.session_key,
+                "run_id": keys.run_id,
+                "call_id": result.tool_call_id,
+                "tool": result.tool_name,
+            }
+            received = {"uuid": task_id, "name": label, "args": "()", "kwargs": repr(call), "retries": 0}
+            events.append(("task-received", received))
+        event_type, fields = closing_event(outcome_of(result))
+        events.append((event_type, {"uuid": task_id, "name": label, **fields}))
+        return events
+
+    def _ensure_sender(self) -> None:
+        # Started on first use, and again in a forked child (threads do not survive a fork).
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            if self._pid:
+                self._queue = queue.Queue(self._capacity)
+            threading.Thread(target=self._run, name="unstuck-task-events", daemon=True).start()
+            self._pid = os.getpid()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < _BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._send(batch)
+            except Exception as exc:  # noqa: BLE001 - Flower's view is best effort, never a failure path
+                log.warning("could not send %d task event(s) for Flower: %s", len(batch), exc)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _send(self, batch: list[tuple[RunKeys, ToolResult]]) -> None:
+        with self._app.events.default_dispatcher(hostname=self.hostname) as dispatcher:
+            for keys, result in batch:
+                try:
+                    events = self.events_for(keys, result)
+                except StoreError as exc:  # without its task id the call cannot be shown
+                    log.warning("no Flower event for call %s: %s", result.tool_call_id, exc)
+                    continue
+                for event_type, fields in events:
+                    dispatcher.send(event_type, **fields)
