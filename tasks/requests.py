@@ -138,6 +138,8 @@ class GuardedRequest(Request):
     ours), so Flower shows what the agent was told rather than a pool error.
     """
 
+    _failure: CallFailed | None = None
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         """Hard limit: the child is being killed; answer ``timeout_hard`` before Celery's own handling."""
         if not soft:
@@ -149,25 +151,30 @@ class GuardedRequest(Request):
         exc = getattr(exc_info, "exception", None)
         exc = getattr(exc, "exc", exc)  # billiard wraps pool errors in ExceptionWithTraceback
         if isinstance(exc, CallFailed):
-            # The task body reported the call's outcome: close the task with it, traceback-free.
-            super().on_failure(exc_info, send_failed_event=False, return_ok=return_ok)
-            self._close(*failure_event(exc), send=send_failed_event)
-            return
-        if exc is None or isinstance(exc, _NOT_A_LOSS):
-            super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-            return
-        if isinstance(exc, TimeLimitExceeded):
+            self._failure = exc  # the task body reported the call's outcome
+        elif isinstance(exc, TimeLimitExceeded):
             answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
-        else:
+        elif exc is not None and not isinstance(exc, _NOT_A_LOSS):
             # A lost child, or the task body itself failed (e.g. the store vanished mid-call).
             detail = f"{type(exc).__name__}: {exc}"
             answer_from_main_process(self.kwargs, SyntheticReason.CRASHED, detail=detail)
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        """Celery's ``task-failed`` becomes the event of the call's stored answer (reason, no traceback).
+
+        Both the pool's failure report and the hard-limit handler send one; each is replaced.
+        """
+        eventer = getattr(self, "_eventer", None)  # Celery's; None or disabled: nothing is sent
+        if type == "task-failed" and eventer is not None and eventer.enabled:
+            type, fields = self._closing_event(type, fields)
+        super().send_event(type, **fields)
+
+    def _closing_event(self, type: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if self._failure is not None:
+            return failure_event(self._failure)
         answer = self._stored_answer()
-        super().on_failure(
-            exc_info, send_failed_event=send_failed_event and answer is None, return_ok=return_ok
-        )
-        if answer is not None:
-            self._close(*closing_event(outcome_of(answer)), send=send_failed_event)
+        return (type, fields) if answer is None else closing_event(outcome_of(answer))
 
     def _stored_answer(self) -> ToolResult | None:
         job = _job(self.kwargs)
@@ -178,7 +185,3 @@ class GuardedRequest(Request):
             return stored_answer(rt, rt.ledger.keys(job.session_key, job.run_id), job.call.id)
         except StoreError:
             return None  # Celery's own failure event still closes the task
-
-    def _close(self, event_type: str, fields: dict[str, Any], *, send: bool) -> None:
-        if send:
-            self.send_event(event_type, **fields)

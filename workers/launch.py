@@ -15,7 +15,10 @@ from workers.redact import redact_url
 from workers.settings import Settings
 from workers.store.server import ping_error
 
-__all__ = ["beat_argv", "preflight", "watchdog_argv", "worker_argv"]
+__all__ = ["FLOWER_TASK_COLUMNS", "beat_argv", "flower_argv", "preflight", "watchdog_argv", "worker_argv"]
+
+FLOWER_TASK_COLUMNS = "name,uuid,state,exception,result,received,runtime,worker"
+"""The tasks page's columns: exception and result carry each call's reason (Flower hides them by default)."""
 
 
 def preflight(settings: Settings) -> None:
@@ -73,4 +76,12 @@ def beat_argv(*, loglevel: str, schedule_file: str | None) -> list[str]:
     return [
         sys.executable, "-m", "celery", "-A", "workers.celery_app:control_app", "beat",
         "--loglevel", loglevel, "--schedule", schedule,
+    ]  # fmt: skip
+
+
+def flower_argv(port: int, address: str) -> list[str]:
+    """The Flower command line: our Celery app (so our broker), the port, the address, our columns."""
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.celery_app", "flower",
+        f"--tasks_columns={FLOWER_TASK_COLUMNS}", f"--port={port}", f"--address={address}",
     ]  # fmt: skip

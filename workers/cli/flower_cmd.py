@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from workers.doors.auth import is_loopback
 from workers.errors import ConfigError
+from workers.launch import flower_argv
 from workers.settings import load_settings, process_environment
 
 __all__ = ["BASIC_AUTH_ENV", "flower_argv", "flower_env", "is_loopback", "parse_basic_auth", "register"]
@@ -55,14 +56,6 @@ def parse_basic_auth(value: str) -> str:
         if not (sep and user.strip() and password):
             raise ConfigError([("--basic-auth", f"entry {index + 1} must be USER:PASS")])
     return value
-
-
-def flower_argv(port: int, address: str) -> list[str]:
-    """The Flower command line: our Celery app (so our broker), the port and the address."""
-    return [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "flower",
-        f"--port={port}", f"--address={address}",
-    ]  # fmt: skip
 
 
 def flower_env(address: str, basic_auth: str | None, environ: Mapping[str, str]) -> dict[str, str]:

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 from workers.errors import ConfigError, StoreError, UnstuckError
-from workers.launch import beat_argv, preflight, watchdog_argv, worker_argv
+from workers.launch import beat_argv, flower_argv, preflight, watchdog_argv, worker_argv
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings, process_environment
 
@@ -342,9 +342,7 @@ class Stack:
         return Child.spawn("serve", argv, self.child_env(), self.log_dir)
 
     def _spawn_flower(self, port: int) -> Child:
-        argv = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "flower"]
-        argv += ["--address=127.0.0.1", f"--port={port}"]
-        return Child.spawn("flower", argv, self.child_env(), self.log_dir)
+        return Child.spawn("flower", flower_argv(port, "127.0.0.1"), self.child_env(), self.log_dir)
 
     def describe(self) -> dict[str, Any]:
         """What runs where, for the start-up banner and the state file."""
