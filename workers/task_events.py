@@ -15,6 +15,7 @@ task's worker: who answered.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -49,7 +50,7 @@ class TaskEvents:
         self._ledger = ledger
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[RunKeys, ToolResult]] = queue.Queue(capacity)
+        self._queue: queue.Queue[tuple[RunKeys, ToolResult] | None] = queue.Queue(capacity)
         self._pid = 0
 
     def attach(self) -> TaskEvents:
@@ -69,6 +70,14 @@ class TaskEvents:
         """Wait up to ``timeout_s`` until every queued answer was sent (or failed); True if so."""
         with self._queue.all_tasks_done:
             return self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks, timeout_s)
+
+    def close(self, timeout_s: float) -> None:
+        """Send what is queued (up to ``timeout_s``), then stop the sender thread."""
+        self.flush(timeout_s)
+        if self._pid == os.getpid():
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(None)
+            self._pid = 0
 
     def events_for(self, keys: RunKeys, result: ToolResult) -> list[Event]:
         """The events closing the call's task: ``task-received`` first if no worker received it."""
@@ -103,20 +112,25 @@ class TaskEvents:
             self._pid = os.getpid()
 
     def _run(self) -> None:
+        pending = self._queue
         while True:
-            batch = [self._queue.get()]
-            while len(batch) < _BATCH:
+            batch = [pending.get()]
+            while len(batch) < _BATCH and batch[-1] is not None:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(pending.get_nowait())
                 except queue.Empty:
                     break
+            answers = [item for item in batch if item is not None]
             try:
-                self._send(batch)
+                if answers:
+                    self._send(answers)
             except Exception as exc:  # noqa: BLE001 - Flower's view is best effort, never a failure path
-                log.warning("could not send %d task event(s) for Flower: %s", len(batch), exc)
+                log.warning("could not send %d task event(s) for Flower: %s", len(answers), exc)
             finally:
                 for _ in batch:
-                    self._queue.task_done()
+                    pending.task_done()
+            if batch[-1] is None:
+                return
 
     def _send(self, batch: list[tuple[RunKeys, ToolResult]]) -> None:
         with self._app.events.default_dispatcher(hostname=self.hostname) as dispatcher:

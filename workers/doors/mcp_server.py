@@ -141,7 +141,9 @@ class McpDoor:
     @classmethod
     def from_settings(cls, settings: Settings, *, stdio_session: str | None = None) -> McpDoor:
         """A door with its own gateway and ledger connection (tools load here)."""
-        return cls(settings, ToolGateway(settings), open_ledger(settings), stdio_session=stdio_session)
+        gateway, ledger = ToolGateway(settings), open_ledger(settings)
+        gateway.watch_answers(ledger)  # a cancelled call's task is closed in Flower too
+        return cls(settings, gateway, ledger, stdio_session=stdio_session)
 
     def server(self) -> Server[Any]:
         """The MCP server: ``tools/list`` and ``tools/call``, nothing else."""

@@ -32,6 +32,7 @@ from workers.gateway.waiting import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
 from workers.store.loop_history import RedisLoopHistory
 from workers.store.runs import AgentBeats, RunAbort, mark_run_aborted, open_run, run_abort
 from workers.store.sessions import SessionStore
@@ -264,9 +265,13 @@ class ToolGateway:
             fmt=fmt,
         )
 
+    def watch_answers(self, ledger: Ledger) -> None:
+        """Also close in Flower the tasks of calls answered through ``ledger`` (a door's own client)."""
+        ledger.on_answered.append(self._task_events.answered)
+
     def close(self) -> None:
         """Release connections (after up to 1 s to send the last answers' events to Flower)."""
-        self._task_events.flush(timeout_s=1.0)
+        self._task_events.close(timeout_s=1.0)
         self._rt.ledger.close()
 
     # -- submission -------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""Answers written outside a task close the call's task with Celery events (what Flower reads).
+
+A real Redis broker and Celery's own event receiver: the events are what Flower would get.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from tests.harness import wait_until
+from workers.celery_app import create_app
+from workers.core.models import SyntheticReason, ToolCall
+from workers.core.results import synthetic_result
+from workers.gateway.client import ToolGateway
+from workers.runtime import open_ledger
+from workers.settings import Settings
+from workers.store.records import CallField
+from workers.task_events import TaskEvents
+
+
+class Captured:
+    """Task events seen on the broker, captured by Celery's receiver in a thread."""
+
+    def __init__(self, app: Celery) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._app = app
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._capture, daemon=True)
+
+    def _capture(self) -> None:
+        with self._app.connection_for_read() as conn:
+            self._receiver = self._app.events.Receiver(conn, handlers={"*": self.events.append})
+            self._receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def start(self) -> Captured:
+        self._thread.start()
+        probe = 0
+
+        def listening() -> bool:
+            nonlocal probe
+            probe += 1
+            with self._app.events.default_dispatcher() as dispatcher:
+                dispatcher.send("unstuck-probe", n=probe)
+            time.sleep(0.05)
+            return any(e["type"] == "unstuck-probe" for e in self.events)
+
+        wait_until(listening, timeout_s=20, interval_s=0.05, what="the event receiver to listen")
+        return self
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(timeout=5)
+
+    def of(self, task_id: str) -> list[tuple[str, dict[str, Any]]]:
+        return [(e["type"], e) for e in list(self.events) if e.get("uuid") == task_id]
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[Celery]:
+    celery = create_app(settings, role="client")
+    yield celery
+    celery.close()
+
+
+@pytest.fixture
+def captured(app: Celery) -> Iterator[Captured]:
+    capture = Captured(app).start()
+    yield capture
+    capture.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_call_refused_at_submission_is_received_then_failed_at_once(
+    gateway: ToolGateway, captured: Captured
+) -> None:
+    # When the agent calls a tool that does not exist
+    (result,) = gateway.call_tools(
+        session_key="ev", run_id="r1", calls=[ToolCall(id="c-unknown", name="ehco", arguments={})]
+    )
+    assert result.reason == "unknown_tool"
+    # Then its task appears (received) and fails at once, under a deterministic id
+    task_id = "ev/r1/c-unknown#0"
+    wait_until(lambda: len(captured.of(task_id)) == 2, timeout_s=10, what="two events for the call")
+    (received_type, received), (failed_type, failed) = captured.of(task_id)
+    assert (received_type, failed_type) == ("task-received", "task-failed")
+    assert received["name"] == "ehco [ev/r1]"
+    assert "'session_key': 'ev'" in received["kwargs"]
+    assert failed["exception"].startswith("UnknownTool(\"unknown_tool: Unknown tool: 'ehco'")
+    assert "'reason': 'unknown_tool'" in failed["result"]
+    assert failed["traceback"] == ""
+    # And the events come from the gateway, which answered
+    assert failed["hostname"].startswith("unstuck-gateway@")
+
+
+@pytest.mark.timeout(60)
+def test_a_dispatched_call_answered_elsewhere_is_closed_under_its_own_task_id(
+    settings: Settings, app: Celery, captured: Captured
+) -> None:
+    # Given a call registered and dispatched under a task id (no worker runs it here)
+    ledger = open_ledger(settings)  # the watchdog's own client, not the gateway's
+    keys = ledger.keys("ev", "r2")
+    now = int(time.time() * 1000)
+    record: dict[str, str] = {
+        CallField.TOOL: "echo",
+        CallField.DISPATCHED: "1",
+        CallField.TASK_ID: "ev/r2/c1#1",
+    }
+    assert ledger.register(keys, "c1", now_ms=now, deadline_ms=now + 60_000, fields=record)
+    events = TaskEvents(app, ledger, role="watchdog").attach()
+    # When something outside the task answers it (the watchdog: its worker was lost)
+    call = ToolCall(id="c1", name="echo")
+    lost = synthetic_result(call, SyntheticReason.WORKER_LOST, elapsed_ms=3000, attempt=1)
+    assert ledger.finish(keys, lost, now_ms=now + 3000, writer="test/watchdog")
+    assert events.flush(timeout_s=10)
+    # Then the task it was dispatched under fails with the reason; no second "received"
+    wait_until(lambda: bool(captured.of("ev/r2/c1#1")), timeout_s=10, what="the closing event")
+    ((event_type, event),) = captured.of("ev/r2/c1#1")
+    assert event_type == "task-failed"
+    assert event["exception"].startswith('WorkerLost("worker_lost: ')
+    assert event["hostname"].startswith("unstuck-watchdog@")
+    events.close(timeout_s=5)
+    ledger.close()
+
+
+def test_dispatch_failed_and_cancelled_calls_get_the_events_that_show_them(
+    settings: Settings, app: Celery, gateway: ToolGateway
+) -> None:
+    ledger = gateway._rt.ledger
+    keys = ledger.keys("ev", "r3")
+    now = int(time.time() * 1000)
+    events = TaskEvents(app, ledger, role="gateway")
+    for call_id in ("c-pub", "c-cancel"):
+        record: dict[str, str] = {
+            CallField.TOOL: "echo",
+            CallField.DISPATCHED: "1",
+            CallField.TASK_ID: f"ev/r3/{call_id}#0",
+        }
+        assert ledger.register(keys, call_id, now_ms=now, deadline_ms=now + 60_000, fields=record)
+    # A publish that failed: no worker ever received it, so it is received and failed here
+    failed = synthetic_result(
+        ToolCall(id="c-pub", name="echo"), SyntheticReason.DISPATCH_FAILED, elapsed_ms=1, attempt=0
+    )
+    assert [t for t, _ in events.events_for(keys, failed)] == ["task-received", "task-failed"]
+    # A cancelled call is withdrawn, not failed
+    cancelled = synthetic_result(
+        ToolCall(id="c-cancel", name="echo"), SyntheticReason.CANCELLED, elapsed_ms=1, attempt=0
+    )
+    ((event_type, fields),) = events.events_for(keys, cancelled)
+    assert event_type == "task-revoked"
+    assert fields["uuid"] == "ev/r3/c-cancel#0"
+    assert fields["exception"].startswith('Cancelled("cancelled: ')
