@@ -55,13 +55,18 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
     if claim.status is ClaimStatus.BUSY and not answer_if_holder_died({"job": job}):
         # A second delivery while the holder still runs: the holder's task reports the call.
         raise Ignore()
+    stored = None
     if claim.status is ClaimStatus.CLAIMED:
-        _answer(rt, keys, parsed, self.request.id, claim.attempt)
-    return report_outcome(stored_answer(rt, keys, parsed.call.id), loop_warning)
+        stored = _answer(rt, keys, parsed, self.request.id, claim.attempt)
+    # Whoever answered first (this task, the gateway, the watchdog) decides how the task ends.
+    return report_outcome(stored or stored_answer(rt, keys, parsed.call.id), loop_warning)
 
 
-def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: int) -> None:
-    """Run the claimed call (or refuse it) and store its answer; a late one is kept for audit."""
+def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: int) -> ToolResult | None:
+    """Run the claimed call (or refuse it) and store its answer; returns it if it was first.
+
+    A result that came too late is kept for audit.
+    """
     if not rt.settings.tool_policy(parsed.agent_id).allows(parsed.call.name):
         # Defence in depth: the gateway refuses these; a message that got here anyway runs nothing.
         log.warning(
@@ -80,9 +85,10 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
         deadline_ms=parsed.deadline_ms,
         now_ms=finished_ms,
     )
-    rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id())
+    won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id())
     if answer is not result:
         rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id())  # kept as late (audit)
+    return answer if won else None
 
 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:

@@ -41,7 +41,7 @@ class CallOutcome:
     reason: str | None
     elapsed_ms: int
     attempt: int
-    text: str
+    text: str  # what the model was told, as stored
     loop_warning: dict[str, Any] | None = None
 
     @property
@@ -67,7 +67,14 @@ class CallOutcome:
         """The exception of a failed or withdrawn call: its class names the reason, its message the text."""
         cls = CALL_FAILURES.get(self.reason or "", CallFailed)
         prefix = "fallback delivered after " if self.outcome == "fallback" else ""
-        return cls(f"{prefix}{self.reason or 'error'}: {self.text}", self.info())
+        return cls(f"{prefix}{self.reason or 'error'}: {self.summary}", self.info())
+
+    @property
+    def summary(self) -> str:
+        """The text on one line, secrets masked, at most 500 characters (built only for failures)."""
+        # Cut well past the limit first: masking a 256 KiB result would cost every call.
+        text = " ".join(redact(self.text[: _MESSAGE_CHARS * 16]).split())
+        return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
 
 
 def outcome_of(result: ToolResult, loop_warning: dict[str, Any] | None = None) -> CallOutcome:
@@ -79,16 +86,13 @@ def outcome_of(result: ToolResult, loop_warning: dict[str, Any] | None = None) -
         outcome = "synthetic"
     else:
         outcome = "error" if result.is_error else "ok"
-    text = " ".join(redact(result.text).split())
-    if len(text) > _MESSAGE_CHARS:
-        text = text[: _MESSAGE_CHARS - 3] + "..."
     return CallOutcome(
         tool=result.tool_name,
         outcome=outcome,
         reason=result.reason,
         elapsed_ms=int(details.get("elapsed_ms", 0)),
         attempt=int(details.get("attempt", 0)),
-        text=text,
+        text=result.text,
         loop_warning=loop_warning or details.get("loop_warning"),
     )
 
