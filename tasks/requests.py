@@ -164,11 +164,14 @@ class GuardedRequest(Request):
         """Celery's ``task-failed`` becomes the event of the call's stored answer (reason, no traceback).
 
         Both the pool's failure report and the hard-limit handler send one; each is replaced.
+        Every event carries the task's name (tool, session and run).
         """
         eventer = getattr(self, "_eventer", None)  # Celery's; None or disabled: nothing is sent
         if type == "task-failed" and eventer is not None and eventer.enabled:
             type, fields = self._closing_event(type, fields)
-        super().send_event(type, **fields)
+        # The client's task-sent (named after the task, not the call) may reach Flower after
+        # task-received and rename the task; each later event names it after the call again.
+        super().send_event(type, **{"name": self.name, **fields})
 
     def _closing_event(self, type: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if self._failure is not None:

@@ -338,7 +338,10 @@ def test_flower_api_shows_each_call_in_the_state_of_its_outcome_with_its_reason(
     tasks = stack.flower.tasks()
     for task_id, want in expected.items():
         task = tasks[task_id]
-        # Then the state is the outcome's, and the result names the reason
+        # Then the task is named after the call's tool, session and run
+        session, run, _ = task_id.split("/")
+        assert task["name"].endswith(f" [{session}/{run}]"), (task_id, task["name"])
+        # And the state is the outcome's, and the result names the reason
         assert task["state"] == want.state, (task_id, task)
         assert f"'reason': {want.reason!r}" in task["result"], (task_id, task["result"])
         if want.exception is None:
