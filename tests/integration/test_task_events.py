@@ -156,3 +156,39 @@ def test_dispatch_failed_and_cancelled_calls_get_the_events_that_show_them(
     assert event_type == "task-revoked"
     assert fields["uuid"] == "ev/r3/c-cancel#0"
     assert fields["exception"].startswith('Cancelled("cancelled: ')
+
+
+@pytest.mark.timeout(60)
+def test_a_broker_that_is_down_costs_events_never_answers(settings: Settings) -> None:
+    # Given a gateway whose broker is unreachable (the ledger's Redis is fine)
+    dead = settings.model_copy(
+        update={"broker": settings.broker.model_copy(update={"url": "redis://127.0.0.1:1/0"})}
+    )
+    gateway = ToolGateway(dead)
+    started = time.monotonic()
+    # When a call is refused at submission (its events cannot be sent)
+    (result,) = gateway.call_tools(session_key="ev", run_id="r4", calls=[ToolCall(id="c1", name="ehco")])
+    answered_s = time.monotonic() - started
+    gateway.close()
+    # Then the answer is not delayed by the events, and closing waits at most its flush budget
+    assert result.reason == "unknown_tool"
+    assert answered_s < 1.0
+    assert time.monotonic() - started < answered_s + 3.0
+
+
+def test_a_failing_listener_never_fails_the_stored_answer(gateway: ToolGateway) -> None:
+    ledger = open_ledger(gateway.settings)
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("listener bug")
+
+    ledger.on_answered.append(broken)
+    keys = ledger.keys("ev", "r5")
+    now = int(time.time() * 1000)
+    assert ledger.register(keys, "c1", now_ms=now, deadline_ms=now + 60_000, fields={CallField.TOOL: "echo"})
+    answer = synthetic_result(
+        ToolCall(id="c1", name="echo"), SyntheticReason.CANCELLED, elapsed_ms=1, attempt=0
+    )
+    assert ledger.finish(keys, answer, now_ms=now + 1, writer="test")
+    assert ledger.results(keys, ["c1"]) == {"c1": answer}
+    ledger.close()
