@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 from billiard.exceptions import TimeLimitExceeded
-from celery.exceptions import Ignore, Reject, Retry, Terminated
+from celery.exceptions import Ignore, Reject, Retry
 from celery.worker.request import Request
 from pydantic import ValidationError
 
@@ -127,8 +127,9 @@ def report_outcome(answer: ToolResult | None, loop_warning: dict[str, Any] | Non
     raise outcome.failure()
 
 
-# Exceptions that end a task without a lost or failed tool behind them: nothing to answer.
-_NOT_A_LOSS = (CallFailed, Ignore, Reject, Retry, Terminated, SystemExit, KeyboardInterrupt)
+# Ends of a task with no lost or failed tool behind them: nothing to answer. (A child that
+# exits, or a task terminated from Flower, is answered ``crashed`` like any lost child.)
+_NOT_A_LOSS = (Ignore, Reject, Retry)
 
 
 class GuardedRequest(Request):
