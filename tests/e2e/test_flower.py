@@ -167,19 +167,22 @@ def _states(flower: Flower, expected: dict[str, Expected]) -> dict[str, str | No
 
 
 def _warm_up(gateway: ToolGateway, flower: Flower) -> None:
-    """Until Flower shows a healthy call, it may not be listening to events yet: call until it does."""
-    attempt = 0
-
-    def seen() -> bool:
-        nonlocal attempt
-        attempt += 1
+    """Flower may not listen to events yet: make healthy calls until it shows one."""
+    for attempt in range(1, 31):
         call = _call(f"warm-{attempt}", "echo", text="hi")
         gateway.call_tools(session_key=SESSION, run_id="warm", calls=[call])
-        time.sleep(0.2)  # Flower handles events asynchronously; then look
-        task = flower.tasks().get(_task_id("warm", call.id))
-        return bool(task and task["state"] == "SUCCESS")
-
-    wait_until(seen, timeout_s=60, interval_s=0.5, what="Flower to show a warm-up call")
+        task_id = _task_id("warm", call.id)
+        try:
+            wait_until(
+                lambda: flower.tasks().get(task_id, {}).get("state") == "SUCCESS",  # noqa: B023 - used at once
+                timeout_s=2,
+                interval_s=0.1,
+                what="Flower to show a warm-up call",
+            )
+            return
+        except AssertionError:
+            continue  # its events went out before Flower subscribed
+    raise AssertionError("Flower never showed a warm-up call")
 
 
 def _run_main_batch(gateway: ToolGateway) -> dict[str, Expected]:
