@@ -20,6 +20,7 @@ from workers.store.keys import RunKeys
 from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
 from workers.tools.registry import registered_tools
+from workers.worker.cancel_enforcer import cancel_check
 from workers.worker.execution import bounded_result, interrupted_result, run_tool
 
 __all__ = ["invoke"]
@@ -118,4 +119,6 @@ def _context(rt: Runtime, job: CallJob, attempt: int) -> ToolContext:
         clock=time.monotonic,
         on_heartbeat=lambda details: rt.ledger.heartbeat(keys, call_id, now_ms=now_ms(), details=details),
         on_process_group=lambda pgid: rt.ledger.add_process_group(keys, call_id, pgid),
+        on_cancel_check=cancel_check(rt.ledger, keys, call_id),
+        cancel_grace_s=rt.settings.limits.cancel_grace_s,
     )

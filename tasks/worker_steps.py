@@ -25,10 +25,13 @@ from workers.redact import install_log_redaction
 from workers.runtime import now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 from workers.task_names import INVOKE_TASK
+from workers.worker.cancel_enforcer import CancelEnforcer, RunningJob
 
 __all__ = ["LeaseKeeper", "PoolGuard", "check_pool", "install_worker_steps"]
 
 log = logging.getLogger(__name__)
+
+_KILLED = "; it did not stop within limits.cancel_grace_s and was killed"
 
 
 def _pool_name(pool_cls: Any) -> str:
@@ -97,6 +100,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
         super().__init__(worker, **kwargs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cancels: CancelEnforcer | None = None
 
     def start(self, worker: Any) -> None:
         """Start the renewal thread."""
@@ -133,9 +137,37 @@ class LeaseKeeper(bootsteps.StartStopStep):
             elif verdict is ChildVerdict.HEARTBEAT_STALE:
                 self._interrupt(req, worker)
         rt.ledger.renew_leases(renew, worker_id(), now_ms=now)
+        running = zip(jobs, rows, strict=True)
+        self._enforce_cancels(
+            [
+                RunningJob(req.kwargs, keys, call_id, worker)
+                for (req, (keys, call_id, _)), (_, worker, _) in running
+                if worker.startswith(f"{host}:")  # never signal a pid of another host's worker
+            ],
+            now,
+        )
+
+    def _enforce_cancels(self, jobs: list[RunningJob], now: int) -> None:
+        if self._cancels is None:
+            rt = runtime()
+            interval = min(rt.settings.lease.renew_interval_s, 0.5)
+            self._cancels = CancelEnforcer(
+                rt.ledger,
+                grace_s=rt.settings.limits.cancel_grace_s,
+                slack_s=interval + 0.5,  # a cooperative tool's own grace ends first, with its output
+                answer=lambda job: answer_from_main_process(
+                    job.kwargs, SyntheticReason.CANCELLED, detail=_KILLED
+                ),
+                interrupt=lambda job: self._signal_child(job.worker),
+            )
+        self._cancels.tick(jobs, now_ms=now)
 
     def _interrupt(self, req: Any, worker: str) -> None:
         answer_from_main_process(req.kwargs, SyntheticReason.HEARTBEAT_TIMEOUT)
+        self._signal_child(worker)
+
+    @staticmethod
+    def _signal_child(worker: str) -> None:
         # SIGUSR1 is how the prefork pool delivers the soft limit: the tool unwinds and its
         # process groups are killed; the hard limit still applies if it ignores that.
         with contextlib.suppress(ProcessLookupError, ValueError):

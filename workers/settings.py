@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from workers.config_file import ConfigFileSource, Seconds
+from workers.core.breakers import BreakerPolicy
 from workers.core.loops.config import agent_path, parse_loop_block
 from workers.core.tool_policy import BUILTIN_TOOLS, ToolPolicy, ToolRules, unknown_groups
 from workers.errors import ConfigError
@@ -195,6 +196,9 @@ class ToolsSettings(BaseModel):
     deny: ToolList = Field((), description="these tools may never be called (wins over allow)")
     timeouts_s: dict[str, Seconds] = Field(default_factory=dict)
     loop_detection: dict[str, Any] | None = None
+    breakers: dict[str, BreakerPolicy] = Field(
+        default_factory=dict, description="shared circuit breakers, per tool name (opt-in)"
+    )
 
     _lists = field_validator("builtins", "allow", "deny", mode="before")(_split_modules)
     _groups = field_validator("allow", "deny")(_known_groups)
@@ -217,6 +221,9 @@ class LimitSettings(BaseModel):
     queue_allowance_s: PositiveFloat = Field(5.0, description="time a call may wait in the queue")
     max_argument_bytes: PositiveInt = 256 * 1024
     max_result_bytes: PositiveInt = 256 * 1024
+    cancel_grace_s: PositiveFloat = Field(
+        5.0, description="a cancelled tool's time to stop after SIGTERM, before SIGKILL"
+    )
 
 
 class LeaseSettings(BaseModel):

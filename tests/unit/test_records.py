@@ -217,7 +217,7 @@ def test_each_default_fits_its_type(record: HashRecord[Any], name: enum.StrEnum)
 
 TABLE_ROW = re.compile(r"^``(P:[^`]+)``", flags=re.MULTILINE)
 # The placeholders of the table, as the sample key builders below fill them in.
-SAMPLE_PARTS = {"{tag}": "{S/R}", "{S}": "{S}", "<call>": "C"}
+SAMPLE_PARTS = {"{tag}": "{S/R}", "{S}": "{S}", "<call>": "C", "<tool>": "T"}
 BUILDERS = [r.builder for r in HASH_RECORDS] + [r.builder for r in KEY_RECORDS]
 
 
@@ -240,6 +240,8 @@ def sample_key(builder: str) -> str:
         made = workers.store.keys.RunKeys("P", "S", "R")
     elif owner == "SessionKeys":
         made = workers.store.keys.SessionKeys("P", "S")
+    elif owner == "BreakerKeys":
+        made = workers.store.keys.BreakerKeys("P", "T")
     else:
         made = getattr(workers.store.keys, owner)("P")
     if attribute:
@@ -252,7 +254,7 @@ def test_every_key_of_the_schema_table_is_declared_once() -> None:
     table = table_keys(workers.store.keys.__doc__ or "")
     declared = [sample_key(builder) for builder in BUILDERS]
     # Then each row has exactly one declaration and each declaration a row
-    assert len(table) == 18
+    assert len(table) == 20
     assert sorted(declared) == sorted(table)
 
 

@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.cli.metrics_cmd",
     "workers.cli.flower_cmd",
     "workers.cli.session_cmd",
+    "workers.cli.breakers_cmd",
     "workers.cli.events_cmd",
     "workers.cli.mcp_cmd",
     "workers.cli.serve_cmd",

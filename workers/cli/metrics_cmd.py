@@ -15,6 +15,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from workers.errors import ConfigError, StoreError
+from workers.ops.breaker_metrics import BreakerCollector
 from workers.ops.metrics import LedgerCollector
 from workers.runtime import open_ledger
 from workers.settings import Settings, load_settings
@@ -38,13 +39,16 @@ def register(subparsers: Any) -> None:
 
 
 def build_registry(settings: Settings, *, max_keys: int = 20_000) -> CollectorRegistry:
-    """A registry holding only the ledger collector, connected to the configured Redis.
+    """A registry with the ledger collector (and the breakers' if any), on the configured Redis.
 
     Raises:
         StoreError: when no Redis URL is configured.
     """
     registry = CollectorRegistry()
-    registry.register(LedgerCollector(open_ledger(settings), max_keys=max_keys))
+    ledger = open_ledger(settings)
+    registry.register(LedgerCollector(ledger, max_keys=max_keys))
+    if settings.tools.breakers:
+        registry.register(BreakerCollector(ledger, settings.tools.breakers))
     return registry
 
 

@@ -18,6 +18,7 @@ from workers.core.run_health import RunStatus
 from workers.errors import ConfigError, StoreError
 from workers.runtime import now_ms, open_ledger, worker_id
 from workers.settings import Settings, load_settings
+from workers.store.cancels import CancelMarks
 from workers.store.records import CallField
 from workers.store.sessions import RunInfo, SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness
@@ -39,8 +40,15 @@ def register(subparsers: Any) -> None:
     show.add_argument("id", help="the session key")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(func=_guarded(_show))
-    kill = sub.add_parser("kill", help="answer pending calls `cancelled`, revoke their tasks, free the lane")
+    kill = sub.add_parser(
+        "kill", help="answer pending calls `cancelled`, stop running tools, revoke their tasks, free the lane"
+    )
     kill.add_argument("id", help="the session key")
+    kill.add_argument(
+        "--let-finish",
+        action="store_true",
+        help="let tools already running finish under their own limits (their results are kept as late)",
+    )
     kill.set_defaults(func=_guarded(_kill))
     locks = subparsers.add_parser("locks", help="session lane locks; stale ones can be cleaned")
     locks.add_argument("--stale", action="store_true", help="only locks nobody should hold")
@@ -170,6 +178,11 @@ def _kill(args: argparse.Namespace, settings: Settings, store: SessionStore) -> 
     from workers.celery_app import create_app
 
     app = create_app(settings, role="client")
+    if not args.let_finish:
+        # Marked before they are answered: each running tool's worker sees the mark, sends
+        # SIGTERM to its process groups and SIGKILL after limits.cancel_grace_s.
+        keys = store.ledger.keys(info.session_key, info.run_id)
+        CancelMarks(store.ledger).request(keys, store.ledger.run_call_ids(keys), now_ms=now_ms())
     answered = end_and_answer(
         store,
         info.session_key,
@@ -182,7 +195,11 @@ def _kill(args: argparse.Namespace, settings: Settings, store: SessionStore) -> 
         revoke=lambda ids: app.control.revoke(ids, terminate=False),
     )
     store.release_lane(info.session_key, info.run_id)
-    print(f"killed session {info.session_key} run {info.run_id}: {answered} pending call(s) cancelled")
+    stopping = "left running" if args.let_finish else "stopped"
+    print(
+        f"killed session {info.session_key} run {info.run_id}: {answered} pending call(s) cancelled, "
+        f"running tools {stopping}"
+    )
     return 0
 
 

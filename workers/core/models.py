@@ -30,6 +30,7 @@ class SyntheticReason(enum.StrEnum):
     TOOL_ERROR = "tool_error"
     LOOP_BLOCKED = "loop_blocked"
     RUN_ABORTED = "run_aborted"
+    CIRCUIT_OPEN = "circuit_open"
 
 
 class CallState(enum.StrEnum):

@@ -46,6 +46,8 @@ _TEXTS: dict[SyntheticReason, str] = {
     _R.CANCELLED: "Tool '{tool}' was cancelled{detail}. It may not have run; do not assume it did.",
     _R.LOOP_BLOCKED: "{detail}",
     _R.RUN_ABORTED: "This run was aborted{detail}; tool '{tool}' was not run.",
+    _R.CIRCUIT_OPEN: "Tool '{tool}' is failing for every session right now (its circuit is open{detail}); "
+    "it was not run. Use another approach or try it later.",
 }
 
 

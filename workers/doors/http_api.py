@@ -6,6 +6,7 @@ The contract (OpenAPI at ``/openapi.json``)::
          -> 200 {"results": [neutral ToolResult...], "append": <in format>, "aborted": null|{...}}
     GET  /v1/sessions/{session}/runs/{run}/results?format=F      (collect: the same shape)
     POST /v1/sessions/{session}/runs/{run}/compaction | heartbeat | end
+    POST /v1/sessions/{session}/runs/{run}/cancel       {"call_id"?}  -> 200 {"cancelled": n}
     GET  /v1/tools?format=F&agent_id=A   tool definitions for the model (A: only what A may call)
     POST /v1/repair                {"format", "transcript", "provider"?}
     GET  /v1/sessions              what ``unstuck session list --json`` prints
@@ -67,6 +68,12 @@ class HeartbeatBody(BaseModel):
 
     agent_id: str = Field("main", min_length=1, max_length=200)
     what: str = Field("model", max_length=64)
+
+
+class CancelBody(BaseModel):
+    """Which call to cancel; none: every unanswered call of the run."""
+
+    call_id: str | None = Field(None, min_length=1, max_length=256)
 
 
 class CompactionBody(BaseModel):
@@ -200,6 +207,12 @@ def _routes(api: FastAPI, calls: CallsDoor, blocking: Callable[..., Awaitable[An
     async def end(session_key: str, run_id: str, body: EndBody) -> dict[str, Any]:
         """End the run and free its session's lane."""
         return {"ended": await blocking(calls.gateway.end_run, session_key, run_id, body.status)}
+
+    @api.post(f"{run_path}/cancel")
+    async def cancel(session_key: str, run_id: str, body: CancelBody | None = None) -> dict[str, Any]:
+        """Cancel a call (or every unanswered call) of the run; each is answered ``cancelled`` once."""
+        call_id = body.call_id if body is not None else None
+        return {"cancelled": await blocking(calls.gateway.cancel, session_key, run_id, call_id)}
 
     @api.get("/v1/tools")
     async def tools(

@@ -21,10 +21,13 @@ from workers.core.provider_calls import ProviderAnswer, encode_results
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.core.transcript import RepairedTranscript
-from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
+from workers.errors import StoreError
 from workers.gateway.agent_liveness import AgentLiveness
+from workers.gateway.breaker_gate import BreakerGate
+from workers.gateway.cancelling import Canceller
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.ledger_repair import repair_with_ledger
+from workers.gateway.loop_abort import abort_run
 from workers.gateway.loop_gate import LoopGate
 from workers.gateway.persister import Persister
 from workers.gateway.provider_turns import answer_message
@@ -34,7 +37,7 @@ from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.loop_history import RedisLoopHistory
-from workers.store.runs import AgentBeats, RunAbort, mark_run_aborted, open_run, run_abort
+from workers.store.runs import AgentBeats, RunAbort, open_run, run_abort
 from workers.store.sessions import SessionStore
 from workers.task_events import TaskEvents
 from workers.tools.definitions import tool_definitions
@@ -83,6 +86,10 @@ class ToolGateway:
         )
         history = RedisLoopHistory.on_ledger(self._rt.ledger)
         self._loops = LoopGate(self.settings, history, emit=self._emit_event)
+        self._canceller = Canceller(self._rt.ledger, writer=self._writer, now_ms=self._now_ms)
+        self._breakers = BreakerGate(
+            self.settings.tools.breakers, self._rt.ledger, now_ms=self._now_ms, emit=self._emit_event
+        )
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -112,18 +119,34 @@ class ToolGateway:
                 self._submit(batch, agent_id, call)
         self._waiter.wait(batch)
         self._record_outcomes(batch)
+        self._breakers.record(batch.keys, batch.answers)
         results = [batch.answers[call.id] for call in calls]
         known = aborted or batch.known_abort
         if known is not None or batch.abort is not None:
-            raise self._abort_run(batch, known, results)
+            raise abort_run(
+                self._sessions, self._rt.ledger, batch, known, results, self._now_ms, self._writer
+            )
         return results
 
     async def acall_tools(
         self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
     ) -> list[ToolResult]:
-        """``call_tools`` for asyncio callers (runs in a worker thread)."""
-        return await asyncio.to_thread(
-            self.call_tools, session_key=session_key, run_id=run_id, agent_id=agent_id, calls=calls
+        """``call_tools`` for asyncio callers (runs in a worker thread); cancelling it cancels the calls."""
+        run = self._rt.ledger.keys(session_key, run_id), [call.id for call in calls]
+        return await self._canceller.cancel_if_cancelled(
+            asyncio.to_thread(
+                self.call_tools, session_key=session_key, run_id=run_id, agent_id=agent_id, calls=calls
+            ),
+            *run,
+        )
+
+    def cancel(self, session_key: str, run_id: str, call_id: str | None = None) -> int:
+        """Cancel a call of a run, or all of them; returns how many were unanswered.
+
+        Each is answered ``cancelled`` once: see :mod:`workers.gateway.cancelling`. Raises ``StoreError``.
+        """
+        return self._canceller.cancel(
+            self._rt.ledger.keys(session_key, run_id), None if call_id is None else [call_id]
         )
 
     def call_tools_in(
@@ -292,7 +315,7 @@ class ToolGateway:
             if verdict.abort_run:
                 batch.abort = verdict
             return
-        early = self._dispatcher.reject_early(call, agent_id)
+        early = self._dispatcher.reject_early(call, agent_id) or self._breakers.admit(batch.keys, call)
         if early is not None:
             self._answer_now(batch, call, early)
             return
@@ -410,34 +433,6 @@ class ToolGateway:
         detail = f" by the loop detector ({abort.detector})" if abort else f" (run {run_status})"
         result = synthetic_result(call, SyntheticReason.RUN_ABORTED, elapsed_ms=0, attempt=0, detail=detail)
         self._answer_now(batch, call, result)
-
-    def _abort_run(self, batch: Batch, known: RunAbort | None, results: list[ToolResult]) -> LoopDetected:
-        abort = known
-        if abort is None:
-            assert batch.abort is not None
-            verdict = batch.abort
-            detector = verdict.detector.value if verdict.detector else "loop"
-            abort = RunAbort(detector, verdict.count, verdict.message)
-            session, run = batch.keys.session_key, batch.keys.run_id
-            try:
-                now = self._now_ms()
-                self._sessions.end_run(session, run, RunStatus.ABORTED, now, reason=detector, release=False)
-                mark_run_aborted(self._rt.ledger, batch.keys, abort, now_ms=now)
-                self._sessions.answer_open_calls(
-                    session,
-                    run,
-                    SyntheticReason.RUN_ABORTED,
-                    now_ms=now,
-                    writer=self._writer,
-                    detail=f" by the loop detector ({abort.detector})",
-                )
-                self._sessions.close_run(session, run, self._now_ms())
-            except StoreError as exc:
-                log.warning("could not record the abort of run %s: %s", batch.keys.run_id, exc)
-        cls = CompactionLoopPersisted if abort.detector == "compaction_loop_persisted" else LoopDetected
-        error = cls(abort.detector, abort.count, abort.message)
-        error.results = results
-        return error
 
     def _emit_event(self, event_type: str, fields: dict[str, Any]) -> None:
         self._rt.ledger.publish_event(event_type.removeprefix("unstuck-"), **fields)

@@ -22,6 +22,8 @@ counted at the call sites. It exposes::
     unstuck_watchdog_max_sweep_gap_seconds      the longest gap seen between two sweeps
     unstuck_scrape_keys / _truncated            how much of the keyspace this scrape read
 
+and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker_metrics`).
+
 All are gauges: they describe the records Redis holds now, which expire after
 ``ledger.ttl_s`` (24 h by default), so a "total" can go down.
 

@@ -54,6 +54,12 @@ key                                type    TTL              written by          
 ``P:{runs}:watchdog``              HASH    7 days,          watchdog (each      metrics, CLI,
                                            refreshed on     completed sweep)    chaos soak
                                            every sweep
+``P:{breaker:<tool>}:state``       HASH    breaker          gateway (breaker    gateway, CLI,
+                                           window +         scripts)            metrics
+                                           cooldown, on
+                                           every write
+``P:{breaker:<tool>}:failures``    ZSET    same             gateway (breaker    breaker script
+                                                            failure script)
 =================================  ======  ===============  ==================  ======================
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
@@ -83,6 +89,10 @@ atomic on its own, they are ordered so a crash in between leaves only what expir
 the watchdog repairs, and the global indexes are hints re-checked against the run record.
 Index members are ``S/<run>`` (see :func:`run_member`).
 
+A tool's shared circuit breaker (``tools.breakers``) keeps its two keys under the tag
+``{breaker:<tool>}`` (the tool name percent-quoted), so its scripts touch one slot; the
+breaker is global across sessions, which is its point.
+
 Single node only: the sweep's scripts ``sweep_calls.lua`` and ``sweep_runs.lua`` read the
 keys of many runs in one script, rebuilding ``P:{S/<run>}:run|calls|open|call:<call>|
 lease:<call>`` from index members exactly as :class:`RunKeys` spells them (members are
@@ -98,6 +108,7 @@ from typing import Literal
 from urllib.parse import quote, unquote
 
 __all__ = [
+    "BreakerKeys",
     "RunIndexKeys",
     "RunKeys",
     "SessionKeys",
@@ -285,3 +296,21 @@ def sweep_lock_key(prefix: str) -> str:
 def watchdog_key(prefix: str) -> str:
     """The watchdog's own liveness: when the last sweep completed and the gap before it."""
     return f"{prefix}:{{runs}}:watchdog"
+
+
+@dataclass(frozen=True)
+class BreakerKeys:
+    """The keys of one tool's shared circuit breaker (one slot: ``{breaker:<tool>}``)."""
+
+    prefix: str
+    tool: str
+
+    @property
+    def state(self) -> str:
+        """HASH: the breaker's state, since when, probes let through, generation."""
+        return f"{self.prefix}:{{breaker:{quote_part(self.tool)}}}:state"
+
+    @property
+    def failures(self) -> str:
+        """ZSET: the tool's recent failures (member: the call, score: when it failed)."""
+        return f"{self.prefix}:{{breaker:{quote_part(self.tool)}}}:failures"

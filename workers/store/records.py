@@ -25,10 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
+from workers.core.breakers import BreakerState
 from workers.core.models import CallState
 from workers.core.run_health import RunStatus, SessionClass
 
 __all__ = [
+    "BREAKER",
     "CALL",
     "HASH_RECORDS",
     "KEY_RECORDS",
@@ -36,6 +38,7 @@ __all__ = [
     "REQUIRED",
     "RUN",
     "WATCHDOG",
+    "BreakerField",
     "CallField",
     "EventField",
     "FieldSpec",
@@ -145,6 +148,7 @@ class CallField(enum.StrEnum):
     REASON = "reason"
     FINISHED_MS = "finished_ms"
     WRITER = "writer"
+    CANCEL_MS = "cancel_ms"
 
 
 CALL: Final = HashRecord[CallField](
@@ -177,6 +181,7 @@ CALL: Final = HashRecord[CallField](
         CallField.REASON: _str("the SyntheticReason of a synthetic result, '' for the tool's own"),
         CallField.FINISHED_MS: _ms("when the delivered result was written; 0 while open"),
         CallField.WRITER: _str("who wrote the delivered result (worker id, gateway, watchdog)"),
+        CallField.CANCEL_MS: _ms("when a cancel was first requested (ledger_cancel.lua); 0: never"),
     },
     families={"pgid:": FieldSpec(FieldType.FLAG, "pgid:<n> = 1: a process group the tool started", 0)},
 )
@@ -319,7 +324,31 @@ WATCHDOG: Final = HashRecord[WatchdogField](
     },
 )
 
-HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG)
+
+class BreakerField(enum.StrEnum):
+    """Fields of a tool's circuit breaker (``BreakerKeys.state``)."""
+
+    STATE = "state"
+    SINCE_MS = "since_ms"
+    PROBES = "probes"
+    GENERATION = "generation"
+
+
+BREAKER: Final = HashRecord[BreakerField](
+    name="breaker",
+    builder="BreakerKeys.state",
+    ttl="the tool's window_s + cooldown_s, set on every write",
+    fields={
+        BreakerField.STATE: FieldSpec(
+            FieldType.ENUM, "BreakerState; missing reads closed", BreakerState.CLOSED, BreakerState
+        ),
+        BreakerField.SINCE_MS: _ms("when it entered its state; 0 for a breaker never opened"),
+        BreakerField.PROBES: _int("probes let through in the current half-open period"),
+        BreakerField.GENERATION: _int("bumped by every transition (compare-and-set token); 0: never written"),
+    },
+)
+
+HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG, BREAKER)
 
 
 # --- keys that are not hashes ----------------------------------------------------------------
@@ -362,6 +391,8 @@ KEY_RECORDS: Final = (
               "member 'S/R' of a running run, score its latest progress ms (raised only)"),
     KeyRecord("ended", "run_index_keys.ended", "ZSET", "ledger.ttl_s, refreshed on end",
               "member 'S/R' of an ended run, score its end ms (older than a TTL: trimmed)"),
+    KeyRecord("failures", "BreakerKeys.failures", "ZSET", "the tool's window_s + cooldown_s",
+              "member 'S/R/C' of a failed call of the tool, score when it failed (trimmed to the window)"),
     KeyRecord("sweep_lock", "sweep_lock_key", "STRING", "PX 3 sweep intervals",
               "the token of the sweep holding it"),
 )  # fmt: skip

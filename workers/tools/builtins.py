@@ -27,6 +27,7 @@ __all__ = ["enable_builtins", "exec_command", "http_fetch"]
 
 MAX_OUTPUT_BYTES = 64 * 1024
 TRUNCATED = "\n[... output truncated by unstuck ...]"
+_POLL_S = 0.2  # how often a running command's call heartbeats and looks for a cancel
 
 
 def _clip(data: bytes, limit: int = MAX_OUTPUT_BYTES) -> str:
@@ -47,7 +48,9 @@ def exec_command(
 
     The command runs in its own process group, which is killed when the shell exits and
     whenever the call ends early (soft limit, heartbeat interrupt); on a hard kill the
-    worker's main process kills the group it recorded. Output goes to temporary files, so
+    worker's main process kills the group it recorded. When the call is cancelled the group
+    gets SIGTERM, then SIGKILL after ``limits.cancel_grace_s``, and the output so far is
+    returned (it becomes the ``partial`` of the ``cancelled`` answer). Output goes to temporary files, so
     a backgrounded child holding the output open cannot keep the call waiting.
     """
     started = time.monotonic()
@@ -90,10 +93,27 @@ def _read_clipped(file: IO[bytes]) -> str:
 def _wait_with_heartbeats(proc: subprocess.Popen[bytes], ctx: ToolContext) -> None:
     while True:
         try:
-            proc.wait(timeout=1.0)
+            proc.wait(timeout=_POLL_S)
             return
         except subprocess.TimeoutExpired:
             ctx.heartbeat({"pid": proc.pid, "running": True})
+            if ctx.cancelled:
+                _stop_group(proc, ctx.cancel_grace_s)
+                return
+
+
+def _stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the whole group and give it ``grace_s`` to exit (the caller SIGKILLs what is left)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        proc.poll()  # reap the shell, so only live members keep the group
+        try:
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
 
 
 def http_fetch(

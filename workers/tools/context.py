@@ -1,4 +1,4 @@
-"""What a running tool can see and do: its identity, its deadline, and heartbeats."""
+"""What a running tool can see and do: its identity, its deadline, heartbeats, and cancellation."""
 
 from __future__ import annotations
 
@@ -9,12 +9,17 @@ from typing import Any
 __all__ = ["ToolContext"]
 
 
+def _never_cancelled() -> bool:
+    return False
+
+
 @dataclass
 class ToolContext:
     """Handed to a tool that declares a ``ctx`` parameter.
 
     ``heartbeat`` is throttled to one store write per ``min_interval_s``; the latest
-    details are always the ones written.
+    details are always the ones written. ``cancelled`` is likewise read from the store at
+    most once per ``min_interval_s``, and stays True once seen.
     """
 
     session_key: str
@@ -25,8 +30,26 @@ class ToolContext:
     clock: Callable[[], float]
     on_heartbeat: Callable[[Any], None] = field(repr=False)
     on_process_group: Callable[[int], None] = field(repr=False)
+    on_cancel_check: Callable[[], bool] = field(default=_never_cancelled, repr=False)
+    cancel_grace_s: float = 5.0
     min_interval_s: float = 0.25
     _last_beat: float = field(default=float("-inf"), repr=False)
+    _last_cancel_check: float = field(default=float("-inf"), repr=False)
+    cancel_seen: bool = field(default=False, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a cancel of this call was requested: stop soon, returning what you have.
+
+        After ``cancel_grace_s`` the worker answers ``cancelled`` itself and interrupts the
+        tool; what a tool returns after seeing this becomes the ``partial`` of that answer.
+        """
+        if not self.cancel_seen:
+            now = self.clock()
+            if now - self._last_cancel_check >= self.min_interval_s:
+                self._last_cancel_check = now
+                self.cancel_seen = self.on_cancel_check()
+        return self.cancel_seen
 
     def heartbeat(self, details: Any = None) -> None:
         """Report progress; a tool with ``heartbeat_timeout_s`` must call this often enough."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from workers.core.cancellation import cancelled_result
 from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolResult
 from workers.core.results import (
     fallback_result,
@@ -62,10 +63,16 @@ def run_tool(
     while True:
         try:
             value = spec.invoke(arguments, ctx)
+            if ctx.cancel_seen:  # it stopped because it was cancelled: what it returned is partial
+                return cancelled_result(
+                    job.call, elapsed_ms=clock_ms() - started, attempt=attempt, partial=value
+                )
             return success_result(job.call, value, elapsed_ms=clock_ms() - started, attempt=attempt)
         except interrupts:
             raise
         except Exception as exc:  # noqa: BLE001 - every tool failure becomes a result
+            if ctx.cancel_seen:
+                return cancelled_result(job.call, elapsed_ms=clock_ms() - started, attempt=attempt)
             if _retry_fits(spec, exc, attempt, soft_end_ms, clock_ms()):
                 sleep(spec.retry.delay_s(attempt))
                 attempt += 1

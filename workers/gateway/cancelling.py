@@ -1,0 +1,58 @@
+"""The gateway's side of a cancel: mark the calls, answer at once those no worker holds.
+
+A running call is answered ``cancelled`` once (first writer wins): by its worker, with the
+tool's partial output (a cooperative tool sees ``ctx.cancelled``; ``exec`` sends SIGTERM to
+its process group, then SIGKILL after ``limits.cancel_grace_s``), or, once that grace is
+over, by the worker's main process, which also SIGKILLs the tool's process groups
+(:mod:`workers.worker.cancel_enforcer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from workers.core.models import CallState, SyntheticReason
+from workers.core.reaper import answer_open_call
+from workers.store.cancels import CancelMarks
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
+
+__all__ = ["Canceller"]
+
+T = TypeVar("T")
+
+_NOT_STARTED = " before it started (cancel requested)"
+
+
+class Canceller:
+    """Requests cancels for one gateway; every method raises ``StoreError`` when Redis fails."""
+
+    def __init__(self, ledger: Ledger, *, writer: str, now_ms: Callable[[], int]) -> None:
+        self._ledger = ledger
+        self._marks = CancelMarks(ledger)
+        self._writer = writer
+        self._now_ms = now_ms
+
+    def cancel(self, keys: RunKeys, call_ids: Sequence[str] | None = None) -> int:
+        """Cancel ``call_ids`` of a run (every call when None); returns how many were unanswered."""
+        ids = list(call_ids) if call_ids is not None else self._ledger.run_call_ids(keys)
+        now = self._now_ms()
+        requests = self._marks.request(keys, ids, now_ms=now)
+        idle = [r.call_id for r in requests if r.state is not CallState.RUNNING]
+        for call in self._ledger.open_calls(keys, idle):
+            if call.state is CallState.RUNNING:
+                continue  # claimed since the mark: its worker sees the mark and answers
+            result = answer_open_call(call, SyntheticReason.CANCELLED, now_ms=now, detail=_NOT_STARTED)
+            self._ledger.finish(keys, result, now_ms=now, writer=self._writer)
+        return len(requests)
+
+    async def cancel_if_cancelled(self, awaitable: Awaitable[T], keys: RunKeys, call_ids: Sequence[str]) -> T:
+        """Await ``awaitable``; when the awaiting task is cancelled, cancel ``call_ids`` first."""
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            # Synchronous on purpose: the cancel is recorded before the CancelledError goes on.
+            self.cancel(keys, call_ids)
+            raise
