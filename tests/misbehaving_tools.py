@@ -119,3 +119,11 @@ def steady(seconds: float) -> str:
     """Takes a few seconds under a short deadline (Redis restarted mid-call)."""
     time.sleep(seconds)
     return "steady done"
+
+
+@tool(soft_timeout_s=5.0)
+def fragile(down_flag: str) -> str:
+    """An upstream that is down while the file ``down_flag`` exists (circuit breaker tests)."""
+    if os.path.exists(down_flag):
+        raise ToolExecutionError("upstream is down")
+    return "up"

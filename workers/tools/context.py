@@ -36,6 +36,7 @@ class ToolContext:
     _last_beat: float = field(default=float("-inf"), repr=False)
     _last_cancel_check: float = field(default=float("-inf"), repr=False)
     cancel_seen: bool = field(default=False, repr=False)
+    process_groups: list[int] = field(default_factory=list, repr=False)
 
     @property
     def cancelled(self) -> bool:
@@ -51,6 +52,16 @@ class ToolContext:
                 self.cancel_seen = self.on_cancel_check()
         return self.cancel_seen
 
+    def cancel_settled(self) -> bool:
+        """Whether the call was cancelled, asking the store now if the tool started process groups.
+
+        The worker's main process sends SIGTERM to those groups when it sees a cancel, so a
+        tool may return (its command killed) before its own throttled check saw the mark.
+        """
+        if not self.cancel_seen and self.process_groups:
+            self.cancel_seen = self.on_cancel_check()
+        return self.cancel_seen
+
     def heartbeat(self, details: Any = None) -> None:
         """Report progress; a tool with ``heartbeat_timeout_s`` must call this often enough."""
         now = self.clock()
@@ -61,4 +72,5 @@ class ToolContext:
 
     def register_process_group(self, pgid: int) -> None:
         """Record a process group the tool started, so it is killed when the call ends hard."""
+        self.process_groups.append(pgid)
         self.on_process_group(pgid)

@@ -63,7 +63,7 @@ def run_tool(
     while True:
         try:
             value = spec.invoke(arguments, ctx)
-            if ctx.cancel_seen:  # it stopped because it was cancelled: what it returned is partial
+            if ctx.cancel_settled():  # it stopped because it was cancelled: what it returned is partial
                 return cancelled_result(
                     job.call, elapsed_ms=clock_ms() - started, attempt=attempt, partial=value
                 )
@@ -71,7 +71,7 @@ def run_tool(
         except interrupts:
             raise
         except Exception as exc:  # noqa: BLE001 - every tool failure becomes a result
-            if ctx.cancel_seen:
+            if ctx.cancel_settled():
                 return cancelled_result(job.call, elapsed_ms=clock_ms() - started, attempt=attempt)
             if _retry_fits(spec, exc, attempt, soft_end_ms, clock_ms()):
                 sleep(spec.retry.delay_s(attempt))
