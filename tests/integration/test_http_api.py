@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -13,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.harness import UNSTUCK, Proc
+from tests.harness import UNSTUCK, Proc, settings_of, wait_until
 from workers.local.embedded_redis import free_port
+from workers.runtime import open_ledger
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -170,3 +172,33 @@ def test_no_body_makes_the_server_fail(api: Api, fmt: str, message: Any, agent: 
         assert len(body["results"]) == len({r["toolCallId"] for r in body["results"]})
     else:
         assert set(body["error"]) == {"type", "message"}
+
+
+def test_cancel_answers_the_waiting_request_cancelled(api: Api, env: dict[str, str]) -> None:
+    # Given a tool-calls request waiting on a long call
+    cancel_run = "/v1/sessions/http-cancel/runs/r1"
+    answer: dict[str, Any] = {}
+    message = {"calls": [{"id": "long", "name": "slow", "arguments": {"seconds": 30}}]}
+
+    def post() -> None:
+        answer["reply"] = api.call(
+            "POST", f"{cancel_run}/tool-calls", {"format": "neutral", "message": message}
+        )
+
+    waiting = threading.Thread(target=post, daemon=True)
+    waiting.start()
+    ledger = open_ledger(settings_of(env))
+    try:
+        keys = ledger.keys("http-cancel", "r1")
+        wait_until(lambda: ledger.record(keys, "long") is not None, timeout_s=10, what="registration")
+        # When the call is cancelled over HTTP
+        assert api.call("POST", f"{cancel_run}/cancel", {"call_id": "long"}) == (200, {"cancelled": 1})
+    finally:
+        ledger.close()
+    # Then the waiting request answers it cancelled (by the worker, after the default grace)
+    waiting.join(timeout=30)
+    status, body = answer["reply"]
+    assert status == 200, body
+    assert body["results"][0]["details"]["reason"] == "cancelled"
+    # And a cancel without a body cancels whatever is left: nothing
+    assert api.call("POST", f"{cancel_run}/cancel") == (200, {"cancelled": 0})
