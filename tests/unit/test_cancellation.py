@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
+
+import psutil
 import pytest
 
 from workers.core.cancellation import CancelStep, cancel_step, cancelled_result
 from workers.core.models import ToolCall
+from workers.tools.builtins import exec_command
 from workers.tools.context import ToolContext
 
 
@@ -63,3 +70,35 @@ def test_ctx_cancelled_asks_the_store_at_most_once_per_interval_and_latches() ->
     now[0] = 5.0
     assert ctx.cancelled is True  # latched: the store is not asked again
     assert asked == [0.0, 0.3]
+
+
+def test_exec_stops_its_group_when_cancelled_and_returns_the_output_so_far() -> None:
+    # Given an exec whose shell backgrounds a child; the cancel arrives once both run
+    groups: list[int] = []
+
+    def cancelled() -> bool:
+        return bool(groups) and len(_members(groups[0])) >= 2
+
+    ctx = ToolContext(
+        session_key="s", run_id="r", call_id="c", attempt=1, deadline_ms=0, clock=time.monotonic,
+        on_heartbeat=lambda _: None, on_process_group=groups.append, on_cancel_check=cancelled,
+        cancel_grace_s=2.0,
+    )  # fmt: skip
+    began = time.monotonic()
+    # When it runs
+    output = exec_command(ctx, command="echo started; sleep 30 & sleep 30; wait")
+    # Then SIGTERM ended it well before the grace, with the output so far, and nothing is left
+    assert ctx.cancel_seen
+    assert output["stdout"] == "started\n"
+    assert output["exit_code"] == -signal.SIGTERM
+    assert time.monotonic() - began < 5
+    assert _members(groups[0]) == []
+
+
+def _members(pgid: int) -> list[int]:
+    found = []
+    for process in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+    return found

@@ -27,7 +27,8 @@ __all__ = ["enable_builtins", "exec_command", "http_fetch"]
 
 MAX_OUTPUT_BYTES = 64 * 1024
 TRUNCATED = "\n[... output truncated by unstuck ...]"
-_POLL_S = 0.2  # how often a running command's call heartbeats and looks for a cancel
+_POLL_S = 0.2  # how often a running command looks for a cancel (ctx throttles the store reads)
+_BEAT_S = 1.0  # how often it heartbeats
 
 
 def _clip(data: bytes, limit: int = MAX_OUTPUT_BYTES) -> str:
@@ -91,12 +92,15 @@ def _read_clipped(file: IO[bytes]) -> str:
 
 
 def _wait_with_heartbeats(proc: subprocess.Popen[bytes], ctx: ToolContext) -> None:
+    next_beat = time.monotonic() + _BEAT_S
     while True:
         try:
             proc.wait(timeout=_POLL_S)
             return
         except subprocess.TimeoutExpired:
-            ctx.heartbeat({"pid": proc.pid, "running": True})
+            if time.monotonic() >= next_beat:
+                ctx.heartbeat({"pid": proc.pid, "running": True})
+                next_beat = time.monotonic() + _BEAT_S
             if ctx.cancelled:
                 _stop_group(proc, ctx.cancel_grace_s)
                 return
