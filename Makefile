@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.repair
 	$(BIN)/python -m bench.watchdog
 	$(BIN)/python -m bench.http_door
+	$(BIN)/python -m bench.cancel_breaker
 
 MINUTES ?= 5
 chaos: $(STAMP)

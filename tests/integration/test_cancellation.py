@@ -27,7 +27,7 @@ from workers.store.ledger import Ledger
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
-GRACE_S = 1.0
+GRACE_S = 2.0
 # A shell that backgrounds a child and waits: two processes in the group, output first.
 SLEEPER = "echo started; sleep 60 & sleep 60; wait"
 
@@ -123,10 +123,10 @@ def test_a_cancelled_exec_answers_cancelled_with_its_output_and_leaves_no_proces
     began = time.monotonic()
     assert gw.cancel("s-exec", "r1", "c1") == 1
     (result,) = background.join()
-    # Then it is answered cancelled, with the output so far, within the grace (SIGTERM was enough)
+    # Then it is answered cancelled, with the output so far, before the grace (SIGTERM was enough)
     assert result.reason == "cancelled"
     assert result.details["partial"]["stdout"].startswith("started")
-    assert time.monotonic() - began < GRACE_S + 2
+    assert time.monotonic() - began < GRACE_S
     # And no process of the tool's group is left
     wait_until(lambda: not group_members(pgid), timeout_s=5, what=f"process group {pgid} to be gone")
     # And the ledger holds that one answer

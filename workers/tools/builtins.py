@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+import psutil
+
 from workers.errors import ConfigError, ToolExecutionError
 from workers.redact import redact_mapping, redact_url
 from workers.tools.context import ToolContext
@@ -112,12 +114,20 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
     end = time.monotonic() + grace_s
     while time.monotonic() < end:
-        proc.poll()  # reap the shell, so only live members keep the group
-        try:
-            os.killpg(proc.pid, 0)
-        except (ProcessLookupError, PermissionError):
+        proc.poll()  # reap the shell
+        if not _group_alive(proc.pid):
             return
         time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    # Not kill(-pgid, 0): it succeeds on zombies, and an orphaned child's zombie may wait
+    # long for its reaper (PID 1 in a container).
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(ProcessLookupError, psutil.Error):
+            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == pgid:
+                return True
+    return False
 
 
 def http_fetch(
