@@ -243,3 +243,34 @@ async def test_cancelling_an_acall_tools_task_cancels_its_calls(
     await asyncio.to_thread(
         wait_until, lambda: not group_members(pgid), timeout_s=5, what=f"group {pgid} to be gone"
     )
+
+
+async def test_an_acall_tools_task_cancelled_before_its_calls_are_registered_still_cancels_them(
+    exec_worker: Proc, gw: ToolGateway, ledger: Ledger
+) -> None:
+    # Given an acall_tools task cancelled as soon as its worker thread started
+    task = asyncio.create_task(gw.acall_tools(session_key="s-early", run_id="r1", calls=[exec_call("c1")]))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Then the call, registered after the cancel, is answered cancelled all the same
+    keys = ledger.keys("s-early", "r1")
+
+    def answered() -> bool:
+        record = ledger.record(keys, "c1")
+        return record is not None and record.result is not None
+
+    await asyncio.to_thread(wait_until, answered, timeout_s=GRACE_S + 8, what="an answer")
+    record = ledger.record(keys, "c1")
+    assert record is not None
+    assert record.result is not None
+    assert record.result.reason == "cancelled"
+    # And if it had started, its process group is gone
+    for pgid in ledger.process_groups(keys, "c1"):
+        await asyncio.to_thread(
+            wait_until,
+            lambda pgid=pgid: not group_members(pgid),
+            timeout_s=GRACE_S + 5,
+            what="the group gone",
+        )

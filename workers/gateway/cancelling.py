@@ -10,11 +10,15 @@ over, by the worker's main process, which also SIGKILLs the tool's process group
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from workers.core.models import CallState, SyntheticReason
 from workers.core.reaper import answer_open_call
+from workers.errors import StoreError
 from workers.store.cancels import CancelMarks
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
@@ -22,6 +26,11 @@ from workers.store.ledger import Ledger
 __all__ = ["Canceller"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+_LATE_REGISTRATION_S = 10.0  # how long a cancelled acall_tools keeps cancelling calls registered late
+_LATE_POLL_S = 0.05
 
 _NOT_STARTED = " before it started (cancel requested)"
 
@@ -55,4 +64,22 @@ class Canceller:
         except asyncio.CancelledError:
             # Synchronous on purpose: the cancel is recorded before the CancelledError goes on.
             self.cancel(keys, call_ids)
+            if not self._all_registered(keys, call_ids):
+                # The worker thread had not registered every call yet: cancel them as they come.
+                threading.Thread(target=self._cancel_late, args=(keys, call_ids), daemon=True).start()
             raise
+
+    def _all_registered(self, keys: RunKeys, call_ids: Sequence[str]) -> bool:
+        answered = self._ledger.results(keys, call_ids)
+        return len(answered) + len(self._ledger.open_calls(keys, call_ids)) == len(set(call_ids))
+
+    def _cancel_late(self, keys: RunKeys, call_ids: Sequence[str]) -> None:
+        end = time.monotonic() + _LATE_REGISTRATION_S
+        try:
+            while time.monotonic() < end:
+                time.sleep(_LATE_POLL_S)  # waiting for another thread's registration: nothing to block on
+                self.cancel(keys, call_ids)
+                if self._all_registered(keys, call_ids):
+                    return
+        except StoreError as exc:
+            log.warning("late cancel of %s/%s failed: %s", keys.session_key, keys.run_id, exc)
