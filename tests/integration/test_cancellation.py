@@ -267,10 +267,9 @@ async def test_an_acall_tools_task_cancelled_before_its_calls_are_registered_sti
     assert record.result is not None
     assert record.result.reason == "cancelled"
     # And if it had started, its process group is gone
-    for pgid in ledger.process_groups(keys, "c1"):
-        await asyncio.to_thread(
-            wait_until,
-            lambda pgid=pgid: not group_members(pgid),
-            timeout_s=GRACE_S + 5,
-            what="the group gone",
-        )
+    groups = ledger.process_groups(keys, "c1")
+
+    def gone() -> bool:
+        return not any(group_members(pgid) for pgid in groups)
+
+    await asyncio.to_thread(wait_until, gone, timeout_s=GRACE_S + 5, what="the tool's process groups gone")
