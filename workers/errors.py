@@ -13,7 +13,8 @@ decisions read the typed ``retryable`` field, never the message text::
      │    └── CallFailed             a call's one result is not a tool's success (its task's FAILURE)
      │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
      │             HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid, UnknownTool,
-     │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted
+     │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
+     │             CircuitOpen
      ├── LoopDetected                the loop detector blocked a call or aborted a run
      │    └── CompactionLoopPersisted  a loop survived context compaction: the run is aborted
      ├── TranscriptError
@@ -38,6 +39,7 @@ __all__ = [
     "ArgumentsInvalid",
     "CallFailed",
     "Cancelled",
+    "CircuitOpen",
     "CompactionLoopPersisted",
     "ConfigError",
     "Crashed",
@@ -232,11 +234,18 @@ class RunAborted(CallFailed):
     reason = "run_aborted"
 
 
+class CircuitOpen(CallFailed):
+    """The tool's shared circuit breaker was open; the call did not run."""
+
+    reason = "circuit_open"
+
+
 CALL_FAILURES: dict[str, type[CallFailed]] = {
     cls.reason: cls
     for cls in (
         ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid,
         UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
+        CircuitOpen,
     )
 }  # fmt: skip
 """The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""
