@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install format lint typecheck test test-unit test-integration test-e2e all demo bench chaos clean
+.PHONY: install format lint typecheck test test-unit test-integration test-e2e test-repair-deep all demo bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "need Python >= 3.11: none of $(PY_CANDIDATES) on PATH qualifies (or run make PY=/path/to/python)"; exit 1; }
@@ -45,6 +45,11 @@ test-integration: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/pytest -q tests/e2e
+
+# Transcript repair's SDK-validated property tests with many more generated transcripts per format.
+REPAIR_EXAMPLES ?= 5000
+test-repair-deep: $(STAMP)
+	UNSTUCK_REPAIR_EXAMPLES=$(REPAIR_EXAMPLES) $(BIN)/pytest -q tests/unit/transcript/test_wire_properties.py
 
 all: lint typecheck test
 

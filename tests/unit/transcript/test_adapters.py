@@ -245,10 +245,11 @@ def test_odd_but_valid_input_round_trips(fmt: str) -> None:
     assert repair_pairing(neutral).messages is neutral
 
 
-def test_responses_composite_id_pairs_output() -> None:
+def test_responses_call_id_pairs_output_and_item_id_rides_along() -> None:
     neutral = decode("openai-responses", ODD_BUT_VALID["openai-responses"])
-    assert neutral[-1]["toolCallId"] == "call_9|fc_9"
-    assert neutral[-2]["content"][-1]["id"] == "call_9|fc_9"
+    assert neutral[-1]["toolCallId"] == "call_9"
+    assert neutral[-2]["content"][-1]["id"] == "call_9"
+    assert neutral[-2]["content"][-1]["responsesItemId"] == "fc_9"
 
 
 def test_gemini_id_less_response_pairs_by_name() -> None:

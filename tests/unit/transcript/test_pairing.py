@@ -128,9 +128,9 @@ def test_missing_text_is_configurable() -> None:
     assert is_synthetic(result.messages[1])
 
 
-def test_synthetic_is_recognised_by_marker_not_text() -> None:
-    # Given a real error result whose text equals the synthetic text exactly
-    lookalike = res("c1", DEFAULT_MISSING_TEXT) | {"isError": True}
+def test_text_that_merely_contains_the_synthetic_text_is_real() -> None:
+    # Given a real error result whose text holds the synthetic text and more (spec §2.4: exact only)
+    lookalike = res("c1", DEFAULT_MISSING_TEXT + " (copied)") | {"isError": True}
     # When a real result follows it
     result = repair_pairing([asst("c1"), lookalike, res("c1", "real")])
     # Then the look-alike is treated as real: first real wins

@@ -15,6 +15,9 @@ from workers.errors import ConfigError
     ("provider", "api", "model", "expected"),
     [
         ("anthropic", None, None, {"sanitize_mode": "full", "tool_call_id_mode": "strict"}),
+        ("anthropic", None, None, {"preserve_native_kimi_tool_call_ids": False}),
+        (None, "anthropic-messages", None, {"preserve_native_kimi_tool_call_ids": False}),
+        (None, "openai-completions", None, {"preserve_native_kimi_tool_call_ids": True}),
         (
             "anthropic",
             None,
@@ -30,7 +33,7 @@ from workers.errors import ConfigError
             "openai",
             "openai-responses",
             None,
-            {"sanitize_tool_call_ids": False, "missing_tool_result_text": "aborted"},
+            {"tool_call_id_mode": "responses", "missing_tool_result_text": "aborted"},
         ),
         ("openai", "openai-completions", None, {"tool_call_id_mode": "strict"}),
         (None, "openai-completions", None, {"sanitize_tool_call_ids": True}),
@@ -88,9 +91,10 @@ def test_full_pipeline_in_order() -> None:
 
 def test_pipeline_uses_lookup_with_original_ids() -> None:
     ledger = {"call_1": res("call_1", "late but real")}
-    result = repair_transcript([asst("call_1")], resolve_policy("google"), lookup=lambda i, n: ledger.get(i))
-    assert result.messages[1]["content"][0]["text"] == "late but real"
-    assert result.messages[1]["toolCallId"] == result.messages[0]["content"][0]["id"] == "call1"
+    given = [user(), asst("call_1")]
+    result = repair_transcript(given, resolve_policy("google"), lookup=lambda i, n: ledger.get(i))
+    assert result.messages[2]["content"][0]["text"] == "late but real"
+    assert result.messages[2]["toolCallId"] == result.messages[1]["content"][0]["id"] == "call1"
 
 
 def test_pipeline_returns_input_when_clean() -> None:

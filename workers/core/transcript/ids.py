@@ -2,6 +2,12 @@
 
 Ids are rewritten per occurrence: a raw id repeated across calls gets a distinct new id each
 time, and results take the new ids of their raw id first-in first-out, so pairs stay pairs.
+
+The target provider's rules decide what an id may look like, never where it came from: native
+Kimi ids (``functions.read:0``) survive ``strict`` only where the policy says the provider
+takes them (not Anthropic, whose ids must match ``^[a-zA-Z0-9_-]+$``). ``responses`` keeps any
+characters but makes ids unique and at most 64 long, and drops Responses item ids (``fc_...``)
+that repeat or lack the ``fc`` prefix (the item id is optional; the API rejects both).
 """
 
 from __future__ import annotations
@@ -13,12 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from workers.core.transcript.model import CALL_BLOCK_TYPES, Message, result_id_key
+from workers.core.transcript.model import CALL_BLOCK_TYPES, RESPONSES_ITEM_ID, Message, result_id_key
 from workers.core.transcript.report import IdReport
 
 __all__ = ["IdMode", "SanitizedIds", "sanitize_tool_call_id", "sanitize_tool_call_ids"]
 
-IdMode = Literal["strict", "strict9"]
+IdMode = Literal["strict", "strict9", "responses"]
 
 _NON_ALNUM: Final = re.compile(r"[^A-Za-z0-9]")
 _KIMI_NATIVE: Final = re.compile(r"^functions\.[A-Za-z0-9_-]+:\d+$")
@@ -26,6 +32,8 @@ _KIMI_MANGLED: Final = re.compile(r"^functions\s+([A-Za-z0-9_-]+):(\d+)$")
 _ANTHROPIC_NATIVE: Final = re.compile(r"^toolu_[A-Za-z0-9_]+$")
 _STRICT_MAX: Final = 40
 _STRICT_HASHED_BASE: Final = 32
+_RESPONSES_MAX: Final = 64
+_RESPONSES_HASHED_BASE: Final = 55
 
 
 @dataclass(frozen=True)
@@ -36,25 +44,40 @@ class SanitizedIds:
     report: IdReport
 
 
-def sanitize_tool_call_id(raw: object, mode: IdMode) -> str:
-    """One id in the form ``mode`` demands, ignoring collisions."""
+def sanitize_tool_call_id(raw: object, mode: IdMode, *, keep_kimi_ids: bool = True) -> str:
+    """One id in the form ``mode`` demands, ignoring collisions.
+
+    ``keep_kimi_ids`` lets ``strict`` keep (and un-mangle) native Kimi ids, for providers that take them.
+    """
     if mode == "strict9":
         return _strict9(raw)
+    if mode == "responses":
+        return _responses(raw)
     if not isinstance(raw, str):
         return "defaulttoolid"
-    kimi = _KIMI_MANGLED.sub(r"functions.\1:\2", raw)
-    if _KIMI_NATIVE.match(kimi):
-        return kimi
+    if keep_kimi_ids:
+        kimi = _KIMI_MANGLED.sub(r"functions.\1:\2", raw)
+        if _KIMI_NATIVE.match(kimi):
+            return kimi
     return _NON_ALNUM.sub("", raw)[:_STRICT_MAX] or "sanitizedtoolid"
 
 
 def sanitize_tool_call_ids(
-    messages: list[Any], mode: IdMode = "strict", *, preserve_anthropic_ids: bool = False
+    messages: list[Any],
+    mode: IdMode = "strict",
+    *,
+    preserve_anthropic_ids: bool = False,
+    keep_kimi_ids: bool = True,
 ) -> SanitizedIds:
     """Rewrite every call id into ``mode`` without collisions, and every result to its call's new id."""
-    rewriter = _Rewriter(mode, preserve_anthropic_ids)
+    rewriter = _Rewriter(mode, preserve_anthropic_ids, keep_kimi_ids)
     output = [rewriter.message(message) for message in messages]
-    report = IdReport(rewriter.calls_rewritten, rewriter.results_rewritten, tuple(rewriter.mapping))
+    report = IdReport(
+        rewriter.calls_rewritten,
+        rewriter.results_rewritten,
+        tuple(rewriter.mapping),
+        rewriter.item_ids_dropped,
+    )
     changed = any(a is not b for a, b in zip(output, messages, strict=True))
     return SanitizedIds(output if changed else messages, report)
 
@@ -68,15 +91,26 @@ def _strict9(raw: object) -> str:
     return _sha(alnum or "sanitized")[:9]
 
 
+def _responses(raw: object) -> str:
+    if not isinstance(raw, str) or not raw:
+        return "call_default"
+    if len(raw) <= _RESPONSES_MAX:
+        return raw
+    return raw[:_RESPONSES_HASHED_BASE] + "_" + _sha(raw)[:8]
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 class _Rewriter:
-    def __init__(self, mode: IdMode, preserve_anthropic_ids: bool) -> None:
+    def __init__(self, mode: IdMode, preserve_anthropic_ids: bool, keep_kimi_ids: bool) -> None:
         self.mode: IdMode = mode
         self.preserve_anthropic_ids = preserve_anthropic_ids
+        self.keep_kimi_ids = keep_kimi_ids
         self.used: set[str] = set()
+        self.item_ids: set[str] = set()
+        self.item_ids_dropped = 0
         self.seen_calls: dict[str, int] = {}
         self.orphan_results: dict[str, int] = {}
         self.pending: dict[str, deque[str]] = {}
@@ -108,10 +142,23 @@ class _Rewriter:
             new_id = self._unique(raw if occurrence == 0 else f"{raw}:{occurrence}")
         self.pending.setdefault(str(raw), deque()).append(new_id)
         self.mapping.append((str(raw), new_id))
-        if new_id == raw:
+        item_ok = self._item_id_ok(block.get(RESPONSES_ITEM_ID))
+        if new_id == raw and item_ok:
             return block
-        self.calls_rewritten += 1
-        return {**block, "id": new_id}
+        self.calls_rewritten += new_id != raw
+        rewritten = {**block, "id": new_id}
+        if not item_ok:
+            self.item_ids_dropped += 1
+            del rewritten[RESPONSES_ITEM_ID]
+        return rewritten
+
+    def _item_id_ok(self, item_id: object) -> bool:
+        if item_id is None:
+            return True
+        if not isinstance(item_id, str) or not item_id.startswith("fc") or item_id in self.item_ids:
+            return False
+        self.item_ids.add(item_id)
+        return True
 
     def result(self, message: Message) -> Message:
         key = result_id_key(message)
@@ -136,7 +183,7 @@ class _Rewriter:
         return bool(_ANTHROPIC_NATIVE.match(raw)) and raw not in self.used
 
     def _unique(self, seed: object) -> str:
-        base = sanitize_tool_call_id(seed, self.mode)
+        base = sanitize_tool_call_id(seed, self.mode, keep_kimi_ids=self.keep_kimi_ids)
         new_id = next(c for c in self._candidates(base, str(seed)) if c not in self.used)
         self.used.add(new_id)
         return new_id
@@ -146,6 +193,10 @@ class _Rewriter:
         if self.mode == "strict9":
             for i in range(1000):
                 yield _sha(f"{seed}:{i}")[:9]
+        elif self.mode == "responses":
+            yield base[:_RESPONSES_HASHED_BASE] + "_" + _sha(seed)[:8]
+            for i in range(2, 1000):
+                yield f"{base[: _RESPONSES_MAX - 6]}_x{i}"
         else:
             yield base[:_STRICT_HASHED_BASE] + _sha(seed)[:8]
             for i in range(2, 1000):

@@ -13,8 +13,10 @@ __all__ = [
     "CALL_BLOCK_TYPES",
     "CALL_ID_KEYS",
     "DEFAULT_MISSING_TEXT",
+    "DEFAULT_SYNTHETIC_TEXTS",
     "FAILED_STOP_REASONS",
     "MISSING_RESULT_REASON",
+    "RESPONSES_ITEM_ID",
     "RESULT_ID_KEYS",
     "SNAKE_CALL_BLOCK_TYPES",
     "Block",
@@ -24,6 +26,7 @@ __all__ = [
     "is_failed_turn",
     "is_synthetic",
     "make_synthetic_result",
+    "raw_result_id",
     "result_id",
     "result_id_key",
 ]
@@ -37,10 +40,19 @@ CALL_BLOCK_TYPES: Final = frozenset({"toolCall", "toolUse", "functionCall"})
 SNAKE_CALL_BLOCK_TYPES: Final = frozenset({"tool_call", "tool_use", "function_call"})
 RESULT_ID_KEYS: Final = ("toolCallId", "toolUseId", "tool_call_id", "tool_use_id", "callId", "call_id")
 CALL_ID_KEYS: Final = ("id", "call_id", "toolCallId", "toolUseId", "tool_call_id", "tool_use_id")
+RESPONSES_ITEM_ID: Final = "responsesItemId"
+"""A call block's Responses item id (``fc_...``), kept apart from the ``call_id`` results answer."""
 FAILED_STOP_REASONS: Final = frozenset({"error", "aborted"})
 MISSING_RESULT_REASON: Final = "missing_tool_result"
 DEFAULT_MISSING_TEXT: Final = (
     "[unstuck] missing tool result in session history; inserted synthetic error result for transcript repair."
+)
+# The default synthetic texts, the reference system's (spec §2.4) and ours: a transcript that went
+# through a wire format marks its placeholders only by text, as ``details`` did not survive the trip.
+DEFAULT_SYNTHETIC_TEXTS: Final = frozenset(
+    f"[{brand}] missing tool result in session history;"
+    " inserted synthetic error result for transcript repair."
+    for brand in ("openclaw", "moltbot", "unstuck")
 )
 
 
@@ -77,17 +89,42 @@ def result_id(message: Mapping[str, Any]) -> str | None:
     return None if key is None else str(message[key]).strip()
 
 
+def raw_result_id(message: Mapping[str, Any]) -> str | None:
+    """The call id a tool result answers exactly as written (what encoders send back), or None."""
+    key = result_id_key(message)
+    return None if key is None else str(message[key])
+
+
 def is_failed_turn(message: Mapping[str, Any]) -> bool:
     """Whether an assistant turn ended in ``error`` or ``aborted``."""
     return message.get("stopReason") in FAILED_STOP_REASONS
 
 
 def is_synthetic(message: Mapping[str, Any]) -> bool:
-    """Whether a tool result was written by repair or the watchdog; decided by markers, never by text."""
+    """Whether a tool result is a placeholder a real result may replace (spec §1.2, §2.4).
+
+    Ours carry ``details.synthetic`` with ``isError``; the reference system's carry
+    ``details.openclawSyntheticMissingToolResult``, or, once ``details`` is gone (every wire
+    format drops it), exactly its default text with ``isError`` true or unknown (Chat and
+    Responses results have no error flag).
+    """
     details = message.get("details")
-    if message.get("isError") is not True or not isinstance(details, dict):
+    if isinstance(details, dict):
+        if details.get("openclawSyntheticMissingToolResult") is True:
+            return True
+        if details.get("synthetic") is True and message.get("isError") is True:
+            return True
+    if message.get("isError") is False:
         return False
-    return details.get("synthetic") is True or details.get("openclawSyntheticMissingToolResult") is True
+    content = message.get("content")
+    if isinstance(content, str):
+        return content in DEFAULT_SYNTHETIC_TEXTS
+    return isinstance(content, list) and any(
+        isinstance(block, dict)
+        and block.get("type") == "text"
+        and block.get("text") in DEFAULT_SYNTHETIC_TEXTS
+        for block in content
+    )
 
 
 def make_synthetic_result(call_id: str, tool_name: str | None, text: str) -> Message:

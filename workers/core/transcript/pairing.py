@@ -4,6 +4,11 @@ Every assistant turn with calls opens a frame that runs to the next such turn. R
 frame claim its calls per occurrence (FIFO per id); the rest are attributed backwards only when
 exactly one unresolved call can own them. Output puts each turn's results right after it, in call
 order, followed by whatever else the frame held.
+
+Where calls share an id, a result carrying a call's name goes to that call, else to the earliest
+free one (names and order decide). A result with no id is moved to a call only when exactly one
+unanswered call so far has its name (the Gemini adapter leaves ids out where its by-name, in-order
+attribution is ambiguous, so that the ambiguity reaches this rule).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from workers.core.transcript.model import (
+    CALL_BLOCK_TYPES,
     DEFAULT_MISSING_TEXT,
     Message,
     ResultLookup,
@@ -20,6 +26,7 @@ from workers.core.transcript.model import (
     is_synthetic,
     make_synthetic_result,
     result_id,
+    result_id_key,
 )
 from workers.core.transcript.report import PairingReport
 
@@ -44,9 +51,15 @@ class PairingResult:
 class _Occurrence:
     call_id: str
     name: str | None
+    position: int
     result: Message | None = None
     source: int | None = None
     rank: int = _NONE
+
+    @property
+    def key(self) -> str:
+        """The id results name it by: result ids are read trimmed (spec §1.1), so call ids are too."""
+        return self.call_id.strip()
 
 
 @dataclass
@@ -75,6 +88,7 @@ def repair_pairing(
     errored_turns: ErroredTurns = "preserve",
     missing_text: str = DEFAULT_MISSING_TEXT,
     lookup: ResultLookup | None = None,
+    allow_synthetic: bool = True,
 ) -> PairingResult:
     """Give every call of every non-failed turn exactly one result, right after its turn.
 
@@ -83,6 +97,9 @@ def repair_pairing(
         errored_turns: ``preserve`` keeps failed turns and their real results; ``drop`` removes both.
         missing_text: the text of synthetic results.
         lookup: consulted for a call without a result before a synthetic one is invented.
+        allow_synthetic: False inserts no synthetic result: a call with no result (none found
+            by ``lookup`` either) is removed from its turn, and listed in the report's
+            ``unanswered``, so that no provider sees a call without its answer.
     """
     tally = _Tally()
     prefix, frames = _split_frames(messages, tally)
@@ -90,8 +107,7 @@ def repair_pairing(
         _claim_locally(frame, tally)
     _recover_across_frames(frames, tally)
     output: list[Message] = list(prefix)
-    added: list[Message] = []
-    looked_up: list[Message] = []
+    filler = _Filler(lookup, missing_text, allow_synthetic)
     dropped_turns = 0
     for frame in frames:
         if frame.failed and errored_turns == "drop":
@@ -100,23 +116,17 @@ def repair_pairing(
                 tally.discard(occurrence.source, occurrence.result)
             output.extend(frame.remainder)
             continue
-        output.append(frame.assistant)
-        for occurrence in frame.occurrences:
-            result = occurrence.result
-            if result is None and not frame.failed:
-                result = _fill_missing(occurrence, lookup, missing_text, added, looked_up)
-            if result is not None:
-                output.append(result)
-        output.extend(frame.remainder)
+        _emit_frame(frame, filler, output)
     changed = len(output) != len(messages) or any(a is not b for a, b in zip(output, messages, strict=True))
     report = PairingReport(
-        added=tuple(added),
+        added=tuple(filler.added),
         dropped_duplicate_count=tally.duplicates,
         dropped_orphan_count=tally.orphans,
         moved=changed,
         discarded=tuple(message for _, message in sorted(tally.discarded, key=lambda pair: pair[0])),
         dropped_errored_turns=dropped_turns,
-        filled_from_lookup=tuple(looked_up),
+        filled_from_lookup=tuple(filler.looked_up),
+        unanswered=tuple(filler.unanswered),
     )
     return PairingResult(output if changed else messages, report)
 
@@ -129,7 +139,7 @@ def _split_frames(messages: list[Any], tally: _Tally) -> tuple[list[Message], li
             continue
         calls = call_blocks(message)
         if calls:
-            occurrences = [_Occurrence(call_id, name) for call_id, name in calls]
+            occurrences = [_Occurrence(call_id, name, i) for i, (call_id, name) in enumerate(calls)]
             frames.append(_Frame(message, occurrences, is_failed_turn(message)))
         elif message.get("role") == "toolResult":
             if frames:
@@ -146,15 +156,15 @@ def _split_frames(messages: list[Any], tally: _Tally) -> tuple[list[Message], li
 
 def _claim_locally(frame: _Frame, tally: _Tally) -> None:
     pending, frame.set_aside = frame.set_aside, []
-    frame_ids = {occurrence.call_id for occurrence in frame.occurrences}
+    frame_ids = {occurrence.key for occurrence in frame.occurrences}
     for index, message in pending:
         result = _adopt_legacy_id(frame, message)
         call_id = result_id(result)
-        if call_id is None or call_id not in frame_ids:
+        if call_id is None or call_id not in frame_ids or _names_another_call(frame, call_id, result):
             frame.set_aside.append((index, result))
             continue
         rank = _ADOPTED if result is not message else _rank(result)
-        free = next((o for o in frame.occurrences if o.call_id == call_id and o.result is None), None)
+        free = _by_name([o for o in frame.occurrences if o.key == call_id and o.result is None], result)
         if free is not None:
             _attach(free, index, result, rank)
         else:
@@ -176,7 +186,7 @@ def _adopt_legacy_id(frame: _Frame, message: Message) -> Message:
 def _resolve_duplicate(frame: _Frame, index: int, result: Message, rank: int, tally: _Tally) -> None:
     tally.duplicates += 1
     call_id = result_id(result)
-    holder = next((o for o in frame.occurrences if o.call_id == call_id and o.rank < rank), None)
+    holder = _by_name([o for o in frame.occurrences if o.key == call_id and o.rank < rank], result)
     if holder is None:
         tally.discard(index, result)
         return
@@ -184,15 +194,49 @@ def _resolve_duplicate(frame: _Frame, index: int, result: Message, rank: int, ta
     _attach(holder, index, result, rank)
 
 
+def _names_another_call(frame: _Frame, call_id: str, result: Message) -> bool:
+    """Whether no call here with the result's id has its name: then the id may be another turn's."""
+    name = _clean_name(result.get("toolName"))
+    return name is not None and all(_clean_name(o.name) != name for o in frame.occurrences if o.key == call_id)
+
+
+def _by_name(occurrences: list[_Occurrence], result: Message) -> _Occurrence | None:
+    """The first of ``occurrences`` whose call has the result's name, else the first one."""
+    name = _clean_name(result.get("toolName"))
+    named = next((o for o in occurrences if name is not None and _clean_name(o.name) == name), None)
+    return named or next(iter(occurrences), None)
+
+
 def _recover_across_frames(frames: list[_Frame], tally: _Tally) -> None:
     unresolved: dict[str, list[_Occurrence]] = {}
+    unresolved_by_name: dict[str | None, list[_Occurrence]] = {}
     for frame in frames:
         for occurrence in frame.occurrences:
             if occurrence.rank < _REAL:
-                unresolved.setdefault(occurrence.call_id, []).append(occurrence)
+                unresolved.setdefault(occurrence.key, []).append(occurrence)
+                unresolved_by_name.setdefault(_clean_name(occurrence.name), []).append(occurrence)
         for index, result in frame.set_aside:
-            _recover_one(unresolved, index, result, tally)
+            if result_id(result) is None:
+                _recover_by_name(unresolved_by_name, index, result, tally)
+            else:
+                _recover_one(unresolved, index, result, tally)
         frame.set_aside = []
+
+
+def _recover_by_name(
+    unresolved: dict[str | None, list[_Occurrence]], index: int, result: Message, tally: _Tally
+) -> None:
+    name = _clean_name(result.get("toolName"))
+    candidates = [o for o in unresolved.get(name, []) if o.rank < _ADOPTED] if name else []
+    if len(candidates) != 1:
+        tally.orphans += 1
+        tally.discard(index, result)
+        return
+    owner = candidates[0]
+    if owner.result is not None:
+        tally.duplicates += 1
+        tally.discard(owner.source, owner.result)
+    _attach(owner, index, {**result, "toolCallId": owner.call_id}, _ADOPTED)
 
 
 def _recover_one(
@@ -202,6 +246,9 @@ def _recover_one(
     rank = _rank(result)
     owners = unresolved.get(call_id, []) if call_id is not None else []
     candidates = [o for o in owners if o.rank < rank]
+    name = _clean_name(result.get("toolName"))
+    named = [o for o in candidates if name is not None and _clean_name(o.name) == name]
+    candidates = named or candidates
     if len(candidates) != 1:
         tally.orphans += 1
         tally.discard(index, result)
@@ -220,27 +267,74 @@ def _rank(result: Message) -> int:
 
 
 def _attach(occurrence: _Occurrence, index: int | None, result: Message, rank: int) -> None:
+    key = result_id_key(result)
+    if key is not None and result[key] != occurrence.call_id:
+        result = {**result, key: occurrence.call_id}  # the call's exact id, for the id rewrite
     occurrence.result = _normalize_name(result, occurrence.name)
     occurrence.source = index
     occurrence.rank = rank
 
 
-def _fill_missing(
-    occurrence: _Occurrence,
-    lookup: ResultLookup | None,
-    missing_text: str,
-    added: list[Message],
-    looked_up: list[Message],
-) -> Message:
-    name = _clean_name(occurrence.name) or "unknown"
-    found = lookup(occurrence.call_id, name) if lookup is not None else None
-    if found is not None:
-        result = _normalize_name({**found, "role": "toolResult", "toolCallId": occurrence.call_id}, name)
-        looked_up.append(result)
-        return result
-    synthetic = make_synthetic_result(occurrence.call_id, occurrence.name, missing_text)
-    added.append(synthetic)
-    return synthetic
+class _Filler:
+    """Answers for calls left without a result: the lookup's, else a synthetic, else none."""
+
+    def __init__(self, lookup: ResultLookup | None, missing_text: str, allow_synthetic: bool) -> None:
+        self.lookup = lookup
+        self.missing_text = missing_text
+        self.allow_synthetic = allow_synthetic
+        self.added: list[Message] = []
+        self.looked_up: list[Message] = []
+        self.unanswered: list[tuple[str, str | None]] = []
+
+    def fill(self, occurrence: _Occurrence) -> Message | None:
+        name = _clean_name(occurrence.name) or "unknown"
+        found = self.lookup(occurrence.call_id, name) if self.lookup is not None else None
+        if found is not None:
+            result = {**found, "role": "toolResult", "toolCallId": occurrence.call_id}
+            result = _normalize_name(result, name)
+            self.looked_up.append(result)
+            return result
+        if not self.allow_synthetic:
+            self.unanswered.append((occurrence.call_id, occurrence.name))
+            return None
+        synthetic = make_synthetic_result(occurrence.call_id, occurrence.name, self.missing_text)
+        self.added.append(synthetic)
+        return synthetic
+
+
+def _emit_frame(frame: _Frame, filler: _Filler, output: list[Message]) -> None:
+    results: list[Message] = []
+    unanswered: set[int] = set()
+    for occurrence in frame.occurrences:
+        result = occurrence.result
+        if result is None and not frame.failed:
+            result = filler.fill(occurrence)
+            if result is None:
+                unanswered.add(occurrence.position)
+        if result is not None:
+            results.append(result)
+    assistant = _without_calls(frame.assistant, unanswered) if unanswered else frame.assistant
+    if assistant is not None:
+        output.append(assistant)
+    output.extend(results)
+    output.extend(frame.remainder)
+
+
+def _without_calls(assistant: Message, positions: set[int]) -> Message | None:
+    """The turn without the pairable calls at ``positions``; None when nothing is left of it."""
+    kept: list[Any] = []
+    position = 0
+    for block in assistant["content"]:
+        if isinstance(block, dict) and block.get("type") in CALL_BLOCK_TYPES and _has_id(block):
+            position += 1
+            if position - 1 in positions:
+                continue
+        kept.append(block)
+    return {**assistant, "content": kept} if kept else None
+
+
+def _has_id(block: dict[str, Any]) -> bool:
+    return isinstance(block.get("id"), str) and bool(block["id"])
 
 
 def _clean_name(name: object) -> str | None:

@@ -12,6 +12,7 @@ from workers.core.transcript.pairing import repair_pairing
 from workers.core.transcript.policy import TranscriptPolicy
 from workers.core.transcript.report import PairingReport, RepairReport
 from workers.core.transcript.sanitize import sanitize_tool_call_inputs, strip_result_details
+from workers.core.transcript.turns import clean_blocks, fix_turn_order
 
 __all__ = ["RepairedTranscript", "repair_transcript"]
 
@@ -32,15 +33,21 @@ def repair_transcript(
     lookup: ResultLookup | None = None,
     strip_details: bool = False,
 ) -> RepairedTranscript:
-    """Sanitise inputs, pair calls with results, sanitise ids, and optionally strip ``details``.
+    """Sanitise inputs and blocks, pair calls with results, sanitise ids, fix turn order, strip ``details``.
 
     Pairing runs before id sanitisation for every provider (the spec does so for Responses APIs
     only): the ledger ``lookup`` is keyed by the ids the tools saw, and results that are already
     paired cannot be given invented orphan ids. A second pairing pass after the id rewrite is a
-    safety net and changes nothing on a repaired transcript.
+    safety net and changes nothing on a repaired transcript. Turn merges come last, as pairing
+    and dropped turns are what leave two turns of one role side by side.
     """
     inputs = sanitize_tool_call_inputs(messages, allowed_tool_names=allowed_tool_names)
-    current = inputs.messages
+    current, cleaned = clean_blocks(
+        inputs.messages,
+        blank_texts=policy.sanitize_mode == "full",
+        thinking=policy.drop_thinking_blocks,
+        signatures=policy.sanitize_thought_signatures,
+    )
     pairings: list[PairingReport] = []
     if policy.repair_tool_use_result_pairing:
         paired = repair_pairing(current, **_pairing_options(policy), lookup=lookup)
@@ -52,6 +59,7 @@ def repair_transcript(
             current,
             policy.tool_call_id_mode,
             preserve_anthropic_ids=policy.preserve_native_anthropic_tool_use_ids,
+            keep_kimi_ids=policy.preserve_native_kimi_tool_call_ids,
         )
         ids_report = rewritten.report
         if rewritten.messages is not current and policy.repair_tool_use_result_pairing:
@@ -60,15 +68,26 @@ def repair_transcript(
             current = again.messages
         else:
             current = rewritten.messages
+    current, ordered = fix_turn_order(
+        current,
+        merge_assistants=policy.validate_gemini_turns,
+        merge_users=policy.validate_anthropic_turns,
+        user_first=policy.apply_google_turn_ordering,
+    )
     stripped = strip_result_details(current) if strip_details else None
     report = RepairReport(
         inputs=inputs.report,
         pairing=tuple(pairings),
         ids=ids_report,
         stripped_details=stripped.stripped if stripped else 0,
+        turns=cleaned + ordered,
     )
     return RepairedTranscript(stripped.messages if stripped else current, report)
 
 
 def _pairing_options(policy: TranscriptPolicy) -> dict[str, Any]:
-    return {"errored_turns": policy.errored_turns, "missing_text": policy.missing_tool_result_text}
+    return {
+        "errored_turns": policy.errored_turns,
+        "missing_text": policy.missing_tool_result_text,
+        "allow_synthetic": policy.allow_synthetic_tool_results,
+    }

@@ -1,7 +1,13 @@
 """Per-provider transcript policy (spec §3), resolved from provider, model API and model id.
 
 Unlike the reference system, every provider gets pairing repair with synthetic results by
-default, OpenAI included: an unanswered call is rejected by all of them.
+default, OpenAI included: an unanswered call is rejected by all of them. With
+``allow_synthetic_tool_results`` false, repair inserts none and removes unanswered calls instead.
+
+Every field acts (the pipeline reads it); the reference system's ``preserveSignatures`` has no
+field, as repair never strips a valid signature. Id rules follow the provider, not the id's
+origin: native Kimi ids survive ``strict`` except for Anthropic, and the Responses APIs get the
+``responses`` id mode (unique ``call_id``s of at most 64 characters, valid item ids).
 """
 
 from __future__ import annotations
@@ -41,11 +47,11 @@ class TranscriptPolicy(BaseModel):
     sanitize_tool_call_ids: bool = False
     tool_call_id_mode: IdMode | None = None
     preserve_native_anthropic_tool_use_ids: bool = False
+    preserve_native_kimi_tool_call_ids: bool = True
     repair_tool_use_result_pairing: bool = True
     allow_synthetic_tool_results: bool = True
     errored_turns: ErroredTurns = "drop"
     missing_tool_result_text: str = DEFAULT_MISSING_TEXT
-    preserve_signatures: bool = False
     drop_thinking_blocks: bool = False
     sanitize_thought_signatures: bool = False
     validate_anthropic_turns: bool = False
@@ -78,8 +84,12 @@ def resolve_policy(
         fields |= _fallback(provider_key, api, model)
     if api in RESPONSES_APIS:
         fields["missing_tool_result_text"] = "aborted"
+        if not fields.get("sanitize_tool_call_ids"):
+            fields |= {"sanitize_tool_call_ids": True, "tool_call_id_mode": "responses"}
     if provider_key == "mistral" or any(marker in model for marker in _MISTRAL_MARKERS):
         fields |= {"sanitize_tool_call_ids": True, "tool_call_id_mode": "strict9"}
+    if _is_anthropic(provider_key, api) or api in _ANTHROPIC_APIS:
+        fields["preserve_native_kimi_tool_call_ids"] = False  # Anthropic ids: ^[a-zA-Z0-9_-]+$
     if fields.get("sanitize_tool_call_ids") and not fields.get("tool_call_id_mode"):
         fields["tool_call_id_mode"] = "strict"
     try:
@@ -106,7 +116,6 @@ def _anthropic() -> dict[str, Any]:
         "sanitize_mode": "full",
         "sanitize_tool_call_ids": True,
         "preserve_native_anthropic_tool_use_ids": True,
-        "preserve_signatures": True,
         "validate_anthropic_turns": True,
     }
 
@@ -133,8 +142,6 @@ def _fallback(provider: str, api: str, model: str) -> dict[str, Any]:
         fields["sanitize_mode"] = "full"
     if api in _ANTHROPIC_APIS | _GOOGLE_APIS | {"openai-completions"}:
         fields["sanitize_tool_call_ids"] = True
-    if api in _ANTHROPIC_APIS:
-        fields["preserve_signatures"] = True
     if api == "openai-completions":
         fields |= {"apply_google_turn_ordering": True, "validate_gemini_turns": True}
         fields["validate_anthropic_turns"] = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from workers.core.transcript.adapters.wire import CallIndex, pick, require_dict, require_str
-from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, result_id
+from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, raw_result_id
 from workers.errors import TranscriptRepairError
 
 __all__ = ["assistant_in", "from_neutral", "result_block", "to_neutral"]
@@ -170,7 +170,7 @@ def _content_out(content: object) -> Any:
 
 
 def _result_out(message: Message) -> dict[str, Any]:
-    return result_block(message, result_id(message))
+    return result_block(message, raw_result_id(message))
 
 
 def _is_list_user(message: Message) -> bool:

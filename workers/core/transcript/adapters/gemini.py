@@ -2,17 +2,20 @@
 
 Gemini pairs a ``functionResponse`` with its ``functionCall`` by name and position; ids are
 optional. A call without an id gets ``gemini-<turn>-<part>`` in the neutral form (marked
-``geminiImplicitId`` so the id is not sent back), and an id-less response takes the oldest
-unanswered call of the same name.
+``geminiImplicitId`` so the id is not sent back). An id-less response is attributed only within
+the turn right after a call turn, by name and in order: it takes the only call of its name, or
+the n-th of n calls of its name when that turn answers that name n times. Anywhere else, or when
+the counts differ, it stays without an id, so that pairing sees the ambiguity and moves it only
+when exactly one unanswered call has its name.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter
 from typing import Any, Final
 
 from workers.core.transcript.adapters.wire import pick, require_dict, require_list, require_str
-from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, result_id
+from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, raw_result_id
 from workers.errors import TranscriptRepairError
 
 __all__ = ["IMPLICIT_ID", "from_neutral", "model_content_in", "response_part", "to_neutral"]
@@ -25,37 +28,21 @@ _RESPONSE: Final = "geminiResponse"
 _SIGNATURE: Final = ("thoughtSignature",)
 
 
-class _Pending:
-    def __init__(self) -> None:
-        self.by_name: dict[str, deque[str]] = {}
-        self.names: dict[str, str] = {}
-
-    def add(self, call_id: str, name: str) -> None:
-        self.by_name.setdefault(name, deque()).append(call_id)
-        self.names[call_id] = name
-
-    def claim(self, name: str, call_id: str | None) -> str | None:
-        queue = self.by_name.get(name, deque())
-        if call_id is None:
-            return queue.popleft() if queue else None
-        if call_id in queue:
-            queue.remove(call_id)
-        return call_id
-
-
 def to_neutral(contents: list[Any], path: str = "$") -> list[Message]:
     """Neutral messages for a Gemini ``contents`` array."""
-    pending = _Pending()
     output: list[Message] = []
+    previous_calls: list[Block] = []
     for index, raw in enumerate(contents):
         where = f"{path}[{index}]"
         content = require_dict(raw, where)
         parts = require_list(content.get("parts"), f"{where}.parts")
         role = content.get("role", "user")
         if role == "model":
-            output.append(_model_in(parts, where, index, pending))
+            output.append(_model_in(parts, where, index))
+            previous_calls = [b for b in output[-1]["content"] if b.get("type") == "toolCall"]
         elif role == "user":
-            output.extend(_user_in(parts, f"{where}.parts", pending))
+            output.extend(_user_in(parts, f"{where}.parts", previous_calls))
+            previous_calls = []
         else:
             raise TranscriptRepairError(f"{where}.role", 'expected "user" or "model"')
     return output
@@ -70,7 +57,7 @@ def model_content_in(content: object, path: str = "$", turn: int | str = 0) -> M
     raw = require_dict(content, path)
     if raw.get("role", "model") != "model":
         raise TranscriptRepairError(f"{path}.role", 'expected "model"')
-    return _model_in(require_list(raw.get("parts"), f"{path}.parts"), path, turn, _Pending())
+    return _model_in(require_list(raw.get("parts"), f"{path}.parts"), path, turn)
 
 
 def response_part(message: Message, name: str, call_id: str | None) -> dict[str, Any]:
@@ -118,12 +105,12 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
     return output
 
 
-def _model_in(parts: list[Any], where: str, turn: int | str, pending: _Pending) -> Message:
-    blocks = [_model_part_in(part, f"{where}.parts[{i}]", turn, i, pending) for i, part in enumerate(parts)]
+def _model_in(parts: list[Any], where: str, turn: int | str) -> Message:
+    blocks = [_model_part_in(part, f"{where}.parts[{i}]", turn, i) for i, part in enumerate(parts)]
     return {"role": "assistant", "content": blocks}
 
 
-def _model_part_in(raw: object, where: str, turn: int | str, position: int, pending: _Pending) -> Block:
+def _model_part_in(raw: object, where: str, turn: int | str, position: int) -> Block:
     part = require_dict(raw, where)
     if "functionCall" in part:
         call = require_dict(part["functionCall"], f"{where}.functionCall")
@@ -132,7 +119,6 @@ def _model_part_in(raw: object, where: str, turn: int | str, position: int, pend
         call_id = require_str(explicit, f"{where}.functionCall.id") if explicit is not None else None
         block: Block = {"type": "toolCall", "id": call_id or f"gemini-{turn}-{position}", "name": name}
         block["arguments"] = call.get("args", {})
-        pending.add(block["id"], name)
         return block | ({_IMPLICIT: True} if call_id is None else {}) | pick(part, _SIGNATURE)
     if isinstance(part.get("text"), str) and part.keys() <= {"text", "thought", "thoughtSignature"}:
         if part.get("thought") is True:
@@ -145,39 +131,70 @@ def _model_part_in(raw: object, where: str, turn: int | str, position: int, pend
     return {"type": _PART, "part": part}
 
 
-def _user_in(parts: list[Any], where: str, pending: _Pending) -> list[Message]:
-    results: list[Message] = []
+def _user_in(parts: list[Any], where: str, previous_calls: list[Block]) -> list[Message]:
+    responses: list[tuple[dict[str, Any], str, str | None]] = []
     rest: list[Block] = []
     for i, raw in enumerate(parts):
         part = require_dict(raw, f"{where}[{i}]")
         if "functionResponse" in part:
-            results.append(_response_in(part["functionResponse"], f"{where}[{i}].functionResponse", pending))
+            responses.append(_response_fields(part["functionResponse"], f"{where}[{i}].functionResponse"))
         elif isinstance(part.get("text"), str) and part.keys() == {"text"}:
             rest.append({"type": "text", "text": part["text"]})
         else:
             rest.append({"type": _PART, "part": part})
+    owners = _attribute(responses, previous_calls)
+    results = [_response_in(fields, owner) for fields, owner in zip(responses, owners, strict=True)]
     if rest or not results:
         results.append({"role": "user", "content": rest})
     return results
 
 
-def _response_in(raw: object, where: str, pending: _Pending) -> Message:
+def _response_fields(raw: object, where: str) -> tuple[dict[str, Any], str, str | None]:
     response = require_dict(raw, where)
     name = require_str(response.get("name"), f"{where}.name")
     explicit = response.get("id")
-    call_id = pending.claim(name, require_str(explicit, f"{where}.id") if explicit is not None else None)
+    return response, name, require_str(explicit, f"{where}.id") if explicit is not None else None
+
+
+def _attribute(
+    responses: list[tuple[dict[str, Any], str, str | None]], calls: list[Block]
+) -> list[str | None]:
+    """The call id each response answers: its own, else one by name and order, else None (ambiguous)."""
+    call_ids: dict[str, list[str]] = {}
+    for call in calls:
+        call_ids.setdefault(call["name"], []).append(call["id"])
+    asked = Counter(name for _, name, explicit in responses if explicit is None)
+    taken: Counter[str] = Counter()
+    owners: list[str | None] = []
+    for _, name, explicit in responses:
+        candidates = call_ids.get(name, [])
+        if explicit is not None:
+            owners.append(explicit)
+        elif len(candidates) == 1:
+            owners.append(candidates[0])
+        elif candidates and len(candidates) == asked[name]:
+            owners.append(candidates[taken[name]])
+            taken[name] += 1
+        else:
+            owners.append(None)
+    return owners
+
+
+def _response_in(fields: tuple[dict[str, Any], str, str | None], call_id: str | None) -> Message:
+    response, name, explicit = fields
     result: Message = {"role": "toolResult"}
     if call_id is not None:
         result["toolCallId"] = call_id
     result["toolName"] = name
+    implicit = {_IMPLICIT: True} if explicit is None and call_id else {}
     body = response.get("response")
     if isinstance(body, dict) and len(body) == 1 and isinstance(next(iter(body.values())), str):
         key, text = next(iter(body.items()))
         if key in ("output", "error"):
             result |= {"content": [{"type": "text", "text": text}], "isError": key == "error"}
-            return result | ({_IMPLICIT: True} if explicit is None and call_id else {})
+            return result | implicit
     result |= {"content": [{"type": _RESPONSE, "response": body}], "isError": False}
-    return result | ({_IMPLICIT: True} if explicit is None and call_id else {})
+    return result | implicit
 
 
 def _blocks(message: Message) -> list[Block]:
@@ -216,7 +233,7 @@ def _user_parts_out(content: object) -> list[dict[str, Any]]:
 
 
 def _response_out(message: Message, names: dict[Any, Any], implicit: set[Any]) -> dict[str, Any]:
-    call_id = result_id(message)
+    call_id = raw_result_id(message)
     name = message.get("toolName") or names.get(call_id) or "unknown"
     hide_id = message.get(_IMPLICIT) or call_id is None or call_id in implicit
     return response_part(message, name, None if hide_id else call_id)

@@ -20,7 +20,7 @@ from workers.core.transcript.adapters.wire import (
     single_text,
     split_text_blocks,
 )
-from workers.core.transcript.model import Message, result_id
+from workers.core.transcript.model import Message, raw_result_id
 from workers.errors import TranscriptRepairError
 
 __all__ = ["assistant_in", "from_neutral", "to_neutral", "tool_message"]
@@ -54,7 +54,7 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
         if role == "assistant":
             output.append(_assistant_out(message))
         elif role == "toolResult":
-            output.append(tool_message(message, result_id(message)))
+            output.append(tool_message(message, raw_result_id(message)))
         elif role in _PLAIN_ROLES:
             output.append(pick(message, ("role", "content", "name")))
         else:

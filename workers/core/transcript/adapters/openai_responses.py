@@ -1,9 +1,10 @@
 """OpenAI Responses input items <-> neutral transcript (spec §1.3).
 
 Consecutive assistant-side items (assistant messages, reasoning, function calls) form one neutral
-assistant turn. A call's neutral id is the composite ``<call_id>|<item id>`` when the item has an
-id, so results (which only carry ``call_id``) are given the composite of their call. Items the
-neutral form has no block for ride along as ``{"type": "responsesItem", "item": ...}`` blocks.
+assistant turn. A call's neutral id is its ``call_id``, the id its output answers; the item's own
+id rides along in its own field (``responsesItemId``), so both come back exactly, whatever
+characters they hold. Items the neutral form has no block for ride along as
+``{"type": "responsesItem", "item": ...}`` blocks.
 The Responses API has no error flag on outputs, so ``isError`` does not survive a trip out.
 """
 
@@ -20,7 +21,7 @@ from workers.core.transcript.adapters.wire import (
     require_str,
     single_text,
 )
-from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, result_id
+from workers.core.transcript.model import CALL_BLOCK_TYPES, RESPONSES_ITEM_ID, Block, Message, raw_result_id
 
 __all__ = ["from_neutral", "function_call_in", "output_item", "to_neutral"]
 
@@ -31,7 +32,6 @@ _PASSTHROUGH: Final = "responsesItem"
 def to_neutral(items: list[Any], path: str = "$") -> list[Message]:
     """Neutral messages for a Responses ``input`` item list."""
     calls = CallIndex()
-    composite: dict[str, str] = {}
     output: list[Message] = []
     turn: list[Block] | None = None
     for index, raw in enumerate(items):
@@ -40,7 +40,7 @@ def to_neutral(items: list[Any], path: str = "$") -> list[Message]:
         kind, role = item.get("type"), item.get("role")
         if kind == "function_call_output":
             turn = None
-            output.append(_output_in(item, where, calls, composite))
+            output.append(_output_in(item, where, calls))
         elif role in ("user", "system", "developer"):
             turn = None
             output.append(
@@ -50,7 +50,7 @@ def to_neutral(items: list[Any], path: str = "$") -> list[Message]:
             if turn is None:
                 turn = []
                 output.append({"role": "assistant", "content": turn})
-            turn.extend(_assistant_blocks_in(item, where, calls, composite))
+            turn.extend(_assistant_blocks_in(item, where, calls))
     return output
 
 
@@ -62,7 +62,7 @@ def from_neutral(messages: list[Message]) -> list[dict[str, Any]]:
         if role == "assistant":
             items.extend(_assistant_out(message.get("content")))
         elif role == "toolResult":
-            items.append(output_item(message, (result_id(message) or "").partition("|")[0]))
+            items.append(output_item(message, raw_result_id(message) or ""))
         elif role in ("user", "system", "developer"):
             content = _content_out(message.get("content"), "input")
             items.append(
@@ -82,7 +82,7 @@ def output_item(message: Message, call_id: str) -> dict[str, Any]:
 
 
 def function_call_in(item: dict[str, Any], where: str) -> Block:
-    """The neutral ``toolCall`` block of a ``function_call`` item; its id is ``<call_id>|<item id>``.
+    """The neutral ``toolCall`` block of a ``function_call`` item: its id is ``call_id``; the item id rides along.
 
     Raises:
         TranscriptRepairError: ``call_id``, ``name`` or ``arguments`` is not a string.
@@ -90,28 +90,24 @@ def function_call_in(item: dict[str, Any], where: str) -> Block:
     call_id = require_str(item.get("call_id"), f"{where}.call_id")
     name = require_str(item.get("name"), f"{where}.name")
     arguments = require_str(item.get("arguments"), f"{where}.arguments")
-    neutral_id = f"{call_id}|{item['id']}" if isinstance(item.get("id"), str) else call_id
-    call = {"type": "toolCall", "id": neutral_id, "name": name, "arguments": decode_arguments(arguments)}
-    return call | pick(item, ("status",))
+    call = {"type": "toolCall", "id": call_id, "name": name, "arguments": decode_arguments(arguments)}
+    item_id = {RESPONSES_ITEM_ID: item["id"]} if isinstance(item.get("id"), str) else {}
+    return call | item_id | pick(item, ("status",))
 
 
-def _output_in(item: dict[str, Any], where: str, calls: CallIndex, composite: dict[str, str]) -> Message:
+def _output_in(item: dict[str, Any], where: str, calls: CallIndex) -> Message:
     call_id = require_str(item.get("call_id"), f"{where}.call_id")
-    neutral_id = composite.get(call_id, call_id)
-    result: Message = {"role": "toolResult", "toolCallId": neutral_id}
-    if (name := calls.name_for(neutral_id)) is not None:
+    result: Message = {"role": "toolResult", "toolCallId": call_id}
+    if (name := calls.name_for(call_id)) is not None:
         result["toolName"] = name
     output = item.get("output")
     result["content"] = [{"type": "text", "text": output}] if isinstance(output, str) else _content_in(output)
     return result | pick(item, ("id", "status"))
 
 
-def _assistant_blocks_in(
-    item: dict[str, Any], where: str, calls: CallIndex, composite: dict[str, str]
-) -> list[Block]:
+def _assistant_blocks_in(item: dict[str, Any], where: str, calls: CallIndex) -> list[Block]:
     if item.get("type") == "function_call":
         call = function_call_in(item, where)
-        composite[item["call_id"]] = call["id"]
         calls.add(call["id"], call["name"])
         return [call]
     if item.get("role") == "assistant" and isinstance(item.get("content"), list) and item["content"]:
@@ -145,10 +141,10 @@ def _assistant_out(content: object) -> list[dict[str, Any]]:
 
 
 def _call_out(block: Block) -> dict[str, Any]:
-    call_id, _, item_id = str(block.get("id", "")).partition("|")
-    call = {"type": "function_call", "call_id": call_id, "name": block.get("name")}
+    call = {"type": "function_call", "call_id": block.get("id"), "name": block.get("name")}
     call["arguments"] = encode_arguments(block.get("arguments", block.get("input")))
-    return call | ({"id": item_id} if item_id else {}) | pick(block, ("status",))
+    item_id = block.get(RESPONSES_ITEM_ID)
+    return call | ({"id": item_id} if isinstance(item_id, str) else {}) | pick(block, ("status",))
 
 
 def _content_in(content: object) -> Any:

@@ -104,18 +104,22 @@ def split_text_blocks(content: object) -> tuple[list[Block], list[Block]]:
 
 
 class CallIndex:
-    """Tool names by call id, for formats whose results do not carry the name."""
+    """Tool names by call id, for formats whose results do not carry the name.
+
+    An id two calls share names neither: a guessed name would let pairing, which prefers the
+    call whose name a result carries, attach the result to the wrong one of them.
+    """
 
     def __init__(self) -> None:
-        self._names: dict[str, str] = {}
+        self._names: dict[str, str | None] = {}
 
     def add(self, call_id: object, name: object) -> None:
         """Remember the name of a call."""
         if isinstance(call_id, str) and isinstance(name, str):
-            self._names[call_id] = name
+            self._names[call_id] = None if call_id in self._names else name
 
     def name_for(self, call_id: object) -> str | None:
-        """The name of the call with this id, if one was seen."""
+        """The name of the only call with this id seen so far, else None."""
         return self._names.get(call_id) if isinstance(call_id, str) else None
 
     def result_name(self, message: Message) -> str | None:
