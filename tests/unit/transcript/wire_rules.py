@@ -25,7 +25,7 @@ from google.genai.types import Content
 from openai.types.chat import ChatCompletionMessageParam
 from openai.types.responses import ResponseInputItemParam
 
-from tests.unit.transcript.wire_scenarios import Scenario
+from tests.unit.transcript.wire_scenarios import Result, Scenario
 from workers.core.transcript import repair_transcript, resolve_policy
 from workers.core.transcript.adapters import decode, default_model_api, encode
 
@@ -259,7 +259,7 @@ def attribution_problems(scenario: Scenario, verdict: Verdict) -> list[str]:
         if match and int(match.group(1)) in certain and int(match.group(1)) != serial:
             problems.append(f"result {text} attached to call {serial}")
     answered = {serial: text for serial, text in verdict.pairs}
-    owned = {e.owner for e in scenario.events if getattr(e, "owner", None) is not None and _OUT.match(e.text)}
+    owned = {e.owner for e in scenario.events if isinstance(e, Result) and _OUT.match(e.text)}
     for call in certain & owned:
         if call in verdict.serials and not _OUT.match(answered.get(call, "")):
             problems.append(f"call {call} lost its real result (got {answered.get(call)!r})")

@@ -90,7 +90,7 @@ def scenarios(draw: st.DrawFn, fmt: str) -> Scenario:
         scenario.events.extend(now)
         if draw(st.integers(0, 5)) == 0:
             scenario.events.append(_orphan(draw, scenario, with_ids))
-        if displaced or draw(st.booleans()):
+        if len(displaced) > 0 or draw(st.booleans()):
             scenario.events.append(User(draw(_texts)))
         scenario.events.extend(displaced)
     if draw(st.integers(0, 3)) == 0:  # an aborted turn: calls that never got results
@@ -181,7 +181,7 @@ def _anthropic(events: list[Event]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for event in _runs(events):
         if isinstance(event, list):
-            blocks = [
+            blocks: list[dict[str, Any]] = [
                 {
                     "type": "tool_result",
                     "tool_use_id": r.call_id,
@@ -193,7 +193,7 @@ def _anthropic(events: list[Event]) -> list[dict[str, Any]]:
             out.append({"role": "user", "content": blocks})
         elif isinstance(event, User):
             out.append({"role": "user", "content": event.text})
-        else:
+        elif isinstance(event, Turn):
             blocks = [{"type": "text", "text": event.text}] if event.text is not None else []
             blocks += [
                 {"type": "tool_use", "id": c.call_id, "name": c.name, "input": _args(c)} for c in event.calls
@@ -248,14 +248,14 @@ def _gemini(events: list[Event]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for event in _runs(events):
         if isinstance(event, list):
-            parts = []
+            parts: list[dict[str, Any]] = []
             for r in event:
                 response = {"name": r.name, "response": {"error" if r.is_error else "output": r.text}}
                 parts.append({"functionResponse": response | ({"id": r.call_id} if r.call_id else {})})
             out.append({"role": "user", "parts": parts})
         elif isinstance(event, User):
             out.append({"role": "user", "parts": [{"text": event.text}]})
-        else:
+        elif isinstance(event, Turn):
             parts = [{"text": event.text}] if event.text is not None else []
             for c in event.calls:
                 call = {"name": c.name, "args": _args(c)} | ({"id": c.call_id} if c.call_id else {})

@@ -42,6 +42,8 @@ class SanitizedIds:
 
     messages: list[Any]
     report: IdReport
+    invented_result_ids: int = 0
+    """Results with no pending call, given ids of their own; pairing then has work to redo."""
 
 
 def sanitize_tool_call_id(raw: object, mode: IdMode, *, keep_kimi_ids: bool = True) -> str:
@@ -79,7 +81,8 @@ def sanitize_tool_call_ids(
         rewriter.item_ids_dropped,
     )
     changed = any(a is not b for a, b in zip(output, messages, strict=True))
-    return SanitizedIds(output if changed else messages, report)
+    invented = sum(rewriter.orphan_results.values())
+    return SanitizedIds(output if changed else messages, report, invented)
 
 
 def _strict9(raw: object) -> str:

@@ -6,9 +6,10 @@ exactly one unresolved call can own them. Output puts each turn's results right 
 order, followed by whatever else the frame held.
 
 Where calls share an id, a result carrying a call's name goes to that call, else to the earliest
-free one (names and order decide). A result with no id is moved to a call only when exactly one
-unanswered call so far has its name (the Gemini adapter leaves ids out where its by-name, in-order
-attribution is ambiguous, so that the ambiguity reaches this rule).
+free one (names and order decide). A result with no id is adopted by the single call of its frame
+(spec §2.3.1) unless an earlier call of that name is unanswered too, and moved elsewhere only when
+exactly one unanswered call so far has its name (the Gemini adapter leaves ids out where its
+by-name, in-order attribution is ambiguous, so that the ambiguity reaches these rules).
 """
 
 from __future__ import annotations
@@ -47,19 +48,21 @@ class PairingResult:
     report: PairingReport
 
 
-@dataclass
 class _Occurrence:
-    call_id: str
-    name: str | None
-    position: int
-    result: Message | None = None
-    source: int | None = None
-    rank: int = _NONE
+    """One call of a turn and the result it holds so far."""
 
-    @property
-    def key(self) -> str:
-        """The id results name it by: result ids are read trimmed (spec §1.1), so call ids are too."""
-        return self.call_id.strip()
+    __slots__ = ("call_id", "clean", "key", "name", "position", "rank", "result", "source")
+
+    def __init__(self, call_id: str, name: str | None, position: int) -> None:
+        self.call_id = call_id
+        # Result ids are read trimmed (spec §1.1), so call ids are matched trimmed too.
+        self.key = call_id.strip()
+        self.name = name
+        self.clean = _clean_name(name)
+        self.position = position
+        self.result: Message | None = None
+        self.source: int | None = None
+        self.rank = _NONE
 
 
 @dataclass
@@ -103,8 +106,10 @@ def repair_pairing(
     """
     tally = _Tally()
     prefix, frames = _split_frames(messages, tally)
+    open_names: set[str | None] = set()  # names of earlier calls still unanswered
     for frame in frames:
-        _claim_locally(frame, tally)
+        _claim_locally(frame, tally, open_names)
+        open_names.update(o.clean for o in frame.occurrences if o.result is None)
     _recover_across_frames(frames, tally)
     output: list[Message] = list(prefix)
     filler = _Filler(lookup, missing_text, allow_synthetic)
@@ -154,57 +159,53 @@ def _split_frames(messages: list[Any], tally: _Tally) -> tuple[list[Message], li
     return prefix, frames
 
 
-def _claim_locally(frame: _Frame, tally: _Tally) -> None:
+def _claim_locally(frame: _Frame, tally: _Tally, open_names: set[str | None]) -> None:
     pending, frame.set_aside = frame.set_aside, []
-    frame_ids = {occurrence.key for occurrence in frame.occurrences}
+    by_key: dict[str, list[_Occurrence]] = {}
+    for occurrence in frame.occurrences:
+        by_key.setdefault(occurrence.key, []).append(occurrence)
     for index, message in pending:
-        result = _adopt_legacy_id(frame, message)
+        result = _adopt_legacy_id(frame, message, open_names)
         call_id = result_id(result)
-        if call_id is None or call_id not in frame_ids or _names_another_call(frame, call_id, result):
+        same_id = by_key.get(call_id) if call_id is not None else None
+        name = _clean_name(result.get("toolName"))
+        # No call here with the result's id and name: the id may be another turn's.
+        if not same_id or (name is not None and all(o.clean != name for o in same_id)):
             frame.set_aside.append((index, result))
             continue
         rank = _ADOPTED if result is not message else _rank(result)
-        free = _by_name([o for o in frame.occurrences if o.key == call_id and o.result is None], result)
+        owners = [o for o in same_id if o.clean == name] if name is not None else same_id
+        free = next((o for o in owners if o.result is None), None)
         if free is not None:
             _attach(free, index, result, rank)
         else:
-            _resolve_duplicate(frame, index, result, rank, tally)
+            _resolve_duplicate(owners, index, result, rank, tally)
 
 
-def _adopt_legacy_id(frame: _Frame, message: Message) -> Message:
+def _adopt_legacy_id(frame: _Frame, message: Message, open_names: set[str | None]) -> Message:
     if result_id(message) is not None or len(frame.occurrences) != 1:
         return message
     occurrence = frame.occurrences[0]
     result_name = _clean_name(message.get("toolName"))
-    call_name = _clean_name(occurrence.name)
+    call_name = occurrence.clean
     if result_name and call_name and result_name != call_name:
         return message
+    if (result_name or call_name) in open_names:
+        return message  # an earlier call of that name is unanswered too: whose it is is unclear
     # An id-less result could be anyone's; forcing isError tells the model it is not trustworthy.
     return {**message, "toolCallId": occurrence.call_id, "isError": True}
 
 
-def _resolve_duplicate(frame: _Frame, index: int, result: Message, rank: int, tally: _Tally) -> None:
+def _resolve_duplicate(
+    owners: list[_Occurrence], index: int, result: Message, rank: int, tally: _Tally
+) -> None:
     tally.duplicates += 1
-    call_id = result_id(result)
-    holder = _by_name([o for o in frame.occurrences if o.key == call_id and o.rank < rank], result)
+    holder = next((o for o in owners if o.rank < rank), None)
     if holder is None:
         tally.discard(index, result)
         return
     tally.discard(holder.source, holder.result)
     _attach(holder, index, result, rank)
-
-
-def _names_another_call(frame: _Frame, call_id: str, result: Message) -> bool:
-    """Whether no call here with the result's id has its name: then the id may be another turn's."""
-    name = _clean_name(result.get("toolName"))
-    return name is not None and all(_clean_name(o.name) != name for o in frame.occurrences if o.key == call_id)
-
-
-def _by_name(occurrences: list[_Occurrence], result: Message) -> _Occurrence | None:
-    """The first of ``occurrences`` whose call has the result's name, else the first one."""
-    name = _clean_name(result.get("toolName"))
-    named = next((o for o in occurrences if name is not None and _clean_name(o.name) == name), None)
-    return named or next(iter(occurrences), None)
 
 
 def _recover_across_frames(frames: list[_Frame], tally: _Tally) -> None:
@@ -214,7 +215,7 @@ def _recover_across_frames(frames: list[_Frame], tally: _Tally) -> None:
         for occurrence in frame.occurrences:
             if occurrence.rank < _REAL:
                 unresolved.setdefault(occurrence.key, []).append(occurrence)
-                unresolved_by_name.setdefault(_clean_name(occurrence.name), []).append(occurrence)
+                unresolved_by_name.setdefault(occurrence.clean, []).append(occurrence)
         for index, result in frame.set_aside:
             if result_id(result) is None:
                 _recover_by_name(unresolved_by_name, index, result, tally)
@@ -247,7 +248,7 @@ def _recover_one(
     owners = unresolved.get(call_id, []) if call_id is not None else []
     candidates = [o for o in owners if o.rank < rank]
     name = _clean_name(result.get("toolName"))
-    named = [o for o in candidates if name is not None and _clean_name(o.name) == name]
+    named = [o for o in candidates if name is not None and o.clean == name]
     candidates = named or candidates
     if len(candidates) != 1:
         tally.orphans += 1

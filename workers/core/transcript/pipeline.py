@@ -33,13 +33,14 @@ def repair_transcript(
     lookup: ResultLookup | None = None,
     strip_details: bool = False,
 ) -> RepairedTranscript:
-    """Sanitise inputs and blocks, pair calls with results, sanitise ids, fix turn order, strip ``details``.
+    """Sanitise inputs and blocks, pair calls, sanitise ids, fix turn order, strip ``details``.
 
     Pairing runs before id sanitisation for every provider (the spec does so for Responses APIs
     only): the ledger ``lookup`` is keyed by the ids the tools saw, and results that are already
-    paired cannot be given invented orphan ids. A second pairing pass after the id rewrite is a
-    safety net and changes nothing on a repaired transcript. Turn merges come last, as pairing
-    and dropped turns are what leave two turns of one role side by side.
+    paired cannot be given invented orphan ids. A second pairing pass after the id rewrite runs
+    only where the rewrite can move a result off its call (see ``_pairing_may_break``). Turn
+    merges come last, as pairing and dropped turns are what leave two turns of one role side by
+    side.
     """
     inputs = sanitize_tool_call_inputs(messages, allowed_tool_names=allowed_tool_names)
     current, cleaned = clean_blocks(
@@ -62,7 +63,7 @@ def repair_transcript(
             keep_kimi_ids=policy.preserve_native_kimi_tool_call_ids,
         )
         ids_report = rewritten.report
-        if rewritten.messages is not current and policy.repair_tool_use_result_pairing:
+        if rewritten.messages is not current and _pairing_may_break(policy, rewritten.invented_result_ids):
             again = repair_pairing(rewritten.messages, **_pairing_options(policy))
             pairings.append(again.report)
             current = again.messages
@@ -83,6 +84,16 @@ def repair_transcript(
         turns=cleaned + ordered,
     )
     return RepairedTranscript(stripped.messages if stripped else current, report)
+
+
+def _pairing_may_break(policy: TranscriptPolicy, invented_result_ids: int) -> bool:
+    # After pairing with failed turns dropped, every call has its one result right after its
+    # turn, in call order, so the rewrite's first-in first-out per raw id gives each result its
+    # own call's new id. A kept failed turn's unanswered calls, or a result the rewrite found no
+    # call for, break that: then pairing runs again.
+    if not policy.repair_tool_use_result_pairing:
+        return False
+    return policy.errored_turns == "preserve" or invented_result_ids > 0
 
 
 def _pairing_options(policy: TranscriptPolicy) -> dict[str, Any]:

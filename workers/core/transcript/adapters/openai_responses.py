@@ -82,7 +82,7 @@ def output_item(message: Message, call_id: str) -> dict[str, Any]:
 
 
 def function_call_in(item: dict[str, Any], where: str) -> Block:
-    """The neutral ``toolCall`` block of a ``function_call`` item: its id is ``call_id``; the item id rides along.
+    """The neutral ``toolCall`` block of a ``function_call`` item; the item's own id rides along.
 
     Raises:
         TranscriptRepairError: ``call_id``, ``name`` or ``arguments`` is not a string.
