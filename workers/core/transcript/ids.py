@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -111,11 +111,15 @@ class _Rewriter:
         self.mode: IdMode = mode
         self.preserve_anthropic_ids = preserve_anthropic_ids
         self.keep_kimi_ids = keep_kimi_ids
+        self.form: Callable[[object], str] = (
+            _strict9 if mode == "strict9" else _responses if mode == "responses" else self._strict
+        )
         self.used: set[str] = set()
         self.item_ids: set[str] = set()
         self.item_ids_dropped = 0
         self.seen_calls: dict[str, int] = {}
         self.orphan_results: dict[str, int] = {}
+        self.first_pending: dict[str, str] = {}  # most ids occur once: no queue for them
         self.pending: dict[str, deque[str]] = {}
         self.mapping: list[tuple[str, str]] = []
         self.calls_rewritten = 0
@@ -136,16 +140,21 @@ class _Rewriter:
         if not isinstance(block, dict) or block.get("type") not in CALL_BLOCK_TYPES:
             return block
         raw = block.get("id")
-        occurrence = self.seen_calls.get(str(raw), 0)
-        self.seen_calls[str(raw)] = occurrence + 1
-        if self._keeps_native(raw, occurrence):
-            new_id = str(raw)
+        text = raw if isinstance(raw, str) else str(raw)
+        occurrence = self.seen_calls.get(text, 0)
+        self.seen_calls[text] = occurrence + 1
+        if self.preserve_anthropic_ids and self._keeps_native(raw, occurrence):
+            new_id = text
             self.used.add(new_id)
         else:
             new_id = self._unique(raw if occurrence == 0 else f"{raw}:{occurrence}")
-        self.pending.setdefault(str(raw), deque()).append(new_id)
-        self.mapping.append((str(raw), new_id))
-        item_ok = self._item_id_ok(block.get(RESPONSES_ITEM_ID))
+        if occurrence == 0:
+            self.first_pending[text] = new_id
+        else:
+            self.pending.setdefault(text, deque()).append(new_id)
+        self.mapping.append((text, new_id))
+        item_id = block.get(RESPONSES_ITEM_ID)
+        item_ok = item_id is None or self._item_id_ok(item_id)
         if new_id == raw and item_ok:
             return block
         self.calls_rewritten += new_id != raw
@@ -156,8 +165,6 @@ class _Rewriter:
         return rewritten
 
     def _item_id_ok(self, item_id: object) -> bool:
-        if item_id is None:
-            return True
         if not isinstance(item_id, str) or not item_id.startswith("fc") or item_id in self.item_ids:
             return False
         self.item_ids.add(item_id)
@@ -168,10 +175,13 @@ class _Rewriter:
         if key is None:
             return message
         raw = message[key]
-        queue = self.pending.get(str(raw))
+        text = raw if isinstance(raw, str) else str(raw)
+        # First-in first-out per raw id: a first occurrence is always older than the repeats.
+        new_id = self.first_pending.pop(text, None)
+        queue = self.pending.get(text) if new_id is None else None
         if queue:
             new_id = queue.popleft()
-        else:
+        elif new_id is None:
             count = self.orphan_results.get(str(raw), 0) + 1
             self.orphan_results[str(raw)] = count
             new_id = self._unique(f"{raw}:tool_result:{count}")
@@ -180,13 +190,19 @@ class _Rewriter:
         self.results_rewritten += 1
         return {**message, key: new_id}
 
+    def _strict(self, raw: object) -> str:
+        return sanitize_tool_call_id(raw, "strict", keep_kimi_ids=self.keep_kimi_ids)
+
     def _keeps_native(self, raw: object, occurrence: int) -> bool:
-        if not self.preserve_anthropic_ids or occurrence or not isinstance(raw, str):
+        if occurrence or not isinstance(raw, str):
             return False
         return bool(_ANTHROPIC_NATIVE.match(raw)) and raw not in self.used
 
     def _unique(self, seed: object) -> str:
-        base = sanitize_tool_call_id(seed, self.mode, keep_kimi_ids=self.keep_kimi_ids)
+        base = self.form(seed)
+        if base not in self.used:  # the common case, without building the candidate chain
+            self.used.add(base)
+            return base
         new_id = next(c for c in self._candidates(base, str(seed)) if c not in self.used)
         self.used.add(new_id)
         return new_id

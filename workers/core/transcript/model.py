@@ -76,6 +76,9 @@ def call_blocks(message: Mapping[str, Any]) -> list[tuple[str, str | None]]:
 
 def result_id_key(message: Mapping[str, Any]) -> str | None:
     """The key holding a tool result's call id: the first alias with a non-blank string."""
+    value = message.get("toolCallId")  # the canonical key, first of the aliases: a fast path
+    if isinstance(value, str) and value.strip():
+        return "toolCallId"
     for key in RESULT_ID_KEYS:
         value = message.get(key)
         if isinstance(value, str) and value.strip():
@@ -85,6 +88,9 @@ def result_id_key(message: Mapping[str, Any]) -> str | None:
 
 def result_id(message: Mapping[str, Any]) -> str | None:
     """The trimmed call id a tool result answers, or None when it names none."""
+    value = message.get("toolCallId")
+    if isinstance(value, str) and (trimmed := value.strip()):
+        return trimmed
     key = result_id_key(message)
     return None if key is None else str(message[key]).strip()
 
@@ -109,6 +115,8 @@ def is_synthetic(message: Mapping[str, Any]) -> bool:
     Responses results have no error flag).
     """
     details = message.get("details")
+    if details is None and message.get("isError") is False:
+        return False  # the common case, first
     if isinstance(details, dict):
         if details.get("openclawSyntheticMissingToolResult") is True:
             return True

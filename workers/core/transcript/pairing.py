@@ -161,20 +161,23 @@ def _split_frames(messages: list[Any], tally: _Tally) -> tuple[list[Message], li
 
 def _claim_locally(frame: _Frame, tally: _Tally, open_names: set[str | None]) -> None:
     pending, frame.set_aside = frame.set_aside, []
+    if not pending:
+        return
     by_key: dict[str, list[_Occurrence]] = {}
     for occurrence in frame.occurrences:
         by_key.setdefault(occurrence.key, []).append(occurrence)
     for index, message in pending:
-        result = _adopt_legacy_id(frame, message, open_names)
-        call_id = result_id(result)
+        call_id = result_id(message)
+        result = message if call_id is not None else _adopt_legacy_id(frame, message, open_names)
+        if result is not message:
+            call_id = result_id(result)
         same_id = by_key.get(call_id) if call_id is not None else None
         name = _clean_name(result.get("toolName"))
-        # No call here with the result's id and name: the id may be another turn's.
-        if not same_id or (name is not None and all(o.clean != name for o in same_id)):
+        owners = same_id if name is None or not same_id else [o for o in same_id if o.clean == name]
+        if not owners:  # no call here with the result's id and name: the id may be another turn's
             frame.set_aside.append((index, result))
             continue
         rank = _ADOPTED if result is not message else _rank(result)
-        owners = [o for o in same_id if o.clean == name] if name is not None else same_id
         free = next((o for o in owners if o.result is None), None)
         if free is not None:
             _attach(free, index, result, rank)
@@ -183,7 +186,7 @@ def _claim_locally(frame: _Frame, tally: _Tally, open_names: set[str | None]) ->
 
 
 def _adopt_legacy_id(frame: _Frame, message: Message, open_names: set[str | None]) -> Message:
-    if result_id(message) is not None or len(frame.occurrences) != 1:
+    if len(frame.occurrences) != 1:
         return message
     occurrence = frame.occurrences[0]
     result_name = _clean_name(message.get("toolName"))
@@ -268,7 +271,7 @@ def _rank(result: Message) -> int:
 
 
 def _attach(occurrence: _Occurrence, index: int | None, result: Message, rank: int) -> None:
-    key = result_id_key(result)
+    key = "toolCallId" if result.get("toolCallId") == occurrence.call_id else result_id_key(result)
     if key is not None and result[key] != occurrence.call_id:
         result = {**result, key: occurrence.call_id}  # the call's exact id, for the id rewrite
     occurrence.result = _normalize_name(result, occurrence.name)
@@ -339,14 +342,14 @@ def _has_id(block: dict[str, Any]) -> bool:
 
 
 def _clean_name(name: object) -> str | None:
-    if isinstance(name, str) and name.strip():
-        return name.strip()
+    if isinstance(name, str):
+        return name.strip() or None
     return None
 
 
 def _normalize_name(result: Message, call_name: str | None) -> Message:
     name = result.get("toolName")
-    if not isinstance(name, str):
+    if not isinstance(name, str) or (name and not name[0].isspace() and not name[-1].isspace()):
         return result
     wanted = _clean_name(name) or _clean_name(call_name) or "unknown"
     return result if wanted == name else {**result, "toolName": wanted}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable
@@ -117,6 +118,9 @@ def _has_input(block: Block) -> bool:
 
 
 def _call_id(block: Block) -> str | None:
+    value = block.get("id")  # the canonical key, first of the aliases: a fast path
+    if isinstance(value, str) and value.strip():
+        return value
     for key in CALL_ID_KEYS:
         value = block.get(key)
         if isinstance(value, str) and value.strip():
@@ -124,6 +128,7 @@ def _call_id(block: Block) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # a transcript uses a handful of names thousands of times
 def _name_ok(name: str, allowed: frozenset[str]) -> bool:
     if not name or len(name) > _MAX_NAME_CHARS or not _NAME_PATTERN.match(name):
         return False
