@@ -64,10 +64,13 @@ def main() -> None:
     """Measure and print messages/second for each repair path and the JSON-copy baseline."""
     transcript = build_transcript()
     policy = resolve_policy("mistral")
+    anthropic, google = resolve_policy("anthropic"), resolve_policy("google")
     baseline = best_seconds(lambda: json.loads(json.dumps(transcript)))
     paths: dict[str, Callable[[], object]] = {
         "pairing only": lambda: repair_pairing(transcript),
         "full pipeline (mistral)": lambda: repair_transcript(transcript, policy),
+        "full pipeline (anthropic)": lambda: repair_transcript(transcript, anthropic),
+        "full pipeline (google)": lambda: repair_transcript(transcript, google),
     }
     print(f"transcript: {len(transcript)} messages, best of {ROUNDS} rounds")
     print(f"{'json round-trip copy (baseline)':32} {len(transcript) / baseline:>12,.0f} msg/s")

@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--errored-turns", choices=("preserve", "drop"), help="errored/aborted turns")
     parser.add_argument("--missing-text", help="text of synthetic results for missing ones")
     parser.add_argument("--allowed-tools", help="comma-separated allowed tool names")
-    parser.add_argument("--id-mode", choices=("strict", "strict9"), help="tool-call id form")
+    parser.add_argument("--id-mode", choices=("strict", "strict9", "responses"), help="tool-call id form")
     parser.add_argument("--strip-details", action="store_true", help="remove result details")
     parser.add_argument("--report", action="store_true", help="write the report to stderr as JSON")
     parser.add_argument("--policy", action="store_true", help="print the resolved policy and exit")
