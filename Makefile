@@ -49,7 +49,7 @@ test-e2e: $(STAMP)
 # Transcript repair's SDK-validated property tests with many more generated transcripts per format.
 REPAIR_EXAMPLES ?= 5000
 test-repair-deep: $(STAMP)
-	UNSTUCK_REPAIR_EXAMPLES=$(REPAIR_EXAMPLES) $(BIN)/pytest -q tests/unit/transcript/test_wire_properties.py
+	UNSTUCK_REPAIR_EXAMPLES=$(REPAIR_EXAMPLES) $(BIN)/pytest -q --timeout=0 tests/unit/transcript/test_wire_properties.py
 
 all: lint typecheck test
 
