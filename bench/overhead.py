@@ -322,7 +322,8 @@ def _report(opts: Options, phases: dict[str, list[Phase]]) -> None:
     for name in ("bare", "guarded"):
         counts = phases[name][-1].commands
         top = sorted(counts.items(), key=lambda kv: -kv[1])
-        detail = ", ".join(f"{k} {n / opts.latency_calls:.2f}" for k, n in top if n / opts.latency_calls >= 0.05)
+        calls = opts.latency_calls
+        detail = ", ".join(f"{k} {n / calls:.2f}" for k, n in top if n / calls >= 0.05)
         print(f"  {name:<8} {detail}")
 
 
