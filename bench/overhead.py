@@ -284,7 +284,7 @@ def _mark(ok: bool) -> str:
 
 
 def _median(phases: list[Phase], figure: str) -> float:
-    return statistics.median(getattr(p, figure) for p in phases)
+    return statistics.median(float(getattr(p, figure)) for p in phases)
 
 
 def _report(opts: Options, phases: dict[str, list[Phase]]) -> None:

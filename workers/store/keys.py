@@ -105,6 +105,7 @@ path (see :mod:`workers.store.sweep_scripts`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 from urllib.parse import quote, unquote
 
@@ -143,8 +144,8 @@ class RunKeys:
     session_key: str
     run_id: str
 
-    @property
-    def tag(self) -> str:
+    @cached_property
+    def tag(self) -> str:  # cached: every key of the run is built from it, several per call
         """The cluster hash tag shared by every key of the run."""
         return "{" + quote_part(self.session_key) + "/" + quote_part(self.run_id) + "}"
 

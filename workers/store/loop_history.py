@@ -57,7 +57,7 @@ def _entry_body(entry: HistoryEntry, now_ms: int) -> str:
         "h": entry.result_hash,
         "u": entry.unknown_tool_name,
     }
-    data = {k: v for k, v in fields.items() if v is not None}
+    data: dict[str, str | int] = {k: v for k, v in fields.items() if v is not None}
     data["ts"] = now_ms
     return json.dumps(data, separators=(",", ":"))
 
@@ -83,7 +83,7 @@ class RedisLoopHistory:
         self._discard = load_script(client, "loop_discard.lua", library=LOOP_STATE_LIBRARY)
         self._arm = load_script(client, "loop_guard_arm.lua")
         self._warning = load_script(client, "loop_warning.lua")
-        self._touched: set[RunScope] = set()
+        self._touched: dict[RunScope, RunKeys] = {}
 
     @classmethod
     def on_ledger(cls, ledger: Ledger) -> RedisLoopHistory:
@@ -100,8 +100,10 @@ class RedisLoopHistory:
         self._client.close()
 
     def _keys(self, scope: RunScope) -> RunKeys:
-        self._touched.add(scope)
-        return RunKeys(self._prefix, scope.session_key, scope.run_id)
+        keys = self._touched.get(scope)
+        if keys is None:
+            keys = self._touched[scope] = RunKeys(self._prefix, scope.session_key, scope.run_id)
+        return keys
 
     def record_call(
         self, scope: RunScope, entry: HistoryEntry, history_size: int, now_ms: int

@@ -12,12 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from workers.core.loops.history import HistoryEntry
+from typing import Protocol
 
 __all__ = ["WindowSignals", "signals_of"]
+
+
+class HistoryEntry(Protocol):
+    """What the signals read of a record (``workers.core.loops.history.HistoryEntry`` has it)."""
+
+    @property
+    def tool_name(self) -> str: ...
+    @property
+    def args_hash(self) -> str: ...
+    @property
+    def run_id(self) -> str | None: ...
+    @property
+    def result_hash(self) -> str | None: ...
+    @property
+    def unknown_tool_name(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
