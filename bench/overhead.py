@@ -139,6 +139,7 @@ class Phase:
     commands_per_call: float
     calls_per_s: float
     commands: dict[str, int] = field(default_factory=dict)
+    cpu_ms_by_role: dict[str, float] = field(default_factory=dict)
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -191,13 +192,15 @@ def measure(side: Side, other: Side, label: str, opts: Options, cpu: CpuMeter, s
     client.close()
     calls = opts.latency_calls
     tput = throughput(lambda t: side.client(f"{label}-tput{t}"), opts.threads, opts.calls_per_thread)
+    cpu_ms = {role: s / calls * 1000 for role, s in CpuMeter.spent(cpu_before, cpu_after).items()}
     return Phase(
         _percentile(samples, 0.5) * 1000,
         _percentile(samples, 0.99) * 1000,
-        CpuMeter.spent(cpu_before, cpu_after) / calls * 1000,
+        sum(cpu_ms.values()),
         sum(commands.values()) / calls,
         tput,
-        {k: n for k, n in commands.items()},
+        dict(commands),
+        cpu_ms,
     )
 
 
@@ -318,6 +321,14 @@ def _report(opts: Options, phases: dict[str, list[Phase]]) -> None:
         b, g = bare[figure], guarded[figure]
         verdict = f"{target}  {_mark(ok(g / b, g - b))}" if ok else ""
         print(f"{label:<22}{b:>14.2f}{g:>12.2f}{g / b:>9.2f}   {verdict}")
+    print("CPU ms per call by process (medians):")
+    for name in ("bare", "guarded"):
+        roles = phases[name][0].cpu_ms_by_role
+        detail = ", ".join(
+            f"{role} {statistics.median(p.cpu_ms_by_role.get(role, 0.0) for p in phases[name]):.2f}"
+            for role in roles
+        )
+        print(f"  {name:<8} {detail}")
     print("Redis commands per call by command (last round):")
     for name in ("bare", "guarded"):
         counts = phases[name][-1].commands

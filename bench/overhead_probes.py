@@ -41,8 +41,9 @@ def freeze(worker: Proc) -> None:
 
 
 def thaw(worker: Proc) -> None:
-    """SIGCONT a worker frozen by :func:`freeze`."""
-    os.killpg(worker.pid, signal.SIGCONT)
+    """SIGCONT a worker frozen by :func:`freeze` (nothing to do once it is gone)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGCONT)
 
 
 class CpuMeter:
@@ -52,23 +53,32 @@ class CpuMeter:
         self._worker_pid = worker_pid
         self._redis_pid = redis_pid
 
-    def _processes(self) -> Iterable[psutil.Process]:
+    def _processes(self) -> Iterable[tuple[str, psutil.Process]]:
         worker = psutil.Process(self._worker_pid)
-        return [psutil.Process(), worker, *worker.children(recursive=True), psutil.Process(self._redis_pid)]
+        children = [("pool children", child) for child in worker.children(recursive=True)]
+        return [
+            ("client", psutil.Process()),
+            ("worker main", worker),
+            *children,
+            ("redis-server", psutil.Process(self._redis_pid)),
+        ]
 
-    def sample(self) -> dict[int, float]:
-        """CPU seconds so far, by pid (pool children included)."""
+    def sample(self) -> dict[tuple[str, int], float]:
+        """CPU seconds so far, by (role, pid) (pool children included)."""
         seconds = {}
-        for process in self._processes():
+        for role, process in self._processes():
             with contextlib.suppress(psutil.NoSuchProcess):
                 times = process.cpu_times()
-                seconds[process.pid] = times.user + times.system
+                seconds[(role, process.pid)] = times.user + times.system
         return seconds
 
     @staticmethod
-    def spent(before: dict[int, float], after: dict[int, float]) -> float:
-        """CPU seconds between two samples; a pool child born in between counts from zero."""
-        return sum(after[pid] - before.get(pid, 0.0) for pid in after)
+    def spent(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float]) -> dict[str, float]:
+        """CPU seconds between two samples, by role; a pool child born in between counts from zero."""
+        by_role: dict[str, float] = {}
+        for (role, pid), seconds in after.items():
+            by_role[role] = by_role.get(role, 0.0) + seconds - before.get((role, pid), 0.0)
+        return by_role
 
 
 class CommandStats:
