@@ -43,10 +43,6 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _text_or_none(value: Any) -> str | None:
-    return None if value is None else _text(value)
-
-
 def _entry_body(entry: HistoryEntry, now_ms: int) -> str:
     """The stored json of an entry; the seq lives in the member prefix and the score."""
     fields = {
@@ -116,18 +112,18 @@ class RedisLoopHistory:
         self, scope: RunScope, entry: HistoryEntry, history_size: int, evidence_at: int, now_ms: int
     ) -> tuple[WindowSignals, int]:
         """:meth:`record_call`, returning the window's signals (kept in Redis) instead of the window."""
-        reply = self._append(scope, entry, history_size, "signals", evidence_at, now_ms)
+        reply = json.loads(self._append(scope, entry, history_size, "signals", evidence_at, now_ms))
         seq, recent, stalled, latest, repeats, streak, name, count, a, b, tool, evidence = reply
         signals = WindowSignals(
             unknown_streak=int(streak),
-            unknown_name=_text_or_none(name),
+            unknown_name=name or None,
             stalled=int(stalled),
-            latest=_text_or_none(latest),
+            latest=latest if latest is not False else None,
             recent=int(recent),
             run_repeats=int(repeats),
             alternation=int(count),
-            pair=(_text(a), _text(b)) if count else (),
-            paired_tool=_text_or_none(tool),
+            pair=(str(a), str(b)) if count else (),
+            paired_tool=tool or None,
             evidence=bool(evidence),
         )
         return signals, int(seq)

@@ -12,9 +12,10 @@
 --
 -- Up to N + 1 records are kept, so that discarding a blocked call (loop_discard.lua) leaves
 -- exactly the N records the reference keeps when it never records a blocked call.
--- Returns {seq, {member, ...}} with the window oldest first, or {seq, signals...}: recent,
--- stalled, latest, run_repeats, unknown_streak, unknown_name, alternation, pair_a, pair_b,
--- paired_tool, evidence (false for a missing string, 0/1 for evidence).
+-- Returns {seq, {member, ...}} with the window oldest first, or one JSON array (a single bulk
+-- reply parses faster than a dozen): [seq, recent, stalled, latest, run_repeats,
+-- unknown_streak, unknown_name, alternation, pair_a, pair_b, paired_tool, evidence] (false for
+-- a missing string, 0/1 for evidence).
 local hist, state = KEYS[1], KEYS[2]
 local n, ttl = tonumber(ARGV[1]), tonumber(ARGV[3])
 local entry = {t = ARGV[7], a = ARGV[8]}
@@ -94,4 +95,7 @@ redis.call('ZREMRANGEBYRANK', hist, 0, -(n + 2))
 redis.call('EXPIRE', hist, ttl)
 redis.call('EXPIRE', state, ttl)
 table.insert(reply, 1, seq)
+if ARGV[5] == 'signals' then
+  return cjson.encode(reply)
+end
 return reply
