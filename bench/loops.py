@@ -3,6 +3,11 @@
 Starts its own redis-server on a free loopback port (never the shared one) and stops it at
 the end. The window is kept full, with a mix of tools, args and outcomes, so every detector
 walks the whole history.
+
+The check a guarded call pays is ``check_call`` (append + the window's signals, kept in Redis
+by the loop scripts); targets (issue 16): at most 2x a PING at historySize 30 and 3x at 300,
+printed PASS or MISS. ``record_call`` (append + the whole window, what the check used to
+read) is printed beside it for comparison.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from workers.core.loops import (
 from workers.store.loop_history import RedisLoopHistory
 
 SIZES = (30, 300)
+CHECK_TARGETS = {30: 2.0, 300: 3.0}  # check cost as a multiple of PING
 
 
 def _window(size: int) -> list[HistoryEntry]:
@@ -94,19 +100,33 @@ def _redis_server() -> Iterator[redis.Redis]:
 
 def redis_round_trips_us(
     client: redis.Redis, size: int, iterations: int = 2000
-) -> tuple[float, float, float]:
-    """Median µs of PING, of the append + window script, and of the outcome script, at a full window."""
+) -> tuple[float, float, float, float]:
+    """Median µs of PING, the check, the append + window script and the outcome script (full window)."""
     store = RedisLoopHistory(client, prefix="bench", ttl_s=60)
     scope = RunScope(f"bench-{size}", "run")
+    tools = ("read", "exec", "write", "command_status")
     for n in range(size + 1):
-        store.record_call(scope, HistoryEntry(0, "read", f"read:{n % 7}", f"c{n}"), size, now_ms=n)
-    ping = _median_us(client.ping, iterations)
+        tool = tools[n % 4]
+        store.record_call(scope, HistoryEntry(0, tool, f"{tool}:{n % 7}", f"c{n}"), size, now_ms=n)
+        done = HistoryEntry(0, tool, f"{tool}:{n % 7}", f"c{n}", result_hash=f"h{n % 5}")
+        store.record_outcome(scope, done, size, None, now_ms=n)
     entry = HistoryEntry(0, "read", "read:3", "cX")
-    call = _median_us(lambda: store.record_call(scope, entry, size, now_ms=1), iterations)
     done = HistoryEntry(0, "read", "read:3", "cX", result_hash="h")
+    # PING and check alternate, so that both see the same machine (it may be shared).
+    ping_s, check_s = [], []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        client.ping()
+        ping_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        _, seq = store.check_call(scope, entry, size, 20, now_ms=1)
+        check_s.append(time.perf_counter() - start)
+        store.discard_call(scope, seq)  # untimed: the window stays as it was for the next check
+    ping, check = statistics.median(ping_s) * 1e6, statistics.median(check_s) * 1e6
+    call = _median_us(lambda: store.record_call(scope, entry, size, now_ms=1), iterations)
     outcome = _median_us(lambda: store.record_outcome(scope, done, size, None, 1), iterations)
     store.delete_session(scope.session_key)
-    return ping, call, outcome
+    return ping, check, call, outcome
 
 
 def main() -> None:
@@ -116,11 +136,13 @@ def main() -> None:
         print(f"before+after on the memory store {guard_us:.1f} us/call")
     with _redis_server() as client:
         for size in SIZES:
-            ping, call, outcome = redis_round_trips_us(client, size)
+            ping, check, call, outcome = redis_round_trips_us(client, size)
+            target = CHECK_TARGETS[size]
+            verdict = "PASS" if check <= target * ping else "MISS"
             print(
-                f"historySize={size}: PING {ping:.1f} us, append+window script {call:.1f} us "
-                f"(x{call / ping:.2f} PING, +{call - ping:.1f} us), outcome script {outcome:.1f} us "
-                f"(x{outcome / ping:.2f} PING, +{outcome - ping:.1f} us)"
+                f"historySize={size}: PING {ping:.1f} us, check {check:.1f} us (x{check / ping:.2f} PING; "
+                f"<= {target:.0f}x {verdict}); append+window script {call:.1f} us (x{call / ping:.2f}), "
+                f"outcome script {outcome:.1f} us (x{outcome / ping:.2f})"
             )
 
 

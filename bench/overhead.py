@@ -1,95 +1,111 @@
-"""What unstuck's guarantees cost: a guarded no-op tool call versus a bare Celery task (``make bench``).
+"""What unstuck's guarantees cost next to a plain Celery app (``make bench``).
 
-One run, one private redis-server (never the shared one), two prefork workers with the same
-concurrency: ``unstuck worker`` and a bare ``celery worker`` of :mod:`bench.bare_app`.
+One private redis-server (never the shared one) and two prefork workers with the same
+concurrency: ``unstuck worker`` and a bare ``celery worker`` of :mod:`bench.bare_app`, a
+Celery app configured as Celery's docs show (Redis broker and result backend, JSON,
+``.get()``), not through unstuck's settings. Both workers run ``--without-mingle
+--without-gossip``, as ``unstuck worker`` does, so neither side pays for cluster chatter.
 
-* latency: sequential calls, bare and guarded alternating, p50 / p99;
-* throughput: N client threads (one client each) x M calls, calls per second;
-* a hung tool (``sleepy``, soft limit 1 s): how long after the soft limit the result arrives;
-* a worker main process SIGKILL mid-call: how long after the kill ``worker_lost`` arrives;
-* Redis commands per call on each path (``INFO commandstats`` deltas).
+Each side is measured alone: the other worker is frozen (SIGSTOP) for the whole phase, so
+its background work (lease keepers, post-call writes, broker polls) cannot land on the
+measured side's clock. Phases alternate (bare first in even rounds, guarded first in odd),
+and the figures are medians over ``--rounds`` rounds. Per phase:
 
-Targets come from issue 2; each is printed PASS or MISS, nothing is asserted.
+* latency: sequential calls on one client and one session, p50 / p99;
+* CPU per call: user + system seconds of every process over the sequential calls (this
+  client, the worker's main process and pool children, redis-server), divided by the calls;
+* Redis commands per call: ``INFO commandstats`` delta over the same calls;
+* throughput: N threads, each with its own client (and, guarded, its own session), calls/s.
+
+Then, once: a hung tool's overshoot past its soft limit and the time from a worker SIGKILL
+to ``worker_lost``. Every target is printed PASS or MISS; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import redis
 
-from tests.harness import REPO, Proc, base_env, kill_pids, settings_of, start_worker, wait_until
+from bench.bare_app import BARE_QUEUE, BARE_TASK, URL_ENV, make_app
+from bench.overhead_probes import (
+    HUNG_SOFT_S,
+    CommandStats,
+    CpuMeter,
+    freeze,
+    hung_tool_overshoot_ms,
+    thaw,
+    trace_one_call,
+    worker_kill_s,
+)
+from tests.harness import REPO, Proc, base_env, kill_pids, settings_of, start_worker
 from workers import ToolCall, ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 
-HUNG_SOFT_S = 1.0  # the soft limit of tests.misbehaving_tools.sleepy
+Client = Callable[[int], None]
+
+P50_TARGET, TPUT_TARGET, CPU_TARGET, COMMANDS_MARGIN = 1.15, 0.90, 1.3, 8
 
 
 @dataclass(frozen=True)
 class Options:
     """Sizes of the run."""
 
+    rounds: int
     latency_calls: int
     threads: int
     calls_per_thread: int
     concurrency: int
     lease_ttl_s: float
     trace: bool
+    faults: bool
 
 
 def _parse(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating bare/guarded rounds (median)")
     parser.add_argument("--latency-calls", type=int, default=300)
     parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--calls-per-thread", type=int, default=100)
+    parser.add_argument("--calls-per-thread", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=2, help="pool processes of each worker")
     parser.add_argument("--lease-ttl-s", type=float, default=10.0, help="lease TTL (default: unstuck's)")
     parser.add_argument("--trace", action="store_true", help="also print every Redis command of one call")
+    parser.add_argument("--no-faults", action="store_true", help="skip the hung-tool and SIGKILL figures")
     args = parser.parse_args(argv)
     return Options(
+        args.rounds,
         args.latency_calls,
         args.threads,
         args.calls_per_thread,
         args.concurrency,
         args.lease_ttl_s,
         args.trace,
+        not args.no_faults,
     )
 
 
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 class Bare:
-    """Client of the bare worker: send the no-op, wait on the result backend."""
+    """Client of the bare worker: ``send_task(...).get()``, as a Celery user waits for a result."""
 
-    def __init__(self) -> None:
-        from bench.bare_app import BARE_QUEUE, BARE_TASK, make_app
-
-        self._app = make_app()
-        self._task, self._queue = BARE_TASK, BARE_QUEUE
+    def __init__(self, url: str) -> None:
+        self._app = make_app(url)
 
     def __call__(self, _: int) -> None:
-        result = self._app.send_task(self._task, queue=self._queue)
-        assert result.get(timeout=30) == "ok"
+        assert self._app.send_task(BARE_TASK, queue=BARE_QUEUE).get(timeout=30) == "ok"
 
     def close(self) -> None:
         self._app.close()
 
 
 class Guarded:
-    """Client of the unstuck worker: one ``noop`` tool call per call through the gateway."""
+    """Client of the unstuck worker: one ``noop`` tool call per call through its own gateway."""
 
     def __init__(self, settings: Settings, session: str) -> None:
         self._gateway = ToolGateway(settings)
@@ -104,29 +120,38 @@ class Guarded:
         self._gateway.close()
 
 
-def _timed(operation: Callable[[int], None], n: int) -> float:
-    start = time.perf_counter()
-    operation(n)
-    return time.perf_counter() - start
+@dataclass
+class Side:
+    """One of the two systems: its worker and how to make a client on a fresh session."""
+
+    name: str
+    worker: Proc
+    client: Callable[[str], Bare | Guarded]
 
 
-def latency(bare: Bare, guarded: Guarded, calls: int) -> tuple[list[float], list[float]]:
-    """Alternate bare and guarded calls so both see the same machine state."""
-    for n in range(20):  # warm up connections, pool children, imports
-        bare(n)
-        guarded(100_000 + n)
-    bare_s, guarded_s = [], []
-    for n in range(calls):
-        bare_s.append(_timed(bare, n))
-        guarded_s.append(_timed(guarded, n))
-    return bare_s, guarded_s
+@dataclass
+class Phase:
+    """One side's figures in one round."""
+
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_call: float
+    commands_per_call: float
+    calls_per_s: float
+    commands: dict[str, int] = field(default_factory=dict)
+    cpu_ms_by_role: dict[str, float] = field(default_factory=dict)
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def throughput(make_client: Callable[[int], Bare | Guarded], threads: int, per_thread: int) -> float:
     """Calls per second of ``threads`` clients each making ``per_thread`` sequential calls."""
     clients = [make_client(t) for t in range(threads)]
-    for t, client in enumerate(clients):
-        client(10_000_000 + t)  # connect before the clock starts
+    for client in clients:
+        client(10_000_000)  # connect before the clock starts
     errors: list[BaseException] = []
 
     def run(client: Bare | Guarded) -> None:
@@ -136,11 +161,11 @@ def throughput(make_client: Callable[[int], Bare | Guarded], threads: int, per_t
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    workers = [threading.Thread(target=run, args=(c,)) for c in clients]
+    runners = [threading.Thread(target=run, args=(c,)) for c in clients]
     start = time.perf_counter()
-    for thread in workers:
+    for thread in runners:
         thread.start()
-    for thread in workers:
+    for thread in runners:
         thread.join()
     elapsed = time.perf_counter() - start
     for client in clients:
@@ -150,109 +175,33 @@ def throughput(make_client: Callable[[int], Bare | Guarded], threads: int, per_t
     return threads * per_thread / elapsed
 
 
-def hung_tool_overshoot_ms(settings: Settings, runs: int = 5) -> list[float]:
-    """How long after the soft limit a hung tool's ``timeout_soft`` arrives (submit to result)."""
-    gateway = ToolGateway(settings)
-    overshoot = []
-    for n in range(runs):
+def measure(side: Side, other: Side, label: str, opts: Options, cpu: CpuMeter, stats: CommandStats) -> Phase:
+    """One phase: ``side`` alone (``other`` frozen), latency + CPU + commands, then throughput."""
+    freeze(other.worker)
+    thaw(side.worker)
+    client = side.client(f"{label}-lat")
+    for n in range(20):  # warm up connections, pool children, imports
+        client(100_000 + n)
+    samples = []
+    cpu_before, commands_before = cpu.sample(), stats.snapshot()
+    for n in range(opts.latency_calls):
         start = time.perf_counter()
-        call = ToolCall(id=f"hang{n}", name="sleepy", arguments={"seconds": 30})
-        (result,) = gateway.call_tools(session_key="bench-hung", run_id="r", calls=[call])
-        assert result.reason == "timeout_soft", result
-        overshoot.append((time.perf_counter() - start - HUNG_SOFT_S) * 1000)
-    gateway.close()
-    return overshoot
-
-
-def worker_kill_s(settings: Settings, worker: Proc) -> float:
-    """Kill the worker's main process mid-call; seconds from the kill to ``worker_lost``."""
-    gateway = ToolGateway(settings)
-    ledger = gateway._rt.ledger
-    keys = ledger.keys("bench-kill", "r")
-    box: list[tuple[float, str | None]] = []
-
-    def call() -> None:
-        (result,) = gateway.call_tools(
-            session_key="bench-kill",
-            run_id="r",
-            calls=[ToolCall(id="k", name="slow", arguments={"seconds": 60})],
-        )
-        box.append((time.perf_counter(), result.reason))
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    wait_until(
-        lambda: (r := ledger.record(keys, "k")) is not None and r.state.value == "running", timeout_s=15
+        client(n)
+        samples.append(time.perf_counter() - start)
+    cpu_after, commands = cpu.sample(), CommandStats.delta(commands_before, stats.snapshot())
+    client.close()
+    calls = opts.latency_calls
+    tput = throughput(lambda t: side.client(f"{label}-tput{t}"), opts.threads, opts.calls_per_thread)
+    cpu_ms = {role: s / calls * 1000 for role, s in CpuMeter.spent(cpu_before, cpu_after).items()}
+    return Phase(
+        _percentile(samples, 0.5) * 1000,
+        _percentile(samples, 0.99) * 1000,
+        sum(cpu_ms.values()),
+        sum(commands.values()) / calls,
+        tput,
+        dict(commands),
+        cpu_ms,
     )
-    orphans = worker.children()
-    killed = time.perf_counter()
-    worker.kill_hard()
-    kill_pids(orphans)
-    thread.join()
-    gateway.close()
-    answered, reason = box[0]
-    assert reason == "worker_lost", reason
-    return answered - killed
-
-
-class CommandStats:
-    """Redis commands executed between two snapshots, by command."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self._client = client
-        self._before: dict[str, int] = {}
-
-    def _snapshot(self) -> dict[str, int]:
-        info = self._client.info("commandstats")
-        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
-
-    @contextmanager
-    def measure(self, into: dict[str, int]) -> Iterator[None]:
-        before = self._snapshot()
-        yield
-        after = self._snapshot()
-        into.update({k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0) > 0})
-
-
-def trace_one_call(url: str, label: str, operation: Callable[[], None]) -> None:
-    """Print each Redis command (not those run inside scripts) of one call, with its time and client."""
-    seen: list[dict[str, Any]] = []
-    listening = threading.Event()
-    client = redis.Redis.from_url(url, decode_responses=True)
-
-    def listen() -> None:
-        with contextlib.suppress(redis.RedisError), client.monitor() as monitor:  # type: ignore[no-untyped-call]
-            listening.set()
-            for command in monitor.listen():
-                seen.append(command)
-
-    threading.Thread(target=listen, daemon=True).start()
-    listening.wait(5)
-    begin = time.time()
-    operation()
-    end = time.time()
-    client.ping()  # a command after the call, so we know the monitor has seen all of it
-    wait_until(lambda: any(c["time"] >= end for c in seen), timeout_s=5, what="monitor caught up")
-    mine = [c for c in seen if begin <= c["time"] <= end and c["client_type"] != "lua"]
-    print(f"\n{label}: {len(mine)} commands from clients")
-    for command in mine:
-        who = f"{command['client_address']}:{command['client_port']}"
-        print(f"  {(command['time'] - begin) * 1000:7.2f} ms  {who:<17} {command['command'][:100]}")
-
-
-def _mark(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def _print_commands(label: str, counts: dict[str, int], calls: int) -> None:
-    total = sum(counts.values()) / calls
-    top = sorted(counts.items(), key=lambda kv: -kv[1])
-    detail = ", ".join(f"{k} {n / calls:.2f}" for k, n in top if n / calls >= 0.05)
-    print(f"  {label:<8} {total:5.1f} commands/call: {detail}")
-
-
-def _row(label: str, bare: float, guarded: float, target: str) -> None:
-    print(f"{label:<22}{bare:>14.2f}{guarded:>12.2f}{guarded / bare:>9.2f}   {target}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,8 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     opts = _parse(argv)
     sys.path.insert(0, str(REPO))
     with EmbeddedRedis() as server:
+        assert server.process is not None
+        bare_url = server.url.removesuffix("/0") + "/1"  # its own database, on the same server
         env = base_env(
-            server.url, UNSTUCK_LEASE__TTL_S=str(opts.lease_ttl_s), UNSTUCK_LEASE__RENEW_INTERVAL_S="0.5"
+            server.url,
+            UNSTUCK_LEASE__TTL_S=str(opts.lease_ttl_s),
+            UNSTUCK_LEASE__RENEW_INTERVAL_S="0.5",
+            **{URL_ENV: bare_url},
         )
         settings = settings_of(env)
         unstuck_worker = start_worker(env, concurrency=opts.concurrency, name="bench-unstuck")
@@ -269,75 +223,119 @@ def main(argv: list[str] | None = None) -> int:
             [
                 sys.executable, "-m", "celery", "-A", "bench.bare_app", "worker",
                 "--pool", "prefork", "--concurrency", str(opts.concurrency),
-                "--queues", "bench.bare", "--hostname", "bench-bare@%h", "--loglevel", "INFO",
-                "--task-events", "--without-mingle", "--without-gossip",
+                "--queues", BARE_QUEUE, "--hostname", "bench-bare@%h", "--loglevel", "INFO",
+                "--without-mingle", "--without-gossip",
             ],
             env,
             "bench-bare",
         )  # fmt: skip
         try:
             bare_worker.wait_for_log(" ready.", timeout_s=60)
-            _run(opts, settings, server, unstuck_worker)
+            bare = Side("bare", bare_worker, lambda _: Bare(bare_url))
+            guarded = Side("guarded", unstuck_worker, lambda s: Guarded(settings, f"bench-{s}"))
+            _run(opts, settings, server, bare, guarded)
         finally:
+            thaw(unstuck_worker)
+            thaw(bare_worker)
             kill_pids(unstuck_worker.children() + bare_worker.children())
             unstuck_worker.stop()
             bare_worker.stop()
     return 0
 
 
-def _run(opts: Options, settings: Settings, server: EmbeddedRedis, unstuck_worker: Proc) -> None:
+def _run(opts: Options, settings: Settings, server: EmbeddedRedis, bare: Side, guarded: Side) -> None:
+    assert server.process is not None
     stats = CommandStats(redis.Redis.from_url(server.url, decode_responses=True))
-    bare, guarded = Bare(), Guarded(settings, "bench-latency")
-    bare_cmds: dict[str, int] = {}
-    guarded_cmds: dict[str, int] = {}
-    probe = 50
-    with stats.measure(bare_cmds):
-        for n in range(probe):
-            bare(1_000_000 + n)
-    with stats.measure(guarded_cmds):
-        for n in range(probe):
-            guarded(1_000_000 + n)
-    bare_s, guarded_s = latency(bare, guarded, opts.latency_calls)
-    bare.close()
-    guarded.close()
-    bare_tput = throughput(lambda _: Bare(), opts.threads, opts.calls_per_thread)
-    guarded_tput = throughput(
-        lambda t: Guarded(settings, f"bench-tput-{t}"), opts.threads, opts.calls_per_thread
-    )
+    phases: dict[str, list[Phase]] = {"bare": [], "guarded": []}
+    for round_no in range(opts.rounds):
+        order = (bare, guarded) if round_no % 2 == 0 else (guarded, bare)
+        for side, other in (order, order[::-1]):
+            cpu = CpuMeter(side.worker.pid, server.process.pid)
+            phases[side.name].append(measure(side, other, f"r{round_no}", opts, cpu, stats))
+    _report(opts, phases)
+    freeze(bare.worker)
+    thaw(guarded.worker)
     if opts.trace:
-        tracer_bare, tracer = Bare(), Guarded(settings, "bench-trace")
-        tracer_bare(1)  # connect first: trace a warm call
-        tracer(1)
-        trace_one_call(server.url, "bare celery no-op", lambda: tracer_bare(0))
-        trace_one_call(server.url, "guarded noop tool call", lambda: tracer(0))
-        tracer_bare.close()
-        tracer.close()
-    hung_ms = hung_tool_overshoot_ms(settings)
-    kill_s = worker_kill_s(settings, unstuck_worker)
+        _trace(settings, server.url)
+    if opts.faults:
+        _faults(opts, settings, guarded.worker)
 
-    b50, b99 = _percentile(bare_s, 0.5) * 1000, _percentile(bare_s, 0.99) * 1000
-    g50, g99 = _percentile(guarded_s, 0.5) * 1000, _percentile(guarded_s, 0.99) * 1000
-    tput = guarded_tput / bare_tput
-    print(
-        f"\nunstuck overhead: {opts.latency_calls} sequential calls each, {opts.threads} threads x "
-        f"{opts.calls_per_thread} calls, {opts.concurrency} pool processes per worker"
-    )
-    print(f"{'':<22}{'bare celery':>14}{'guarded':>12}{'ratio':>9}   target")
-    _row("p50 latency (ms)", b50, g50, f"<= 1.25  {_mark(g50 / b50 <= 1.25)}")
-    _row("p99 latency (ms)", b99, g99, "")
-    _row("throughput (calls/s)", bare_tput, guarded_tput, f">= 0.85  {_mark(tput >= 0.85)}")
-    worst_hung = max(hung_ms)
+
+def _trace(settings: Settings, url: str) -> None:
+    thaw_guarded = Guarded(settings, "bench-trace")
+    thaw_guarded(1)  # connect first: trace a warm call
+    trace_one_call(url, "guarded noop tool call", lambda: thaw_guarded(0))
+    thaw_guarded.close()
+
+
+def _faults(opts: Options, settings: Settings, worker: Proc) -> None:
+    hung_ms = hung_tool_overshoot_ms(settings)
+    kill_s = worker_kill_s(settings, worker)
+    worst = max(hung_ms)
     print(
         f"hung tool (soft {HUNG_SOFT_S:.0f} s): result at soft + {statistics.median(hung_ms):.0f} ms median, "
-        f"+{worst_hung:.0f} ms worst of {len(hung_ms)}   <= +100 ms  {_mark(worst_hung <= 100)}"
+        f"+{worst:.0f} ms worst of {len(hung_ms)}   <= +100 ms  {_mark(worst <= 100)}"
     )
     print(
         f"worker SIGKILL: worker_lost {kill_s:.2f} s after the kill (lease TTL {opts.lease_ttl_s:.0f} s)   "
         f"<= TTL + 1 s  {_mark(kill_s <= opts.lease_ttl_s + 1)}"
     )
-    print(f"Redis commands per call ({probe} sequential calls, all clients and workers):")
-    _print_commands("bare", bare_cmds, probe)
-    _print_commands("guarded", guarded_cmds, probe)
+
+
+def _mark(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _median(phases: list[Phase], figure: str) -> float:
+    return statistics.median(float(getattr(p, figure)) for p in phases)
+
+
+def _report(opts: Options, phases: dict[str, list[Phase]]) -> None:
+    print(
+        f"\nunstuck overhead vs plain Celery: {opts.rounds} rounds (each side alone, the other worker "
+        f"frozen), {opts.latency_calls} sequential calls and {opts.threads} threads x "
+        f"{opts.calls_per_thread} calls per phase, {opts.concurrency} pool processes per worker"
+    )
+    figures = ("p50_ms", "p99_ms", "calls_per_s", "cpu_ms_per_call", "commands_per_call")
+    print(f"{'round':<8}{'side':<9}" + "".join(f"{f:>19}" for f in figures))
+    for n in range(opts.rounds):
+        for name in ("bare", "guarded"):
+            p = phases[name][n]
+            print(f"{n:<8}{name:<9}" + "".join(f"{getattr(p, f):>19.2f}" for f in figures))
+    bare = {f: _median(phases["bare"], f) for f in figures}
+    guarded = {f: _median(phases["guarded"], f) for f in figures}
+    print(f"\nmedians{'':<15}{'bare celery':>14}{'guarded':>12}{'ratio':>9}   target")
+    rows = (
+        ("p50 latency (ms)", "p50_ms", f"<= {P50_TARGET}", lambda r, _: r <= P50_TARGET),
+        ("p99 latency (ms)", "p99_ms", "", None),
+        ("throughput (calls/s)", "calls_per_s", f">= {TPUT_TARGET}", lambda r, _: r >= TPUT_TARGET),
+        ("CPU per call (ms)", "cpu_ms_per_call", f"<= {CPU_TARGET}x", lambda r, _: r <= CPU_TARGET),
+        (
+            "Redis cmds per call",
+            "commands_per_call",
+            f"<= bare + {COMMANDS_MARGIN}",
+            lambda _, d: d <= COMMANDS_MARGIN,
+        ),
+    )
+    for label, figure, target, ok in rows:
+        b, g = bare[figure], guarded[figure]
+        verdict = f"{target}  {_mark(ok(g / b, g - b))}" if ok else ""
+        print(f"{label:<22}{b:>14.2f}{g:>12.2f}{g / b:>9.2f}   {verdict}")
+    print("CPU ms per call by process (medians):")
+    for name in ("bare", "guarded"):
+        roles = phases[name][0].cpu_ms_by_role
+        detail = ", ".join(
+            f"{role} {statistics.median(p.cpu_ms_by_role.get(role, 0.0) for p in phases[name]):.2f}"
+            for role in roles
+        )
+        print(f"  {name:<8} {detail}")
+    print("Redis commands per call by command (last round):")
+    for name in ("bare", "guarded"):
+        counts = phases[name][-1].commands
+        top = sorted(counts.items(), key=lambda kv: -kv[1])
+        calls = opts.latency_calls
+        detail = ", ".join(f"{k} {n / calls:.2f}" for k, n in top if n / calls >= 0.05)
+        print(f"  {name:<8} {detail}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ key                                type    TTL              written by          
 ``P:{tag}:open``                   ZSET    ledger.ttl_s     register / finish   gateway, watchdog
 ``P:{tag}:done``                   LIST    ledger.ttl_s     finish script       gateway (BLPOP wake-up)
 ``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
+``P:{tag}:loops``                  HASH    loops.ttl_s      loop-check script   loop-check script
 ``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog,  gateway, watchdog, CLI
                                                             worker (progress
                                                             on claim, beat,
@@ -63,9 +64,9 @@ key                                type    TTL              written by          
 =================================  ======  ===============  ==================  ======================
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
-this table: the fields of the four HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``) with their
-types, defaults and TTL rule, and the members, scores, entries or value of the other keys
-(``KEY_RECORDS``). A test holds the two to the same rows.
+this table: the fields of the six HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``,
+``BREAKER``, ``LOOPS``) with their types, defaults and TTL rule, and the members, scores, entries or
+value of the other keys (``KEY_RECORDS``). A test holds the two to the same rows.
 
 ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` and ``P:leases``
 are the only call keys outside a run's slot; they are indexes that the watchdog re-checks
@@ -104,6 +105,7 @@ path (see :mod:`workers.store.sweep_scripts`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 from urllib.parse import quote, unquote
 
@@ -142,8 +144,8 @@ class RunKeys:
     session_key: str
     run_id: str
 
-    @property
-    def tag(self) -> str:
+    @cached_property
+    def tag(self) -> str:  # cached: every key of the run is built from it, several per call
         """The cluster hash tag shared by every key of the run."""
         return "{" + quote_part(self.session_key) + "/" + quote_part(self.run_id) + "}"
 
@@ -181,6 +183,11 @@ class RunKeys:
     def history(self) -> str:
         """Rolling loop-detection history of the run."""
         return self._key("history")
+
+    @property
+    def loop_state(self) -> str:
+        """The loop detector's counts and streaks over the run's history window."""
+        return self._key("loops")
 
     @property
     def run(self) -> str:

@@ -5,7 +5,10 @@ Layout (keys from :mod:`workers.store.keys`, every key written here gets a TTL o
 * ``RunKeys.history`` (ZSET): member ``"<seq>|<entry json>"`` scored by ``seq``, a per-run
   counter (the highest score + 1). Holds at most ``historySize + 1`` records; every read looks
   at the newest ``historySize`` only (see :mod:`workers.core.loops.history`). Written and read
-  only by the ``loop_*.lua`` scripts, plus one ``ZREMRANGEBYSCORE`` to discard a blocked call.
+  only by the ``loop_*.lua`` scripts.
+* ``RunKeys.loop_state`` (HASH, ``records.LOOPS``): the detector's counts and streaks over
+  that window, kept by the same scripts (``lib_loop_state.lua``), so that a check
+  (:meth:`RedisLoopHistory.check_call`) reads a few fields instead of the window.
 * ``RunKeys.run`` (HASH, shared with the gateway; its TTL is only ever extended here):
   ``guard_remaining`` (outcomes the armed post-compaction guard still watches),
   ``guard_window`` (observed ``[tool, argsHash, resultHash]`` triples, one JSON array a line),
@@ -24,10 +27,11 @@ import redis
 
 from workers.core.loops.guard import GuardTriple
 from workers.core.loops.history import WARNING_KEY_LIMIT, HistoryEntry, RunScope
+from workers.core.loops.signals import WindowSignals
 from workers.errors import StoreError
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, store_errors
-from workers.store.lua import load_script
+from workers.store.lua import LOOP_STATE_LIBRARY, load_script
 from workers.store.records import RunField
 
 __all__ = ["RedisLoopHistory"]
@@ -41,8 +45,15 @@ def _text(value: Any) -> str:
 
 def _entry_body(entry: HistoryEntry, now_ms: int) -> str:
     """The stored json of an entry; the seq lives in the member prefix and the score."""
-    data = json.loads(entry.to_json())
-    del data["s"]
+    fields = {
+        "t": entry.tool_name,
+        "a": entry.args_hash,
+        "c": entry.tool_call_id,
+        "r": entry.run_id,
+        "h": entry.result_hash,
+        "u": entry.unknown_tool_name,
+    }
+    data: dict[str, str | int] = {k: v for k, v in fields.items() if v is not None}
     data["ts"] = now_ms
     return json.dumps(data, separators=(",", ":"))
 
@@ -63,11 +74,12 @@ class RedisLoopHistory:
         self._client = client
         self._prefix = prefix
         self._ttl_s = ttl_s
-        self._record_call = load_script(client, "loop_record_call.lua")
-        self._record_outcome = load_script(client, "loop_record_outcome.lua")
+        self._record_call = load_script(client, "loop_record_call.lua", library=LOOP_STATE_LIBRARY)
+        self._record_outcome = load_script(client, "loop_record_outcome.lua", library=LOOP_STATE_LIBRARY)
+        self._discard = load_script(client, "loop_discard.lua", library=LOOP_STATE_LIBRARY)
         self._arm = load_script(client, "loop_guard_arm.lua")
         self._warning = load_script(client, "loop_warning.lua")
-        self._touched: set[RunScope] = set()
+        self._touched: dict[RunScope, RunKeys] = {}
 
     @classmethod
     def on_ledger(cls, ledger: Ledger) -> RedisLoopHistory:
@@ -84,25 +96,54 @@ class RedisLoopHistory:
         self._client.close()
 
     def _keys(self, scope: RunScope) -> RunKeys:
-        self._touched.add(scope)
-        return RunKeys(self._prefix, scope.session_key, scope.run_id)
+        keys = self._touched.get(scope)
+        if keys is None:
+            keys = self._touched[scope] = RunKeys(self._prefix, scope.session_key, scope.run_id)
+        return keys
 
     def record_call(
         self, scope: RunScope, entry: HistoryEntry, history_size: int, now_ms: int
     ) -> tuple[list[HistoryEntry], int]:
         """Append a pending call; return the window it is judged against and its assigned seq."""
+        seq, members = self._append(scope, entry, history_size, "window", 0, now_ms)
+        return [_parse_member(member) for member in members], int(seq)
+
+    def check_call(
+        self, scope: RunScope, entry: HistoryEntry, history_size: int, evidence_at: int, now_ms: int
+    ) -> tuple[WindowSignals, int]:
+        """:meth:`record_call`, returning the window's signals (kept in Redis) instead of the window."""
+        reply = json.loads(self._append(scope, entry, history_size, "signals", evidence_at, now_ms))
+        seq, recent, stalled, latest, repeats, streak, name, count, a, b, tool, evidence = reply
+        signals = WindowSignals(
+            unknown_streak=int(streak),
+            unknown_name=name or None,
+            stalled=int(stalled),
+            latest=latest if latest is not False else None,
+            recent=int(recent),
+            run_repeats=int(repeats),
+            alternation=int(count),
+            pair=(str(a), str(b)) if count else (),
+            paired_tool=tool or None,
+            evidence=bool(evidence),
+        )
+        return signals, int(seq)
+
+    def _append(
+        self, scope: RunScope, entry: HistoryEntry, size: int, mode: str, evidence_at: int, now_ms: int
+    ) -> Any:
         keys = self._keys(scope)
-        args = [history_size, _entry_body(entry, now_ms), self._ttl_s, now_ms]
+        body = _entry_body(entry, now_ms)
+        args = [size, body, self._ttl_s, now_ms, mode, evidence_at, entry.tool_name, entry.args_hash]
         try:
-            seq, members = self._record_call(keys=[keys.history], args=args)
+            return self._record_call(keys=[keys.history, keys.loop_state], args=args)
         except redis.RedisError as exc:
             raise StoreError(f"loop history append failed: {exc}") from exc
-        return [_parse_member(member) for member in members], int(seq)
 
     def discard_call(self, scope: RunScope, seq: int) -> None:
         """Remove a call appended by :meth:`record_call` that was then blocked."""
+        keys = self._keys(scope)
         try:
-            self._client.zremrangebyscore(self._keys(scope).history, seq, seq)
+            self._discard(keys=[keys.history, keys.loop_state], args=[seq])
         except redis.RedisError as exc:
             raise StoreError(f"loop history discard failed: {exc}") from exc
 
@@ -129,7 +170,7 @@ class RedisLoopHistory:
             now_ms,
         ]
         try:
-            window = self._record_outcome(keys=[keys.history, keys.run], args=args)
+            window = self._record_outcome(keys=[keys.history, keys.run, keys.loop_state], args=args)
         except redis.RedisError as exc:
             raise StoreError(f"loop outcome record failed: {exc}") from exc
         if not window:
@@ -161,7 +202,7 @@ class RedisLoopHistory:
     def written_keys(self) -> list[str]:
         """Every key this instance may have written (for clean-up and TTL checks)."""
         keys = (RunKeys(self._prefix, scope.session_key, scope.run_id) for scope in self._touched)
-        return sorted({name for run in keys for name in (run.history, run.run)})
+        return sorted({name for run in keys for name in (run.history, run.loop_state, run.run)})
 
     def delete_session(self, session_key: str) -> None:
         """Delete the keys this instance wrote for a throwaway session (the replay CLI, tests).
@@ -175,6 +216,7 @@ class RedisLoopHistory:
             if scope.session_key == session_key
             for name in (
                 RunKeys(self._prefix, scope.session_key, scope.run_id).history,
+                RunKeys(self._prefix, scope.session_key, scope.run_id).loop_state,
                 RunKeys(self._prefix, scope.session_key, scope.run_id).run,
             )
         ]

@@ -1,7 +1,8 @@
 """The one Lua loader: scripts ship in ``workers/store/scripts`` and are registered from here.
 
 Scripts that change a call get the run-summary helpers of ``lib_run_summary.lua`` prepended,
-so every writer keeps the run's summary the same way.
+so every writer keeps the run's summary the same way; the loop-history scripts get the
+detector-state helpers of ``lib_loop_state.lua``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from typing import Any
 
 import redis
 
-__all__ = ["SUMMARY_LIBRARY", "load_script", "script_text"]
+__all__ = ["LOOP_STATE_LIBRARY", "SUMMARY_LIBRARY", "load_script", "script_text"]
 
 SUMMARY_LIBRARY = "lib_run_summary.lua"
+LOOP_STATE_LIBRARY = "lib_loop_state.lua"
 
 
 @cache
@@ -23,9 +25,16 @@ def script_text(name: str) -> str:
     return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
 
 
-def load_script(client: redis.Redis, name: str, *, with_summary: bool = False) -> Any:
-    """Register ``scripts/<name>`` on ``client`` (EVALSHA, falling back to EVAL once)."""
+def load_script(
+    client: redis.Redis, name: str, *, with_summary: bool = False, library: str | None = None
+) -> Any:
+    """Register ``scripts/<name>`` on ``client`` (EVALSHA, falling back to EVAL once).
+
+    ``with_summary`` prepends the run-summary helpers; ``library`` names another helper file.
+    """
     text = script_text(name)
+    if library is not None:
+        text = script_text(library) + text
     if with_summary:
         text = script_text(SUMMARY_LIBRARY) + text
     return client.register_script(text)

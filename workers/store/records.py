@@ -35,6 +35,7 @@ __all__ = [
     "HASH_RECORDS",
     "KEY_RECORDS",
     "LANE",
+    "LOOPS",
     "REQUIRED",
     "RUN",
     "WATCHDOG",
@@ -46,6 +47,7 @@ __all__ = [
     "HashRecord",
     "KeyRecord",
     "LaneField",
+    "LoopStateField",
     "RunField",
     "WatchdogField",
     "declared_field",
@@ -348,7 +350,43 @@ BREAKER: Final = HashRecord[BreakerField](
     },
 )
 
-HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG, BREAKER)
+
+class LoopStateField(enum.StrEnum):
+    """Fields of a run's loop-detector state (``RunKeys.loop_state``); see lib_loop_state.lua."""
+
+    SIZE = "size"
+    RES = "res"
+    DIST = "dist"
+    ALT = "alt"
+    ALT_PREV = "alt_prev"
+    ALT_SEQ = "alt_seq"
+
+
+_CALL_PAIR = "<call> is '<#tool>:<tool><argsHash>' (length-prefixed)"
+
+LOOPS: Final = HashRecord[LoopStateField](
+    name="loops",
+    builder="RunKeys.loop_state",
+    ttl="loops.ttl_s, refreshed with the history",
+    fields={
+        LoopStateField.SIZE: _int("the history size the state describes; missing or other: rebuilt"),
+        LoopStateField.RES: _int("outcomes in the window"),
+        LoopStateField.DIST: _int("distinct (tool, argsHash, resultHash) triples among them"),
+        LoopStateField.ALT: _str("the alternating tail, JSON {l, a, b, t}"),
+        LoopStateField.ALT_PREV: _str("alt before the append of record alt_seq (restored on discard)"),
+        LoopStateField.ALT_SEQ: _int("the seq whose append produced alt"),
+    },
+    families={
+        "n:": _int(f"n:<call> records of the call in the window; {_CALL_PAIR}"),
+        "m:": _int("m:<call> those with an outcome"),
+        "k:": _int("k:<call> newest outcomes of the call in a row with one result hash"),
+        "h:": _str("h:<call> that result hash"),
+        "s:": _int("s:<call> seq of the newest record of the call with an outcome"),
+        "x:": _int("x:<triple> outcomes of that (tool, argsHash, resultHash) in the window"),
+    },
+)
+
+HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG, BREAKER, LOOPS)
 
 
 # --- keys that are not hashes ----------------------------------------------------------------

@@ -51,9 +51,9 @@ def test_every_key_kind_has_a_ttl(loop_redis: redis.Redis) -> None:
     # Then
     keys = RunKeys("t", "sess", "run-1")
     assert sorted(k.decode() if isinstance(k, bytes) else k for k in loop_redis.keys("*")) == sorted(
-        [keys.history, keys.run]
+        [keys.history, keys.loop_state, keys.run]
     )
-    for key in (keys.history, keys.run):
+    for key in (keys.history, keys.loop_state, keys.run):
         assert loop_redis.ttl(key) > 0
 
 

@@ -1,9 +1,10 @@
 """The rolling-history loop detectors (spec §5) and warning de-duplication buckets (spec §6).
 
-:func:`evaluate` is pure: it judges one call against the window of earlier records of the
-same run and returns a :class:`LoopVerdict`. The first matching rule wins, in this order:
-unknown-tool streak, global circuit breaker, run-wide breaker (beyond the reference, opt-in),
-known-poll no-progress, ping-pong, generic repeat.
+:func:`judge` is pure: it judges one call from the :class:`WindowSignals` of the earlier
+records of the same run and returns a :class:`LoopVerdict`; :func:`evaluate` does the same
+from the window itself. The first matching rule wins, in this order: unknown-tool streak,
+global circuit breaker, run-wide breaker (beyond the reference, opt-in), known-poll
+no-progress, ping-pong, generic repeat.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from workers.core.loops.config import LoopDetectionConfig
 from workers.core.loops.history import HistoryEntry
+from workers.core.loops.signals import WindowSignals, signals_of
 
 __all__ = [
     "WARNING_BUCKET_SIZE",
@@ -23,6 +25,7 @@ __all__ = [
     "LoopVerdict",
     "evaluate",
     "is_known_poll",
+    "judge",
     "warning_bucket",
 ]
 
@@ -94,31 +97,42 @@ def evaluate(
     """Judge one call against the earlier records of its run (spec §5 evaluation order)."""
     if not config.enabled:
         return _NOT_STUCK
-    history = [entry for entry in window if (entry.run_id or None) == (run_id or None)]
-    verdict = _breakers(history, tool, args_hash, config)
+    signals = signals_of(
+        window, tool=tool, args_hash=args_hash, run_id=run_id, evidence_at=config.critical_threshold
+    )
+    return judge(signals, tool=tool, args=args, args_hash=args_hash, config=config)
+
+
+def judge(
+    signals: WindowSignals, *, tool: str, args: Any, args_hash: str, config: LoopDetectionConfig
+) -> LoopVerdict:
+    """Judge one call from the signals of its window (computed with ``evidence_at`` = critical)."""
+    if not config.enabled:
+        return _NOT_STUCK
+    verdict = _breakers(signals, tool, args_hash, config)
     if verdict is not None:
         return verdict
     if is_known_poll(tool, args, config.known_poll_tools):
-        poll = _known_poll(history, tool, args_hash, config)
-        return poll or _ping_pong(history, tool, args_hash, config) or _NOT_STUCK
+        poll = _known_poll(signals, tool, args_hash, config)
+        return poll or _ping_pong(signals, tool, args_hash, config) or _NOT_STUCK
     return (
-        _ping_pong(history, tool, args_hash, config)
-        or _generic(history, tool, args_hash, config)
+        _ping_pong(signals, tool, args_hash, config)
+        or _generic(signals, tool, args_hash, config)
         or _NOT_STUCK
     )
 
 
 def _breakers(
-    history: list[HistoryEntry], tool: str, args_hash: str, config: LoopDetectionConfig
+    signals: WindowSignals, tool: str, args_hash: str, config: LoopDetectionConfig
 ) -> LoopVerdict | None:
-    streak, name = _unknown_streak(history, tool)
+    streak, name = signals.unknown_streak, signals.unknown_name
     if streak >= config.unknown_tool_threshold:
         message = (
             f"CRITICAL: attempted unavailable tool `{name}` {streak} times. This tool does not exist "
             "here; stop retrying it and answer without it."
         )
         return _critical(Detector.UNKNOWN_TOOL_REPEAT, streak, message, f"unknown-tool:{tool}:{name}")
-    stalled, latest = _no_progress(history, tool, args_hash)
+    stalled, latest = signals.stalled, signals.latest
     if stalled >= config.global_circuit_breaker_threshold:
         message = (
             f"CRITICAL: {tool} has repeated identical no-progress outcomes {stalled} times. "
@@ -129,7 +143,7 @@ def _breakers(
         )
     threshold = config.run_circuit_breaker_threshold
     if threshold is not None:
-        repeats = _run_no_progress(history)
+        repeats = signals.run_repeats
         if repeats >= threshold:
             message = (
                 f"CRITICAL: this run produced {repeats} no-progress outcomes across its tools. "
@@ -141,11 +155,11 @@ def _breakers(
 
 
 def _known_poll(
-    history: list[HistoryEntry], tool: str, args_hash: str, config: LoopDetectionConfig
+    signals: WindowSignals, tool: str, args_hash: str, config: LoopDetectionConfig
 ) -> LoopVerdict | None:
     if not config.known_poll_no_progress:
         return None
-    stalled, latest = _no_progress(history, tool, args_hash)
+    stalled, latest = signals.stalled, signals.latest
     key = f"poll:{tool}:{args_hash}:{latest or 'none'}"
     if stalled >= config.critical_threshold:
         message = (
@@ -163,11 +177,12 @@ def _known_poll(
 
 
 def _ping_pong(
-    history: list[HistoryEntry], tool: str, args_hash: str, config: LoopDetectionConfig
+    signals: WindowSignals, tool: str, args_hash: str, config: LoopDetectionConfig
 ) -> LoopVerdict | None:
     if not config.ping_pong:
         return None
-    count, pair, paired_tool, evidence = _alternation(history, args_hash)
+    count, pair = signals.alternation, signals.pair
+    paired_tool, evidence = signals.paired_tool, signals.evidence
     if count == 0:
         return None
     key = "pingpong:" + "|".join(sorted(pair)) if pair else f"pingpong:{tool}:{args_hash}"
@@ -190,18 +205,18 @@ def _ping_pong(
 
 
 def _generic(
-    history: list[HistoryEntry], tool: str, args_hash: str, config: LoopDetectionConfig
+    signals: WindowSignals, tool: str, args_hash: str, config: LoopDetectionConfig
 ) -> LoopVerdict | None:
     if not config.generic_repeat:
         return None
-    stalled, latest = _no_progress(history, tool, args_hash)
+    stalled, latest = signals.stalled, signals.latest
     if stalled >= config.critical_threshold:
         message = (
             f"CRITICAL: {tool} was called with identical arguments and identical outcomes {stalled} "
             "times. Execution is blocked; stop and report the failure."
         )
         return _critical(Detector.GENERIC_REPEAT, stalled, message, f"generic:{tool}:{args_hash}:{latest}")
-    recent = sum(1 for entry in history if entry.tool_name == tool and entry.args_hash == args_hash)
+    recent = signals.recent
     if recent >= config.warning_threshold:
         message = (
             f"WARNING: You have called {tool} {recent} times with identical arguments. "
@@ -217,65 +232,3 @@ def _critical(detector: Detector, count: int, message: str, key: str) -> LoopVer
 
 def _warning(detector: Detector, count: int, message: str, key: str) -> LoopVerdict:
     return LoopVerdict(Level.WARNING, detector, count, message, warning_key=key)
-
-
-def _unknown_streak(history: list[HistoryEntry], tool: str) -> tuple[int, str | None]:
-    count, name = 0, None
-    for entry in reversed(history):
-        if entry.tool_name != tool or not entry.unknown_tool_name:
-            break
-        if name is not None and entry.unknown_tool_name != name:
-            break
-        name = entry.unknown_tool_name
-        count += 1
-    return count, name
-
-
-def _no_progress(history: list[HistoryEntry], tool: str, args_hash: str) -> tuple[int, str | None]:
-    count, latest = 0, None
-    for entry in reversed(history):
-        # Other calls interleaved between repeats do not break the streak: they are skipped.
-        if entry.tool_name != tool or entry.args_hash != args_hash or entry.result_hash is None:
-            continue
-        if latest is None:
-            latest = entry.result_hash
-        elif entry.result_hash != latest:
-            break
-        count += 1
-    return count, latest
-
-
-def _run_no_progress(history: list[HistoryEntry]) -> int:
-    """Outcomes that repeat an earlier identical (tool, args, result) of the run, any tool."""
-    seen: set[tuple[str, str, str]] = set()
-    repeats = 0
-    for entry in history:
-        if entry.result_hash is None:
-            continue
-        triple = (entry.tool_name, entry.args_hash, entry.result_hash)
-        if triple in seen:
-            repeats += 1
-        seen.add(triple)
-    return repeats
-
-
-def _alternation(
-    history: list[HistoryEntry], args_hash: str
-) -> tuple[int, tuple[str, ...], str | None, bool]:
-    """Ping-pong count (current call included), the args pair, the paired tool, no-progress evidence."""
-    if not history:
-        return 0, (), None, False
-    last = history[-1]
-    other = next((e.args_hash for e in reversed(history[:-1]) if e.args_hash != last.args_hash), None)
-    if other is None:
-        return 0, (), None, False
-    tail: list[HistoryEntry] = []
-    for index, entry in enumerate(reversed(history)):
-        if entry.args_hash != (last.args_hash if index % 2 == 0 else other):
-            break
-        tail.append(entry)
-    if len(tail) < 2 or args_hash != other:
-        return 0, (), None, False
-    sides = [{e.result_hash for e in tail[0::2]}, {e.result_hash for e in tail[1::2]}]
-    evidence = all(e.result_hash is not None for e in tail) and all(len(side) == 1 for side in sides)
-    return len(tail) + 1, (last.args_hash, other), last.tool_name, evidence

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from workers.core.loops.guard import GuardState, GuardTriple, arm_guard, observe_guard
+from workers.core.loops.signals import WindowSignals, signals_of
 
 __all__ = [
     "WARNING_KEY_LIMIT",
@@ -95,6 +96,16 @@ class LoopHistory(Protocol):
         """Append a pending call; return the window it is judged against and its assigned seq."""
         ...
 
+    def check_call(
+        self, scope: RunScope, entry: HistoryEntry, history_size: int, evidence_at: int, now_ms: int
+    ) -> tuple[WindowSignals, int]:
+        """:meth:`record_call`, returning the window's signals for ``entry`` instead of the window.
+
+        The signals are those :func:`~workers.core.loops.signals.signals_of` computes from the
+        window (``entry``'s tool, args hash and run id; ``evidence_at`` as given).
+        """
+        ...
+
     def discard_call(self, scope: RunScope, seq: int) -> None:
         """Remove a call appended by :meth:`record_call` that was then blocked."""
         ...
@@ -160,6 +171,20 @@ class InMemoryLoopHistory:
         state.records.append(replace(entry, seq=seq, timestamp_ms=now_ms))
         del state.records[: -(history_size + 1)]
         return window, seq
+
+    def check_call(
+        self, scope: RunScope, entry: HistoryEntry, history_size: int, evidence_at: int, now_ms: int
+    ) -> tuple[WindowSignals, int]:
+        """:meth:`record_call`, returning the window's signals for ``entry`` instead of the window."""
+        window, seq = self.record_call(scope, entry, history_size, now_ms)
+        signals = signals_of(
+            window,
+            tool=entry.tool_name,
+            args_hash=entry.args_hash,
+            run_id=entry.run_id,
+            evidence_at=evidence_at,
+        )
+        return signals, seq
 
     def discard_call(self, scope: RunScope, seq: int) -> None:
         """Remove a call appended by :meth:`record_call` that was then blocked."""

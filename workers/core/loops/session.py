@@ -2,7 +2,7 @@
 
 :class:`LoopGuard` ties the pure pieces (hashing, detectors, post-compaction guard) to a
 :class:`~workers.core.loops.history.LoopHistory`. With detection on, ``before_call`` costs
-one history round trip (append + window read); a blocked call costs a second (discard) and
+one history round trip (append + the window's signals); a blocked call costs a second (discard) and
 an emitted-or-not warning a second (de-duplication). ``after_call`` costs one round trip
 when there is anything to record; with detection and guard both off it costs none.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from workers.core.loops.config import LoopDetectionConfig
-from workers.core.loops.detectors import Detector, Level, LoopVerdict, evaluate, warning_bucket
+from workers.core.loops.detectors import Detector, Level, LoopVerdict, judge, warning_bucket
 from workers.core.loops.guard import GuardTriple, guard_abort_count, guard_message
 from workers.core.loops.hashing import UNDEFINED, hash_args, hash_outcome, normalize_tool_name
 from workers.core.loops.history import HistoryEntry, LoopHistory, RunScope
@@ -51,10 +51,10 @@ class LoopGuard:
         if not config.enabled:
             return pending
         entry = HistoryEntry(0, name, args_hash, tool_call_id, scope.run_id or None)
-        window, seq = self.history.record_call(scope, entry, config.history_size, now_ms)
-        verdict = evaluate(
-            window, tool=name, args=args, args_hash=args_hash, run_id=scope.run_id, config=config
+        signals, seq = self.history.check_call(
+            scope, entry, config.history_size, config.critical_threshold, now_ms
         )
+        verdict = judge(signals, tool=name, args=args, args_hash=args_hash, config=config)
         if verdict.level is Level.CRITICAL:
             # The reference never records a blocked call, so a block stays sticky for identical retries.
             self.history.discard_call(scope, seq)

@@ -3,9 +3,11 @@
 --   created 1 when new, 0 when the id was already registered (a resubmission after a gateway
 --   restart must not dispatch twice), -1 when the run is no longer running (fencing: a
 --   superseded, aborted or timed-out run cannot start new calls).
--- The run record rides along so the gateway needs no separate read per batch.
-local status = redis.call('HGET', KEYS[4], 'status') or ''
-local guard = tonumber(redis.call('HGET', KEYS[4], 'guard_remaining') or '0')
+-- The run record rides along so the gateway needs no separate read per batch; it is read
+-- once, with the run summary this registration updates.
+local run = read_run(KEYS[4], {'status', 'guard_remaining'})
+local status = run[4] or ''
+local guard = tonumber(run[5] or '0')
 if status ~= '' and status ~= 'running' then
   return {-1, status, guard}
 end
@@ -21,5 +23,5 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 redis.call('EXPIRE', KEYS[3], ARGV[4])
-touch_run(KEYS[4], ARGV[2], 1, 0)
+write_summary(KEYS[4], run, ARGV[2], 1, 0)
 return {1, status, guard}

@@ -5,21 +5,43 @@
 --   open_n       calls without a result (register +1, the winning finish -1)
 --   claimed_n    calls a worker has claimed and not answered (claim +1, finish or requeue -1)
 -- Nothing is written when the run record does not exist (a call outside a run, or a record
--- that expired): a summary never creates a run. Few calls on purpose: every call change
--- pays for them.
-local function touch_run(run, now_ms, open_delta, claimed_delta)
-  local progress = redis.call('HGET', run, 'progress_ms')
-  if not progress and redis.call('EXISTS', run) == 0 then
+-- that expired): a summary never creates a run. Every call change pays for this, so it is
+-- one HMGET and at most one HSET (counters never go below zero).
+local SUMMARY_FIELDS = {'progress_ms', 'open_n', 'claimed_n'}
+
+-- The run's summary fields, read once; `extra` field names are read in the same HMGET and
+-- returned after them (register reads the run's status and guard this way).
+local function read_run(run, extra)
+  local fields = {unpack(SUMMARY_FIELDS)}
+  for _, name in ipairs(extra or {}) do fields[#fields + 1] = name end
+  return redis.call('HMGET', run, unpack(fields))
+end
+
+-- Apply a change to a summary read by read_run (`row`); returns nothing.
+local function write_summary(run, row, now_ms, open_delta, claimed_delta)
+  local progress, open_n, claimed_n = row[1], row[2], row[3]
+  if not progress and not open_n and not claimed_n and redis.call('EXISTS', run) == 0 then
     return
   end
+  local changes = {}
   if now_ms and (tonumber(progress) or 0) < tonumber(now_ms) then
-    redis.call('HSET', run, 'progress_ms', now_ms)
+    changes[#changes + 1] = 'progress_ms'
+    changes[#changes + 1] = now_ms
   end
-  if open_delta ~= 0 and redis.call('HINCRBY', run, 'open_n', open_delta) < 0 then
-    redis.call('HSET', run, 'open_n', 0)
+  if open_delta ~= 0 then
+    changes[#changes + 1] = 'open_n'
+    changes[#changes + 1] = math.max(0, (tonumber(open_n) or 0) + open_delta)
   end
-  if claimed_delta ~= 0 and redis.call('HINCRBY', run, 'claimed_n', claimed_delta) < 0 then
-    redis.call('HSET', run, 'claimed_n', 0)
+  if claimed_delta ~= 0 then
+    changes[#changes + 1] = 'claimed_n'
+    changes[#changes + 1] = math.max(0, (tonumber(claimed_n) or 0) + claimed_delta)
   end
+  if #changes > 0 then
+    redis.call('HSET', run, unpack(changes))
+  end
+end
+
+local function touch_run(run, now_ms, open_delta, claimed_delta)
+  write_summary(run, read_run(run), now_ms, open_delta, claimed_delta)
 end
 

@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  history ZSET (see loop_record_call.lua)
 -- KEYS[2]  run HASH: fields guard_remaining (int), guard_window (triples, one JSON array per line)
+-- KEYS[3]  detector state HASH (see lib_loop_state.lua)
 -- ARGV[1]  history_size N, or "" to leave the history alone (detection off)
 -- ARGV[2]  tool     ARGV[3] args hash     ARGV[4] tool call id or ""
 -- ARGV[5]  result hash                    ARGV[6] unknown tool name or ""
@@ -12,7 +13,7 @@
 -- The outcome attaches to the newest pending record of the same call id (when given), tool
 -- and args hash among the newest N; otherwise a fresh record is appended. Then trim to N.
 -- Returns the guard window (string) when the guard observed this outcome, else false.
-local hist, run = KEYS[1], KEYS[2]
+local hist, run, state = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[9])
 
 local function keep(key)
@@ -24,6 +25,7 @@ end
 
 if ARGV[1] ~= '' then
   local n = tonumber(ARGV[1])
+  ensure_state(hist, state, n)
   local members = redis.call('ZRANGE', hist, -n, -1, 'WITHSCORES')
   local attached = false
   for i = #members - 1, 1, -2 do
@@ -38,6 +40,14 @@ if ARGV[1] ~= '' then
       end
       redis.call('ZREM', hist, member)
       redis.call('ZADD', hist, members[i + 1], string.sub(member, 1, sep) .. cjson.encode(entry))
+      entry.s = tonumber(members[i + 1])
+      local call = call_of(entry.t, entry.a)
+      local newest = tonumber(redis.call('HGET', state, 's:' .. call) or '0')
+      if entry.s > newest then
+        add_outcome(state, entry, call, true)
+      else
+        redis.call('HDEL', state, 'size') -- an older record answered after a newer one: rebuild
+      end
       attached = true
       break
     end
@@ -49,9 +59,21 @@ if ARGV[1] ~= '' then
       seq = tonumber(last[2]) + 1
     end
     redis.call('ZADD', hist, seq, seq .. '|' .. ARGV[7])
+    local entry = cjson.decode(ARGV[7])
+    entry.s = seq
+    local alt = read_alt(state)
+    add(state, entry, true)
+    local leaving = redis.call('ZRANGE', hist, -(n + 1), -(n + 1))
+    if leaving[1] then
+      remove_oldest(state, decode(leaving[1]))
+    end
+    redis.call('HSET', state, 'alt', cjson.encode(next_alt(alt, entry, n)))
+    redis.call('HDEL', state, 'alt_prev', 'alt_seq')
   end
   redis.call('ZREMRANGEBYRANK', hist, 0, -(n + 1))
+  ensure_state(hist, state, n)
   redis.call('EXPIRE', hist, ttl)
+  redis.call('EXPIRE', state, ttl)
 end
 
 if ARGV[8] == '' then
