@@ -144,8 +144,8 @@ def test_config_check_prints_warnings_and_exits_zero(
         ({"agents": {"defaults": {"timeoutSeconds": -1}}}, "agents.defaults.timeoutSeconds"),
         ({"tools": {"loopDetection": {"enabled": True, "bogus": 1}}}, "tools.loopDetection.bogus"),
         (
-            {"tools": {"loopDetection": {"warningThreshold": 30, "criticalThreshold": 20}}},
-            "tools.loopDetection: Value error, warningThreshold must be lower than criticalThreshold",
+            {"tools": {"loopDetection": {"enabled": True, "historySise": 5}}},
+            "tools.loopDetection.historySise: unknown key; did you mean 'historySize'?",
         ),
         (
             {"agents": {"list": [{"id": "a", "tools": {"loopDetection": {"historySize": 0}}}]}},
