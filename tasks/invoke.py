@@ -12,16 +12,15 @@ from pydantic import ValidationError
 
 from tasks.requests import answer_if_holder_died, report_outcome, stored_answer
 from workers.celery_app import app
-from workers.core.models import CallJob, ClaimStatus, SyntheticReason, ToolResult
+from workers.core.models import CallJob, ClaimStatus, ToolResult
 from workers.core.results import answer_by_deadline, not_allowed_result
 from workers.errors import CallFailed
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
-from workers.tools.registry import registered_tools
 from workers.worker.cancel_enforcer import cancel_check
-from workers.worker.execution import bounded_result, interrupted_result, run_tool
+from workers.worker.execution import bounded_result, run_tool, soft_timeout_result
 
 __all__ = ["invoke"]
 
@@ -95,16 +94,12 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:
     ctx = _context(rt, job, attempt)
     try:
-        return run_tool(job, ctx, clock_ms=now_ms, sleep=time.sleep, interrupts=(SoftTimeLimitExceeded,))
+        return run_tool(
+            job, ctx, clock_ms=now_ms, sleep=time.sleep, interrupts=(SoftTimeLimitExceeded,), rules=rt.rules
+        )
     except SoftTimeLimitExceeded:
         # Caught first: billiard derives it from Exception, so a broad handler would hide it.
-        return interrupted_result(
-            job,
-            registered_tools().get(job.call.name),
-            SyntheticReason.TIMEOUT_SOFT,
-            elapsed_ms=now_ms() - job.submitted_ms,
-            attempt=attempt,
-        )
+        return soft_timeout_result(job, ctx, attempt=attempt, clock_ms=now_ms, rules=rt.rules)
 
 
 def _context(rt: Runtime, job: CallJob, attempt: int) -> ToolContext:

@@ -107,8 +107,10 @@ def test_history_between_tiers_names_the_tiers_that_never_fire() -> None:
     found = check_loop_detection({"enabled": True, "historySize": 15}, None)
     assert paths(found) == ["tools.loopDetection.historySize"]
     message = found[0].message
-    assert "criticalThreshold 20" in message and "globalCircuitBreakerThreshold 30" in message
-    assert "warningThreshold" not in message and "these never fire" in message
+    assert "criticalThreshold 20" in message
+    assert "globalCircuitBreakerThreshold 30" in message
+    assert "warningThreshold" not in message
+    assert "these never fire" in message
 
 
 def test_unreachable_tiers_are_not_reported_while_detection_is_off() -> None:

@@ -67,7 +67,8 @@ def test_json5_reference_config_loads_as_written(tmp_path: Path, name: str) -> N
     # Then every block is read
     assert settings.agents.defaults.run_timeout_s == 600
     assert settings.agents.defaults.llm.idle_timeout_s == 60
-    assert settings.tools.loop_detection is not None and settings.tools.loop_detection["historySize"] == 30
+    assert settings.tools.loop_detection is not None
+    assert settings.tools.loop_detection["historySize"] == 30
     rules = settings.tools.failure_rules()
     assert rules.fallbacks["web_fetch"].value == "offline"
     assert rules.fallbacks["web_fetch"].reasons == (SyntheticReason.DEADLINE_EXCEEDED,)
@@ -79,7 +80,8 @@ def test_json5_reference_config_loads_as_written(tmp_path: Path, name: str) -> N
 def test_broken_json5_names_the_file(tmp_path: Path) -> None:
     problems = _problems(config=_write(tmp_path, "{ tools: { allow: [ } }"))
     (where, why), *_ = problems.items()
-    assert where.endswith("openclaw.json") and "not valid json/json5" in why
+    assert where.endswith("openclaw.json")
+    assert "not valid json/json5" in why
 
 
 @pytest.mark.parametrize(
@@ -134,7 +136,10 @@ def test_misordered_triple_starts_with_a_warning_not_an_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given a block whose critical and breaker thresholds sit at or below the one below them
-    text = "{tools: {loopDetection: {enabled: true, warningThreshold: 30, criticalThreshold: 20, globalCircuitBreakerThreshold: 25}}}"
+    text = (
+        "{tools: {loopDetection: {enabled: true, warningThreshold: 30, criticalThreshold: 20,"
+        " globalCircuitBreakerThreshold: 25}}}"
+    )
     # When settings load (start-up)
     with caplog.at_level(logging.WARNING, logger="workers.settings"):
         load_settings(config=_write(tmp_path, text))
@@ -151,7 +156,8 @@ def test_known_keys_hold_names_and_aliases() -> None:
     from workers.core.loops.config import LoopDetectionBlock
 
     keys = known_keys(LoopDetectionBlock)
-    assert "history_size" in keys and "historySize" in keys
+    assert "history_size" in keys
+    assert "historySize" in keys
 
 
 def test_closest_key_prefers_the_written_style_and_says_nothing_when_far() -> None:

@@ -27,8 +27,8 @@ __all__ = [
     "check_config",
     "check_lease",
     "check_loop_detection",
-    "check_tools",
     "check_tiers",
+    "check_tools",
 ]
 
 LONG_RUN_TIMEOUT_S: Final = 3600.0

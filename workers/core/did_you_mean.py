@@ -1,4 +1,4 @@
-""" "Did you mean" for unknown config keys, at any depth of a pydantic model.
+"""Suggestions ("did you mean") for unknown config keys, at any depth of a pydantic model.
 
 A misspelt key is answered with the closest known name, compared against both the field
 names (``history_size``) and their aliases (``historySize``), so a user writing either
@@ -81,7 +81,7 @@ def _field(model: type[BaseModel], part: int | str) -> Any:
 
 
 def unknown_key_message(root: type[BaseModel], loc: Sequence[int | str]) -> str:
-    """ "unknown key", with "; did you mean 'x'?" when a known key of the same level is close."""
+    """The message for an unknown key, naming the close known key of the same level if any."""
     holder = model_at(root, loc)
     near = closest_key(str(loc[-1]), known_keys(holder)) if holder is not None and loc else None
     return "unknown key" + (f"; did you mean {near!r}?" if near else "")

@@ -196,7 +196,6 @@ def _canonical(block: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-
 def _positive_int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
