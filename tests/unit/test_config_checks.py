@@ -238,3 +238,19 @@ def test_check_config_reports_exec_without_allowlist_last() -> None:
         builtins=("exec",),
     )
     assert paths(found) == ["tools.builtins"]
+
+
+def test_failure_rules_for_unregistered_tools_say_did_you_mean() -> None:
+    from workers.core.config_checks import check_failure_tools
+
+    found = check_failure_tools(
+        {"web_fetch", "cached_fetch"},
+        {"tools.fallbacks": ["web_fech"], "tools.retry": ["web_fetch"], "tools.failBranch": ["web_fetch"]},
+        {"web_fetch": "cache_fetch"},
+    )
+    assert [str(w) for w in found] == [
+        "tools.fallbacks.web_fech: 'web_fech' is not a registered tool; did you mean 'web_fetch'?: "
+        "this entry is never used",
+        "tools.failBranch.web_fetch.tool: 'cache_fetch' is not a registered tool; "
+        "did you mean 'cached_fetch'?: the first failure stands",
+    ]

@@ -9,10 +9,11 @@ one, a lease that outlives the shortest tool call, and a shell tool open to ever
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from workers.core.did_you_mean import closest_key
 from workers.core.loops.config import merge_loop_blocks, raised_thresholds, resolve_loop_config
 from workers.core.tool_policy import ToolRules
 
@@ -25,6 +26,7 @@ __all__ = [
     "check_agent",
     "check_builtins",
     "check_config",
+    "check_failure_tools",
     "check_lease",
     "check_loop_detection",
     "check_tiers",
@@ -181,6 +183,36 @@ def check_tools(tools: Iterable[ToolLimits]) -> list[ConfigWarning]:
         for tool in tools
         if tool.hard_s is not None and tool.soft_s >= tool.hard_s
     ]
+
+
+def check_failure_tools(
+    registered: Collection[str], per_tool: Mapping[str, Collection[str]], branches: Mapping[str, str]
+) -> list[ConfigWarning]:
+    """Fallbacks, retries and fail-branches set for a tool that is not registered, or naming one.
+
+    Args:
+        registered: every tool name the workers load.
+        per_tool: ``{"tools.fallbacks": names, "tools.retry": names, "tools.failBranch": names}``.
+        branches: ``tools.failBranch.<tool>.tool`` per tool.
+    """
+    found: list[ConfigWarning] = []
+
+    def unknown(name: str) -> str:
+        near = closest_key(name, list(registered))
+        return f"{name!r} is not a registered tool" + (f"; did you mean {near!r}?" if near else "")
+
+    for block, names in per_tool.items():
+        found += [
+            ConfigWarning(f"{block}.{name}", unknown(name) + ": this entry is never used")
+            for name in sorted(names)
+            if name not in registered
+        ]
+    found += [
+        ConfigWarning(f"tools.failBranch.{name}.tool", unknown(branch) + ": the first failure stands")
+        for name, branch in sorted(branches.items())
+        if branch not in registered
+    ]
+    return found
 
 
 def check_lease(lease_ttl_s: float, tools: Iterable[ToolLimits]) -> list[ConfigWarning]:
