@@ -35,7 +35,8 @@ __all__ = [
 
 _R = SyntheticReason
 
-#: Failures a fallback may answer: the tool failed, or the call did not finish.
+#: Failures a fallback may answer: the tool failed, the call did not finish, or its tool's
+#: shared circuit breaker is open (answered at once, with the fallback if one is set).
 FALLBACK_REASONS: Final = frozenset(
     {
         _R.TOOL_ERROR,
@@ -47,6 +48,7 @@ FALLBACK_REASONS: Final = frozenset(
         _R.DISPATCH_FAILED,
         _R.DEADLINE_EXCEEDED,
         _R.CANCELLED,
+        _R.CIRCUIT_OPEN,
     }
 )
 
