@@ -88,7 +88,8 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
     won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id())
     if answer is not result:
         rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id())  # kept as late (audit)
-    return answer if won else None
+    # The ledger stored the configured fallback if one covers this answer: report what it holds.
+    return rt.ledger.with_fallback(answer) if won else None
 
 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from workers.core.limits import RetryPolicy
-from workers.core.models import SyntheticReason, TextBlock, ToolResult
-from workers.core.results import render_value
+from workers.core.models import SyntheticReason, ToolCall, ToolResult
+from workers.core.results import fallback_result
 
 __all__ = [
     "BRANCH_REASONS",
@@ -113,19 +113,15 @@ def apply_fallback(result: ToolResult, rule: FallbackRule | None) -> ToolResult:
     """
     if rule is None or not result.is_error or not rule.covers(result.reason):
         return result
-    details = {
-        "synthetic": True,
-        "fallback": True,
-        "reason": result.reason,
-        "elapsed_ms": result.details.get("elapsed_ms", 0),
-        "attempt": result.details.get("attempt", 0),
-    }
-    for key in ("answered_by", "branch_reason"):
-        if key in result.details:
-            details[key] = result.details[key]
-    return result.model_copy(
-        update={"content": (TextBlock(text=render_value(rule.value)),), "is_error": False, "details": details}
+    answer = fallback_result(
+        ToolCall(id=result.tool_call_id, name=result.tool_name),
+        rule.value,
+        SyntheticReason(str(result.reason)),
+        elapsed_ms=int(result.details.get("elapsed_ms", 0)),
+        attempt=int(result.details.get("attempt", 0)),
     )
+    named = {key: result.details[key] for key in ("answered_by", "branch_reason") if key in result.details}
+    return answer.model_copy(update={"details": {**answer.details, **named}}) if named else answer
 
 
 def branch_answer(first: ToolResult, branch: ToolResult, branch_tool: str) -> ToolResult:
