@@ -9,7 +9,11 @@ import pytest
 
 from tests.harness import Proc, base_env, settings_in_env, start_worker
 from workers import ToolCall, ToolGateway
-from workers.core.models import ToolResult
+from workers.answering import reap
+from workers.core.failure_policy import FallbackRule
+from workers.core.models import SyntheticReason, ToolResult
+from workers.store.ledger import Ledger, connect
+from workers.store.sessions import SessionStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -139,3 +143,29 @@ def test_decorator_fallback_does_not_reach_answers_written_outside_the_worker(
         gateway.close()
     assert result.is_error is True
     assert result.reason == "deadline_exceeded"
+
+
+def test_watchdog_and_reaper_answers_carry_the_config_fallback(redis_url: str) -> None:
+    # Given a ledger built as every process builds it: with tools.fallbacks from settings
+    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
+    rule = FallbackRule({"status": "unknown"})
+    ledger = Ledger(client, prefix="fb", ttl_s=3600, lease_ttl_ms=3000, fallbacks={"echo": rule})
+    store = SessionStore(ledger)
+    now = 1_000_000
+    keys = ledger.keys("s", "r1")
+    for call_id, deadline in (("late", now - 1), ("open", now + 60_000)):
+        ledger.register(keys, call_id, now_ms=now - 5000, deadline_ms=deadline, fields={"tool": "echo"})
+    try:
+        # When the reaper answers the overdue call and the watchdog cancels the run's other call
+        reap(ledger, keys, ["late"], now_ms=now, min_rerun_ms=0, writer="watchdog", redispatch=None)
+        store.answer_open_calls(
+            "s", "r1", SyntheticReason.CANCELLED, now_ms=now, writer="watchdog", detail=""
+        )
+        # Then both hold the default value as a normal result, saying why
+        results = ledger.results(keys, ["late", "open"])
+        assert {cid: (r.is_error, r.text, r.reason) for cid, r in results.items()} == {
+            "late": (False, '{"status": "unknown"}', "deadline_exceeded"),
+            "open": (False, '{"status": "unknown"}', "cancelled"),
+        }
+    finally:
+        client.close()
