@@ -226,7 +226,7 @@ def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_config_file(path: str) -> dict[str, Any]:
-    """Parse a JSON or TOML file into a dict; raises ``ConfigError`` on any problem."""
+    """Parse a JSON5 (so JSON) or TOML file into a dict; raises ``ConfigError`` on any problem."""
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")

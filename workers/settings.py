@@ -2,7 +2,7 @@
 
 Sources, highest priority first: keyword arguments, environment (``UNSTUCK_*``, nested
 with ``__``, e.g. ``UNSTUCK_LEASE__TTL_S=5``), the config file named by
-``UNSTUCK_CONFIG`` (JSON or TOML, see :mod:`workers.config_file`), defaults.
+``UNSTUCK_CONFIG`` (JSON5, so JSON, or TOML; see :mod:`workers.config_file`), defaults.
 
 Every duration's name ends in ``_s`` or ``_ms``. The model is frozen.
 """
@@ -444,7 +444,7 @@ class Settings(BaseSettings):
     transcript: TranscriptSettings = TranscriptSettings()
     api: ApiSettings = ApiSettings()
     tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
-    config: str = Field("", description="path of a JSON or TOML config file (UNSTUCK_CONFIG)")
+    config: str = Field("", description="path of a JSON5 (or JSON) or TOML config file (UNSTUCK_CONFIG)")
 
     _split = field_validator("tool_modules", mode="before")(_split_modules)
 
