@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -169,3 +170,29 @@ def test_watchdog_and_reaper_answers_carry_the_config_fallback(redis_url: str) -
         }
     finally:
         client.close()
+
+
+def test_an_open_circuit_is_answered_at_once_with_the_fallback(
+    worker: Proc, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given a shared breaker on fragile (opens after one failure) and a fallback for circuit_open only
+    fallback = {"value": "served from cache", "reasons": ["circuit_open"]}
+    extra = {
+        "UNSTUCK_TOOLS__BREAKERS": '{"fragile": {"failures": 1}}',
+        "UNSTUCK_TOOLS__FALLBACKS": json.dumps({"fragile": fallback}),
+    }
+    gateway = ToolGateway(settings_in_env({**env, **extra}, monkeypatch))
+    flag = tmp_path / "down"
+    flag.write_text("down")
+    try:
+        # When the upstream fails once (an error: the fallback does not cover tool_error)
+        first = _call(gateway, "fragile", "breaker-1", down_flag=str(flag))
+        # and the next call finds the circuit open
+        second = _call(gateway, "fragile", "breaker-2", down_flag=str(flag))
+    finally:
+        gateway.close()
+    # Then the first is the tool's error and the second the default, still saying circuit_open
+    assert (first.is_error, first.reason) == (True, "tool_error")
+    assert (second.is_error, second.text, second.reason) == (False, "served from cache", "circuit_open")
+    assert second.details["fallback"] is True
+    assert "retry_after_s" in second.details

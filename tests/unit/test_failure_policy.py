@@ -89,6 +89,24 @@ def test_fallback_is_deterministic_and_idempotent() -> None:
     assert apply_fallback(first, rule) is first
 
 
+def test_fallback_keeps_the_failures_own_facts() -> None:
+    # A cancelled tool's partial output and the error type stay visible to operators
+    cancelled = synthetic_result(CALL, _R.CANCELLED, elapsed_ms=3, attempt=1, extra={"partial": "half"})
+    assert apply_fallback(cancelled, FallbackRule("x")).details["partial"] == "half"
+    failed = tool_error_result(CALL, "OSError", "boom", elapsed_ms=1, attempt=1)
+    answer = apply_fallback(failed, FallbackRule("x"))
+    assert answer.details["error_type"] == "OSError"
+    assert answer.details["synthetic"] is True
+
+
+def test_circuit_open_gets_the_fallback() -> None:
+    open_circuit = synthetic_result(
+        CALL, _R.CIRCUIT_OPEN, elapsed_ms=0, attempt=0, extra={"retry_after_s": 3}
+    )
+    answer = apply_fallback(open_circuit, FallbackRule("cached"))
+    assert (answer.is_error, answer.text, answer.details["retry_after_s"]) == (False, "cached", 3)
+
+
 def test_success_is_never_replaced() -> None:
     ok = success_result(CALL, "fine", elapsed_ms=1, attempt=1)
     assert apply_fallback(ok, FallbackRule("x")) is ok

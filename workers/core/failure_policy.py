@@ -120,8 +120,9 @@ def apply_fallback(result: ToolResult, rule: FallbackRule | None) -> ToolResult:
         elapsed_ms=int(result.details.get("elapsed_ms", 0)),
         attempt=int(result.details.get("attempt", 0)),
     )
-    named = {key: result.details[key] for key in ("answered_by", "branch_reason") if key in result.details}
-    return answer.model_copy(update={"details": {**answer.details, **named}}) if named else answer
+    # The failure's own facts stay (error_type, a cancelled tool's partial, retry_after_s, the
+    # branch that answered); the fallback's keys say what the model got instead.
+    return answer.model_copy(update={"details": {**result.details, **answer.details}})
 
 
 def branch_answer(first: ToolResult, branch: ToolResult, branch_tool: str) -> ToolResult:
