@@ -36,7 +36,7 @@ from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field,
 from pydantic.alias_generators import to_camel
 from pydantic_settings import PydanticBaseSettingsSource
 
-from workers.core.did_you_mean import unknown_key_message
+from workers.core.did_you_mean import known_keys, unknown_key_message
 from workers.errors import ConfigError
 
 __all__ = ["MAX_SECONDS", "ConfigFileSource", "Seconds", "read_config_file", "translate_reference_config"]
@@ -119,7 +119,9 @@ def _alias(model: type[BaseModel], name: str) -> str:
 def _unknown_keys(model: BaseModel, loc: tuple[int | str, ...]) -> list[tuple[tuple[int | str, ...], str]]:
     """Every extra key under ``model`` with the known keys it could have meant."""
     found: list[tuple[tuple[int | str, ...], str]] = []
-    known = [_alias(type(model), name) for name in type(model).model_fields]
+    # Names and aliases both (a user may write snake_case); a high cutoff, because the reference
+    # system's other keys (tools.exec, tools.web, ...) are legitimately here and only ignored.
+    known = known_keys(type(model))
     for key in model.model_extra or {}:
         found.append(((*loc, key), ", ".join(difflib.get_close_matches(key, known, n=1, cutoff=0.75))))
     for name in type(model).model_fields:

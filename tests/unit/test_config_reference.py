@@ -172,3 +172,16 @@ def test_unknown_key_message_walks_nested_models_and_dicts() -> None:
         "unknown key; did you mean 'attempts'?"
     )
     assert unknown_key_message(Settings, ("nothing_like_it",)) == "unknown key"
+
+
+def test_reference_block_typos_in_snake_case_are_named_too(tmp_path: Path) -> None:
+    # tools.loop_detections (snake_case, misspelt) is near loop_detection: an error, not ignored
+    problems = _problems(config=_write(tmp_path, "{tools: {loop_detections: {enabled: true}}}"))
+    assert problems == {"tools.loop_detections": "unknown key; did you mean 'loop_detection'?"}
+
+
+def test_reference_keys_unstuck_does_not_use_are_still_ignored(tmp_path: Path) -> None:
+    settings = load_settings(
+        config=_write(tmp_path, "{tools: {exec: {host: 'sandbox'}, web: {}, profile: 'x'}}")
+    )
+    assert settings.tools.fallbacks == {}
