@@ -94,13 +94,20 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:
     ctx = _context(rt, job, attempt)
+    allows = rt.settings.tool_policy(job.agent_id).allows  # a fail-branch obeys it too
     try:
         return run_tool(
-            job, ctx, clock_ms=now_ms, sleep=time.sleep, interrupts=(SoftTimeLimitExceeded,), rules=rt.rules
+            job,
+            ctx,
+            clock_ms=now_ms,
+            sleep=time.sleep,
+            interrupts=(SoftTimeLimitExceeded,),
+            rules=rt.rules,
+            allows=allows,
         )
     except SoftTimeLimitExceeded:
         # Caught first: billiard derives it from Exception, so a broad handler would hide it.
-        return soft_timeout_result(job, ctx, attempt=attempt, clock_ms=now_ms, rules=rt.rules)
+        return soft_timeout_result(job, ctx, attempt=attempt, clock_ms=now_ms, rules=rt.rules, allows=allows)
 
 
 def _context(rt: Runtime, job: CallJob, attempt: int) -> ToolContext:

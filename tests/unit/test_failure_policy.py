@@ -218,6 +218,20 @@ def test_branch_whose_schema_refuses_the_arguments_is_skipped() -> None:
     assert result.details["branch_skipped"] == f"{branch}: InvalidArguments"
 
 
+def test_branch_the_agent_may_not_call_is_skipped() -> None:
+    def cached(url: str) -> str:
+        return "never"
+
+    branch = _register(cached)
+
+    def fetch(url: str) -> str:
+        raise TimeoutError("slow")
+
+    result = _run(_register(fetch, fail_branch=branch), allows=lambda tool: tool != branch)
+    assert result.is_error is True
+    assert result.details["branch_skipped"] == f"{branch}: not allowed for this agent"
+
+
 def test_config_branch_and_retry_replace_the_decorators() -> None:
     calls: list[str] = []
 

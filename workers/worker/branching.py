@@ -51,14 +51,26 @@ def settle_failure(
     rules: FailureRules,
     clock_ms: Callable[[], int],
     interrupts: tuple[type[BaseException], ...] = (),
+    allows: Callable[[str], bool] = lambda _tool: True,
 ) -> ToolResult:
-    """``failure`` answered by the fail-branch (once per call) and then the fallback, as configured."""
+    """``failure`` answered by the fail-branch (once per call) and then the fallback, as configured.
+
+    ``allows`` is the agent's tool policy: a branch the agent may not call is skipped, so a
+    fail-branch never opens a way around ``tools.allow``/``deny``.
+    """
     result = failure
     branch = branch_rule(spec, rules, job.call.name)
     if branch is not None and branch.covers(failure.reason) and not ctx.fail_branch_tried:
         ctx.fail_branch_tried = True
-        result = _run_branch(job, ctx, failure, branch.tool, clock_ms=clock_ms, interrupts=interrupts)
+        if allows(branch.tool):
+            result = _run_branch(job, ctx, failure, branch.tool, clock_ms=clock_ms, interrupts=interrupts)
+        else:
+            result = _skipped(failure, f"{branch.tool}: not allowed for this agent")
     return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
+
+
+def _skipped(failure: ToolResult, why: str) -> ToolResult:
+    return failure.model_copy(update={"details": {**failure.details, "branch_skipped": why}})
 
 
 def _run_branch(
@@ -75,8 +87,7 @@ def _run_branch(
         arguments = validate_arguments(spec, job.call.arguments)
     except (ToolNotFound, InvalidArguments) as exc:
         # The branch cannot take this call: the first failure stands, saying why no branch ran.
-        skipped = f"{tool}: {type(exc).__name__}"
-        return failure.model_copy(update={"details": {**failure.details, "branch_skipped": skipped}})
+        return _skipped(failure, f"{tool}: {type(exc).__name__}")
     attempt = int(failure.details.get("attempt", 1))
     try:
         value = spec.invoke(arguments, ctx)

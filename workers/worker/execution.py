@@ -48,6 +48,7 @@ def soft_timeout_result(
     attempt: int,
     clock_ms: Callable[[], int],
     rules: FailureRules = NO_RULES,
+    allows: Callable[[str], bool] = lambda _tool: True,
 ) -> ToolResult:
     """The answer after the soft limit: the fail-branch (in the hard limit's grace), else as above.
 
@@ -63,7 +64,7 @@ def soft_timeout_result(
         job, None, SyntheticReason.TIMEOUT_SOFT, elapsed_ms=elapsed_ms, attempt=attempt
     )
     spec = registered_tools().get(job.call.name)
-    return settle_failure(job, ctx, spec, stopped, rules=rules, clock_ms=clock_ms)
+    return settle_failure(job, ctx, spec, stopped, rules=rules, clock_ms=clock_ms, allows=allows)
 
 
 def run_tool(
@@ -74,6 +75,7 @@ def run_tool(
     sleep: Callable[[float], None],
     interrupts: tuple[type[BaseException], ...] = (),
     rules: FailureRules = NO_RULES,
+    allows: Callable[[str], bool] = lambda _tool: True,
 ) -> ToolResult:
     """Validate, run with retries, and build the result (fail-branch and fallback on failure).
 
@@ -111,7 +113,7 @@ def run_tool(
                 job.call, type(exc).__name__, str(exc), elapsed_ms=clock_ms() - started, attempt=attempt
             )
             return settle_failure(
-                job, ctx, spec, failure, rules=rules, clock_ms=clock_ms, interrupts=interrupts
+                job, ctx, spec, failure, rules=rules, clock_ms=clock_ms, interrupts=interrupts, allows=allows
             )
 
 
