@@ -182,6 +182,20 @@ def test_decorator_fail_branch_answers_a_tool_error() -> None:
     assert result.details["branch_reason"] == "tool_error"
 
 
+def test_first_error_in_the_details_is_masked() -> None:
+    def cached(url: str) -> str:
+        return "ok"
+
+    branch = _register(cached)
+
+    def fetch(url: str) -> str:
+        raise PermissionError("token=sk-abcdefghijklmnopqrstuvwxyz0123456789 rejected")
+
+    result = _run(_register(fetch, fail_branch=branch))
+    assert "sk-abcdefghijklmnopqrstuvwxyz0123456789" not in result.details["first_error"]
+    assert "PermissionError" in result.details["first_error"]
+
+
 def test_failing_branch_answers_its_own_error_then_the_fallback() -> None:
     def cached(url: str) -> str:
         raise KeyError(url)

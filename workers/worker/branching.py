@@ -22,6 +22,7 @@ from workers.core.failure_policy import (
 from workers.core.models import CallJob, ToolResult
 from workers.core.results import success_result, tool_error_result
 from workers.errors import InvalidArguments, ToolNotFound
+from workers.redact import redact
 from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, get_tool, validate_arguments
 
@@ -98,4 +99,7 @@ def _run_branch(
         second = tool_error_result(
             job.call, type(exc).__name__, str(exc), elapsed_ms=clock_ms() - job.submitted_ms, attempt=attempt
         )
-    return branch_answer(failure, second, tool)
+    answer = branch_answer(failure, second, tool)
+    # bounded_result masks secrets in the text only: the first error rides in the details.
+    masked = redact(str(answer.details["first_error"]))
+    return answer.model_copy(update={"details": {**answer.details, "first_error": masked}})
