@@ -12,16 +12,15 @@ from pydantic import ValidationError
 
 from tasks.requests import answer_if_holder_died, report_outcome, stored_answer
 from workers.celery_app import app
-from workers.core.models import CallJob, ClaimStatus, SyntheticReason, ToolResult
+from workers.core.models import CallJob, ClaimStatus, ToolResult
 from workers.core.results import answer_by_deadline, not_allowed_result
 from workers.errors import CallFailed
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
-from workers.tools.registry import registered_tools
 from workers.worker.cancel_enforcer import cancel_check
-from workers.worker.execution import bounded_result, interrupted_result, run_tool
+from workers.worker.execution import bounded_result, run_tool, soft_timeout_result
 
 __all__ = ["invoke"]
 
@@ -89,22 +88,26 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
     won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id())
     if answer is not result:
         rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id())  # kept as late (audit)
-    return answer if won else None
+    # The ledger stored the configured fallback if one covers this answer: report what it holds.
+    return rt.ledger.with_fallback(answer) if won else None
 
 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:
     ctx = _context(rt, job, attempt)
+    allows = rt.settings.tool_policy(job.agent_id).allows  # a fail-branch obeys it too
     try:
-        return run_tool(job, ctx, clock_ms=now_ms, sleep=time.sleep, interrupts=(SoftTimeLimitExceeded,))
+        return run_tool(
+            job,
+            ctx,
+            clock_ms=now_ms,
+            sleep=time.sleep,
+            interrupts=(SoftTimeLimitExceeded,),
+            rules=rt.rules,
+            allows=allows,
+        )
     except SoftTimeLimitExceeded:
         # Caught first: billiard derives it from Exception, so a broad handler would hide it.
-        return interrupted_result(
-            job,
-            registered_tools().get(job.call.name),
-            SyntheticReason.TIMEOUT_SOFT,
-            elapsed_ms=now_ms() - job.submitted_ms,
-            attempt=attempt,
-        )
+        return soft_timeout_result(job, ctx, attempt=attempt, clock_ms=now_ms, rules=rt.rules, allows=allows)
 
 
 def _context(rt: Runtime, job: CallJob, attempt: int) -> ToolContext:

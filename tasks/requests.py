@@ -64,7 +64,12 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
         record = rt.ledger.record(keys, job.call.id)
         attempt = record.row.integer(CallField.ATTEMPT) if record else 1
         result = interrupted_result(
-            job, rt.tools.get(job.call.name), reason, elapsed_ms=now_ms() - job.submitted_ms, attempt=attempt
+            job,
+            rt.tools.get(job.call.name),
+            reason,
+            elapsed_ms=now_ms() - job.submitted_ms,
+            attempt=attempt,
+            rules=rt.rules,
         )
         if detail:
             result = result.model_copy(update={"details": {**result.details, "detail": detail}})

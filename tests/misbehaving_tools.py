@@ -127,3 +127,22 @@ def fragile(down_flag: str) -> str:
     if os.path.exists(down_flag):
         raise ToolExecutionError("upstream is down")
     return "up"
+
+
+@tool(soft_timeout_s=5.0)
+def fetch_cached(url: str, seconds: float = 0.0) -> str:
+    """The alternative a failed fetch branches to (same arguments)."""
+    return f"cached copy of {url}"
+
+
+@tool(soft_timeout_s=5.0)
+def fetch_down(url: str, seconds: float = 0.0) -> str:
+    """An external API that is down: every call raises."""
+    raise ConnectionError(f"{url} is down")
+
+
+@tool(soft_timeout_s=1.0, hard_timeout_s=4.0, fail_branch="fetch_cached", fail_branch_on=("timeout_soft",))
+def fetch_slow(url: str, seconds: float = 10.0) -> str:
+    """Too slow for its soft limit; its decorator branches to ``fetch_cached`` on a timeout."""
+    time.sleep(seconds)
+    return f"fresh copy of {url}"

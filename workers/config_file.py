@@ -1,4 +1,4 @@
-"""The optional config file (``UNSTUCK_CONFIG``): JSON or TOML in the reference system's shape.
+"""The optional config file (``UNSTUCK_CONFIG``): JSON5 (so plain JSON) or TOML, in the reference shape.
 
 Users bring their existing config. These camelCase blocks are read::
 
@@ -12,6 +12,9 @@ Users bring their existing config. These camelCase blocks are read::
     tools.loopDetection                          global loop detection block
     tools.allow / tools.deny                     which tools may be called (names, group:builtins, *)
     tools.builtins                               built-in tools to register (exec, http_fetch)
+    tools.fallbacks.<toolName>                   {value, reasons?}: a default instead of a failure
+    tools.failBranch.<toolName>                  {tool, reasons?}: another tool tried once on failure
+    tools.retry.<toolName>                       {attempts, backoff_s?, multiplier?, errors?}
 
 and an ``unstuck`` block holding our own settings in their snake_case names (``redis``,
 ``lease``, ...). Other top-level blocks of the reference config are ignored. Inside the
@@ -23,16 +26,17 @@ the key path as written in the file.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+import json5
+from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic_settings import PydanticBaseSettingsSource
 
+from workers.core.did_you_mean import known_keys, unknown_key_message
 from workers.errors import ConfigError
 
 __all__ = ["MAX_SECONDS", "ConfigFileSource", "Seconds", "read_config_file", "translate_reference_config"]
@@ -86,6 +90,11 @@ class _GlobalTools(BaseModel):
     allow: list[str] | None = None
     deny: list[str] | None = None
     builtins: list[str] | None = None
+    fallbacks: dict[str, dict[str, Any]] | None = None
+    fail_branch: dict[str, dict[str, Any]] | None = Field(
+        None, validation_alias=AliasChoices("failBranch", "fail_branch")
+    )
+    retry: dict[str, dict[str, Any]] | None = None
 
 
 class _Reference(BaseModel):
@@ -110,7 +119,9 @@ def _alias(model: type[BaseModel], name: str) -> str:
 def _unknown_keys(model: BaseModel, loc: tuple[int | str, ...]) -> list[tuple[tuple[int | str, ...], str]]:
     """Every extra key under ``model`` with the known keys it could have meant."""
     found: list[tuple[tuple[int | str, ...], str]] = []
-    known = [_alias(type(model), name) for name in type(model).model_fields]
+    # Names and aliases both (a user may write snake_case); a high cutoff, because the reference
+    # system's other keys (tools.exec, tools.web, ...) are legitimately here and only ignored.
+    known = known_keys(type(model))
     for key in model.model_extra or {}:
         found.append(((*loc, key), ", ".join(difflib.get_close_matches(key, known, n=1, cutoff=0.75))))
     for name in type(model).model_fields:
@@ -207,7 +218,7 @@ def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
         tools["timeouts_s"] = reference.tools.timeouts
     if reference.tools and reference.tools.loop_detection is not None:
         tools["loop_detection"] = reference.tools.loop_detection
-    for name in ("allow", "deny", "builtins"):
+    for name in ("allow", "deny", "builtins", "fallbacks", "fail_branch", "retry"):
         value = getattr(reference.tools, name) if reference.tools else None
         if value is not None:
             tools[name] = value
@@ -217,16 +228,20 @@ def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_config_file(path: str) -> dict[str, Any]:
-    """Parse a JSON or TOML file into a dict; raises ``ConfigError`` on any problem."""
+    """Parse a JSON5 (so JSON) or TOML file into a dict; raises ``ConfigError`` on any problem."""
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([("UNSTUCK_CONFIG", f"cannot read {path}: {exc.strerror}")]) from None
+    toml = file.suffix.lower() == ".toml"
     try:
-        data: Any = tomllib.loads(text) if file.suffix.lower() == ".toml" else json.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError([(path, f"not valid {file.suffix.lstrip('.') or 'JSON'}: {exc}")]) from None
+        # JSON5 is a superset of JSON: the reference system's file (comments, trailing commas,
+        # unquoted keys) loads as written, and plain JSON loads as before.
+        data: Any = tomllib.loads(text) if toml else json5.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        kind = "toml" if toml else "json/json5"
+        raise ConfigError([(path, f"not valid {kind}: {exc}")]) from None
     if not isinstance(data, dict):
         raise ConfigError([(path, "the top level must be an object")])
     return data
@@ -264,6 +279,14 @@ def _check_own_block(settings_cls: type[BaseModel], block: dict[str, Any]) -> No
         try:
             TypeAdapter(field.annotation or Any).validate_python(value)
         except ValidationError as exc:
-            problems += [(_path(("unstuck", key, *err["loc"])), err["msg"]) for err in exc.errors()]
+            problems += [
+                (
+                    _path(("unstuck", key, *err["loc"])),
+                    unknown_key_message(settings_cls, (key, *err["loc"]))
+                    if err["type"] == "extra_forbidden"
+                    else err["msg"],
+                )
+                for err in exc.errors()
+            ]
     if problems:
         raise ConfigError(problems)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from functools import cache
 
+from workers.core.failure_policy import NO_RULES, FailureRules
 from workers.settings import Settings, load_settings
 from workers.store.ledger import Ledger, connect
 from workers.tools.loader import load_tools
@@ -33,6 +34,8 @@ class Runtime:
     settings: Settings
     ledger: Ledger
     tools: dict[str, ToolSpec]
+    #: ``tools.fallbacks``/``failBranch``/``retry`` as pure rules, built once per process.
+    rules: FailureRules = NO_RULES
 
 
 def open_ledger(settings: Settings) -> Ledger:
@@ -47,6 +50,7 @@ def open_ledger(settings: Settings) -> Ledger:
         prefix=settings.redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
+        fallbacks=settings.tools.failure_rules().fallbacks,
     )
 
 
@@ -56,6 +60,7 @@ def build_runtime(settings: Settings) -> Runtime:
         settings=settings,
         ledger=open_ledger(settings),
         tools=load_tools(settings.tool_modules, builtins=settings.tools.builtins),
+        rules=settings.tools.failure_rules(),
     )
 
 

@@ -2,7 +2,7 @@
 
 Sources, highest priority first: keyword arguments, environment (``UNSTUCK_*``, nested
 with ``__``, e.g. ``UNSTUCK_LEASE__TTL_S=5``), the config file named by
-``UNSTUCK_CONFIG`` (JSON or TOML, see :mod:`workers.config_file`), defaults.
+``UNSTUCK_CONFIG`` (JSON5, so JSON, or TOML; see :mod:`workers.config_file`), defaults.
 
 Every duration's name ends in ``_s`` or ``_ms``. The model is frozen.
 """
@@ -10,13 +10,16 @@ Every duration's name ends in ``_s`` or ``_ms``. The model is frozen.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Annotated, Any
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
     SecretStr,
@@ -28,7 +31,17 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
 from workers.config_file import ConfigFileSource, Seconds
 from workers.core.breakers import BreakerPolicy
-from workers.core.loops.config import agent_path, parse_loop_block
+from workers.core.did_you_mean import unknown_key_message
+from workers.core.failure_policy import (
+    BRANCH_REASONS,
+    FALLBACK_REASONS,
+    BranchRule,
+    FailureRules,
+    FallbackRule,
+    check_reasons,
+)
+from workers.core.limits import RetryPolicy
+from workers.core.loops.config import agent_path, parse_loop_block, raised_thresholds
 from workers.core.tool_policy import BUILTIN_TOOLS, ToolPolicy, ToolRules, unknown_groups
 from workers.errors import ConfigError
 
@@ -37,12 +50,15 @@ __all__ = [
     "AgentProfile",
     "AgentsSettings",
     "BrokerSettings",
+    "FailBranchSettings",
+    "FallbackSettings",
     "GatewaySettings",
     "LeaseSettings",
     "LedgerSettings",
     "LimitSettings",
     "LlmSettings",
     "RedisSettings",
+    "RetrySettings",
     "Settings",
     "ToolDefaults",
     "ToolsSettings",
@@ -53,6 +69,8 @@ __all__ = [
     "load_settings",
     "process_environment",
 ]
+
+log = logging.getLogger(__name__)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -184,6 +202,71 @@ class AgentsSettings(BaseModel):
         )
 
 
+class FallbackSettings(BaseModel):
+    """``tools.fallbacks.<tool>``: a default value answered instead of a failure."""
+
+    model_config = _FROZEN
+
+    value: Any = Field(description="returned as a normal result (strings as is, others as JSON)")
+    reasons: tuple[str, ...] = Field((), description="only these failure reasons (empty: every failure)")
+
+    @field_validator("reasons")
+    @classmethod
+    def _known(cls, reasons: tuple[str, ...]) -> tuple[str, ...]:
+        check_reasons(reasons, FALLBACK_REASONS)
+        return reasons
+
+    def rule(self) -> FallbackRule:
+        """The pure rule every result writer applies."""
+        return FallbackRule(self.value, check_reasons(self.reasons, FALLBACK_REASONS))
+
+
+class FailBranchSettings(BaseModel):
+    """``tools.failBranch.<tool>``: another tool tried once, on the worker, when the first fails."""
+
+    model_config = _FROZEN
+
+    tool: str = Field(min_length=1, description="the alternative tool; called with the same arguments")
+    reasons: tuple[str, ...] = Field(("tool_error", "timeout_soft"), min_length=1)
+
+    @field_validator("reasons")
+    @classmethod
+    def _known(cls, reasons: tuple[str, ...]) -> tuple[str, ...]:
+        check_reasons(reasons, BRANCH_REASONS)
+        return reasons
+
+    def rule(self) -> BranchRule:
+        """The pure rule the worker applies."""
+        return BranchRule(self.tool, check_reasons(self.reasons, BRANCH_REASONS))
+
+
+class RetrySettings(BaseModel):
+    """``tools.retry.<tool>``: the decorator's retry policy, from config (it replaces the decorator's)."""
+
+    model_config = _FROZEN
+
+    attempts: PositiveInt = Field(description="runs in all, counting the first")
+    backoff_s: NonNegativeFloat = 0.5
+    multiplier: float = Field(2.0, ge=1, allow_inf_nan=False)
+    max_backoff_s: NonNegativeFloat = 10.0
+    errors: tuple[str, ...] = Field(
+        ("Exception",),
+        min_length=1,
+        description="exception class names retried (matched along the class's bases); "
+        "an exception with retryable = True is always retried",
+    )
+
+    def policy(self) -> RetryPolicy:
+        """The same :class:`RetryPolicy` the decorator takes."""
+        return RetryPolicy(
+            attempts=self.attempts,
+            backoff_s=self.backoff_s,
+            multiplier=self.multiplier,
+            max_backoff_s=self.max_backoff_s,
+            retry_on_names=self.errors,
+        )
+
+
 class ToolsSettings(BaseModel):
     """Tool loading, which tools may be called, and per-tool overrides."""
 
@@ -199,8 +282,29 @@ class ToolsSettings(BaseModel):
     breakers: dict[str, BreakerPolicy] = Field(
         default_factory=dict, description="shared circuit breakers, per tool name (opt-in)"
     )
+    fallbacks: dict[str, FallbackSettings] = Field(default_factory=dict)
+    fail_branch: dict[str, FailBranchSettings] = Field(
+        default_factory=dict, validation_alias=AliasChoices("fail_branch", "failBranch")
+    )
+    retry: dict[str, RetrySettings] = Field(default_factory=dict)
 
     _lists = field_validator("builtins", "allow", "deny", mode="before")(_split_modules)
+
+    @model_validator(mode="after")
+    def _no_branch_to_itself(self) -> ToolsSettings:
+        for name, branch in self.fail_branch.items():
+            if branch.tool == name:
+                raise ValueError(f"fail_branch.{name}: a tool cannot be its own fail-branch")
+        return self
+
+    def failure_rules(self) -> FailureRules:
+        """Fallbacks, fail-branches and retry policies from config, as pure rules."""
+        return FailureRules(
+            fallbacks={name: entry.rule() for name, entry in self.fallbacks.items()},
+            branches={name: entry.rule() for name, entry in self.fail_branch.items()},
+            retries={name: entry.policy() for name, entry in self.retry.items()},
+        )
+
     _groups = field_validator("allow", "deny")(_known_groups)
 
     @field_validator("builtins")
@@ -340,7 +444,7 @@ class Settings(BaseSettings):
     transcript: TranscriptSettings = TranscriptSettings()
     api: ApiSettings = ApiSettings()
     tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
-    config: str = Field("", description="path of a JSON or TOML config file (UNSTUCK_CONFIG)")
+    config: str = Field("", description="path of a JSON5 (or JSON) or TOML config file (UNSTUCK_CONFIG)")
 
     _split = field_validator("tool_modules", mode="before")(_split_modules)
 
@@ -396,7 +500,10 @@ def load_settings(**overrides: Any) -> Settings:
         settings = Settings(**overrides)
     except ValidationError as exc:
         problems = [
-            (f"{'.'.join(str(p) for p in err['loc'])} ({_env_name(err['loc'])})", err["msg"])
+            (
+                f"{'.'.join(str(p) for p in err['loc'])} ({_env_name(err['loc'])})",
+                unknown_key_message(Settings, err["loc"]) if err["type"] == "extra_forbidden" else err["msg"],
+            )
             for err in exc.errors()
         ]
         raise ConfigError(problems) from None
@@ -405,7 +512,11 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def check_loop_blocks(settings: Settings) -> None:
-    """Loop-detection blocks are validated strictly at start-up (spec §2), not when first used."""
+    """Loop-detection blocks are validated strictly at start-up (spec §2), not when first used.
+
+    A misordered threshold triple is no error: it is raised into order at resolution, as the
+    reference system does, and logged here as a warning naming the key and the new value.
+    """
     blocks = [("tools.loopDetection", settings.tools.loop_detection)]
     blocks.append(("agents.defaults.tools.loopDetection", settings.agents.defaults.tools.loop_detection))
     blocks += [(agent_path(i), e.loop_detection) for i, e in enumerate(settings.agents.list)]
@@ -417,5 +528,8 @@ def check_loop_blocks(settings: Settings) -> None:
             parse_loop_block(block, path)
         except ConfigError as exc:
             problems += exc.problems
+            continue
+        for where, why in raised_thresholds(block, path):
+            log.warning("config: %s: %s", where, why)
     if problems:
         raise ConfigError(problems)

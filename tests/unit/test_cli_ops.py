@@ -144,8 +144,8 @@ def test_config_check_prints_warnings_and_exits_zero(
         ({"agents": {"defaults": {"timeoutSeconds": -1}}}, "agents.defaults.timeoutSeconds"),
         ({"tools": {"loopDetection": {"enabled": True, "bogus": 1}}}, "tools.loopDetection.bogus"),
         (
-            {"tools": {"loopDetection": {"warningThreshold": 30, "criticalThreshold": 20}}},
-            "tools.loopDetection: Value error, warningThreshold must be lower than criticalThreshold",
+            {"tools": {"loopDetection": {"enabled": True, "historySise": 5}}},
+            "tools.loopDetection.historySise: unknown key; did you mean 'historySize'?",
         ),
         (
             {"agents": {"list": [{"id": "a", "tools": {"loopDetection": {"historySize": 0}}}]}},
@@ -277,3 +277,31 @@ def test_flower_without_broker_exits_2(
 
 def _no_exec(*args: object) -> None:
     raise AssertionError("must not exec")
+
+
+def test_config_check_accepts_the_reference_json5_and_warns_about_unreachable_tiers_and_raises(
+    config_file: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the reference system's JSON5, with historySize 5 and a misordered triple
+    path = config_file({})
+    path.write_text(
+        """{
+          // comments, trailing commas and unquoted keys, as the reference system writes them
+          agents: { defaults: { llm: { idleTimeoutSeconds: 60, }, }, },
+          tools: {
+            loopDetection: { enabled: true, historySize: 5, warningThreshold: 10, criticalThreshold: 10, },
+            fallbacks: { no_such_tool: { value: 1 } },
+          },
+        }""",
+        encoding="utf-8",
+    )
+    # When checked / Then it passes with the warnings, each naming its key
+    assert main(["config", "check"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "tools.loopDetection.criticalThreshold: defaults: 10 is not above warningThreshold; raised to 11"
+        in out
+    )
+    assert "tools.loopDetection.historySize: defaults: historySize 5 is below warningThreshold 10" in out
+    assert "no tier can fire" in out
+    assert "tools.fallbacks.no_such_tool: 'no_such_tool' is not a registered tool" in out

@@ -85,7 +85,66 @@ def test_loop_detection_off(
 
 
 def test_loop_detection_accepts_snake_case_blocks() -> None:
-    assert check_loop_detection({"enabled": True, "history_size": 5}, None) == []
+    assert check_loop_detection({"enabled": True, "history_size": 40}, None) == []
+
+
+def test_history_shorter_than_every_threshold_warns_no_tier_can_fire() -> None:
+    # Given historySize 5 with the thresholds 10/20/30 (the example)
+    block = {
+        "enabled": True,
+        "historySize": 5,
+        "warningThreshold": 10,
+        "criticalThreshold": 20,
+        "globalCircuitBreakerThreshold": 30,
+    }
+    # Then config check says so, on the historySize key
+    found = check_loop_detection(block, None)
+    assert paths(found) == ["tools.loopDetection.historySize"]
+    assert "no tier can fire" in found[0].message
+
+
+def test_history_between_tiers_names_the_tiers_that_never_fire() -> None:
+    found = check_loop_detection({"enabled": True, "historySize": 15}, None)
+    assert paths(found) == ["tools.loopDetection.historySize"]
+    message = found[0].message
+    assert "criticalThreshold 20" in message
+    assert "globalCircuitBreakerThreshold 30" in message
+    assert "warningThreshold" not in message
+    assert "these never fire" in message
+
+
+def test_unreachable_tiers_are_not_reported_while_detection_is_off() -> None:
+    assert check_loop_detection({"enabled": False, "historySize": 5}, None) == paths_of_off()
+
+
+def paths_of_off() -> list[ConfigWarning]:
+    return check_loop_detection({"enabled": False}, None)
+
+
+def test_unreachable_tiers_of_an_agent_block_name_the_agent() -> None:
+    agents = [
+        AgentLimits("agents.defaults", "defaults", None, None),
+        AgentLimits("agents.list[0]", "agent 'a'", None, None, {"historySize": 3}),
+    ]
+    found = check_loop_detection({"enabled": True}, None, agents[1:])
+    assert paths(found) == ["agents.list[0].tools.loopDetection.historySize"]
+    assert found[0].message.startswith("agent 'a':")
+
+
+def test_misordered_triple_is_reported_as_raised() -> None:
+    # Given warning 30 over critical 20 and breaker 20 (the reference system raises these)
+    found = check_loop_detection(
+        {
+            "enabled": True,
+            "warningThreshold": 30,
+            "criticalThreshold": 20,
+            "globalCircuitBreakerThreshold": 20,
+        },
+        None,
+    )
+    messages = {warning.path: warning.message for warning in found}
+    assert "raised to 31" in messages["tools.loopDetection.criticalThreshold"]
+    assert "raised to 32" in messages["tools.loopDetection.globalCircuitBreakerThreshold"]
 
 
 @pytest.mark.parametrize(
@@ -179,3 +238,19 @@ def test_check_config_reports_exec_without_allowlist_last() -> None:
         builtins=("exec",),
     )
     assert paths(found) == ["tools.builtins"]
+
+
+def test_failure_rules_for_unregistered_tools_say_did_you_mean() -> None:
+    from workers.core.config_checks import check_failure_tools
+
+    found = check_failure_tools(
+        {"web_fetch", "cached_fetch"},
+        {"tools.fallbacks": ["web_fech"], "tools.retry": ["web_fetch"], "tools.failBranch": ["web_fetch"]},
+        {"web_fetch": "cache_fetch"},
+    )
+    assert [str(w) for w in found] == [
+        "tools.fallbacks.web_fech: 'web_fech' is not a registered tool; did you mean 'web_fetch'?: "
+        "this entry is never used",
+        "tools.failBranch.web_fetch.tool: 'cache_fetch' is not a registered tool; "
+        "did you mean 'cached_fetch'?: the first failure stands",
+    ]

@@ -437,6 +437,8 @@ _TIME_WORDS = (
     "backoff",
 )
 _UNIT_SUFFIXES = ("_s", "_ms")
+#: Floats that are ratios, not durations: they have no unit to name.
+_RATIOS = ("multiplier",)
 
 
 def _scalar_types(annotation: Any) -> set[type]:
@@ -470,7 +472,7 @@ def _duration_offenders(model: type[BaseModel], prefix: str = "") -> list[str]:
                 offenders += _duration_offenders(sub, f"{path}.")
         is_float = float in scalars
         is_timed_int = int in scalars and bool not in scalars and any(w in name for w in _TIME_WORDS)
-        if (is_float or is_timed_int) and not name.endswith(_UNIT_SUFFIXES):
+        if (is_float or is_timed_int) and not name.endswith(_UNIT_SUFFIXES) and name not in _RATIOS:
             offenders.append(path)
     return offenders
 

@@ -16,7 +16,13 @@ import json
 import sys
 from typing import Any
 
-from workers.core.config_checks import AgentLimits, ConfigWarning, ToolLimits, check_config
+from workers.core.config_checks import (
+    AgentLimits,
+    ConfigWarning,
+    ToolLimits,
+    check_config,
+    check_failure_tools,
+)
 from workers.core.loops.config import resolve_loop_config
 from workers.errors import ConfigError
 from workers.redact import redact_settings
@@ -133,7 +139,7 @@ def collect_warnings(settings: Settings) -> list[ConfigWarning]:
         ConfigError: when a loop-detection block is invalid or a tool module does not load.
     """
     check_loop_blocks(settings)
-    return check_config(
+    found = check_config(
         agents=_agent_limits(settings),
         global_loop_block=settings.tools.loop_detection,
         tools=_tool_limits(settings),
@@ -141,6 +147,22 @@ def collect_warnings(settings: Settings) -> list[ConfigWarning]:
         builtins=settings.tools.builtins,
         allow=settings.tools.allow,
         deny=settings.tools.deny,
+    )
+    return found + _failure_tool_warnings(settings)
+
+
+def _failure_tool_warnings(settings: Settings) -> list[ConfigWarning]:
+    from workers.tools.loader import load_tools
+
+    tools = settings.tools
+    return check_failure_tools(
+        load_tools(settings.tool_modules, builtins=tools.builtins),
+        {
+            "tools.fallbacks": tools.fallbacks,
+            "tools.retry": tools.retry,
+            "tools.failBranch": tools.fail_branch,
+        },
+        {name: branch.tool for name, branch in tools.fail_branch.items()},
     )
 
 

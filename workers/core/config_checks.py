@@ -9,11 +9,12 @@ one, a lease that outlives the shortest tool call, and a shell tool open to ever
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from workers.core.loops.config import merge_loop_blocks
+from workers.core.did_you_mean import closest_key
+from workers.core.loops.config import merge_loop_blocks, raised_thresholds, resolve_loop_config
 from workers.core.tool_policy import ToolRules
 
 __all__ = [
@@ -25,8 +26,10 @@ __all__ = [
     "check_agent",
     "check_builtins",
     "check_config",
+    "check_failure_tools",
     "check_lease",
     "check_loop_detection",
+    "check_tiers",
     "check_tools",
 ]
 
@@ -112,7 +115,10 @@ def check_loop_detection(
     block, or with the defaults block when the agent has none.
     """
     found: list[ConfigWarning] = []
-    default_on = _enabled(merge_loop_blocks(global_block, defaults_block))
+    default_block = merge_loop_blocks(global_block, defaults_block)
+    default_on = _enabled(default_block)
+    where = "tools.loopDetection" if defaults_block is None else "agents.defaults.tools.loopDetection"
+    found += check_tiers(default_block, where, "defaults")
     if not default_on:
         why = "missing" if global_block is None and defaults_block is None else "enabled is not true"
         found.append(
@@ -125,10 +131,44 @@ def check_loop_detection(
         if agent.loop_detection is None:
             continue
         # As in ``AgentsSettings.for_agent``: an agent's block replaces the defaults block.
-        if default_on and not _enabled(merge_loop_blocks(global_block, agent.loop_detection)):
+        merged = merge_loop_blocks(global_block, agent.loop_detection)
+        found += check_tiers(merged, f"{agent.path}.tools.loopDetection", agent.label)
+        if default_on and not _enabled(merged):
             found.append(
                 ConfigWarning(f"{agent.path}.tools.loopDetection", f"{agent.label}: loop detection is off")
             )
+    return found
+
+
+def check_tiers(merged: Mapping[str, Any], path: str, label: str) -> list[ConfigWarning]:
+    """Thresholds raised into order, and tiers that can never fire within ``historySize``.
+
+    Detectors count only the newest ``historySize`` records of a run, so a threshold above
+    it is never reached: ``historySize: 5`` with thresholds 10/20/30 warns and blocks nothing.
+    """
+    found = [ConfigWarning(where, f"{label}: {why}") for where, why in raised_thresholds(merged, path)]
+    config = resolve_loop_config(merged, None)
+    if not config.enabled:
+        return found
+    tiers = {
+        "warningThreshold": config.warning_threshold,
+        "criticalThreshold": config.critical_threshold,
+        "globalCircuitBreakerThreshold": config.global_circuit_breaker_threshold,
+        "unknownToolThreshold": config.unknown_tool_threshold,
+    }
+    dead = [f"{name} {value}" for name, value in tiers.items() if value > config.history_size]
+    if dead:
+        # Critical and breaker sit above warning (after the raise): warning dead means all are.
+        nothing = (
+            " no tier can fire" if config.warning_threshold > config.history_size else " these never fire"
+        )
+        found.append(
+            ConfigWarning(
+                f"{path}.historySize",
+                f"{label}: historySize {config.history_size} is below {', '.join(dead)}: detectors "
+                f"count only the last {config.history_size} calls, so{nothing}",
+            )
+        )
     return found
 
 
@@ -143,6 +183,36 @@ def check_tools(tools: Iterable[ToolLimits]) -> list[ConfigWarning]:
         for tool in tools
         if tool.hard_s is not None and tool.soft_s >= tool.hard_s
     ]
+
+
+def check_failure_tools(
+    registered: Collection[str], per_tool: Mapping[str, Collection[str]], branches: Mapping[str, str]
+) -> list[ConfigWarning]:
+    """Fallbacks, retries and fail-branches set for a tool that is not registered, or naming one.
+
+    Args:
+        registered: every tool name the workers load.
+        per_tool: ``{"tools.fallbacks": names, "tools.retry": names, "tools.failBranch": names}``.
+        branches: ``tools.failBranch.<tool>.tool`` per tool.
+    """
+    found: list[ConfigWarning] = []
+
+    def unknown(name: str) -> str:
+        near = closest_key(name, list(registered))
+        return f"{name!r} is not a registered tool" + (f"; did you mean {near!r}?" if near else "")
+
+    for block, names in per_tool.items():
+        found += [
+            ConfigWarning(f"{block}.{name}", unknown(name) + ": this entry is never used")
+            for name in sorted(names)
+            if name not in registered
+        ]
+    found += [
+        ConfigWarning(f"tools.failBranch.{name}.tool", unknown(branch) + ": the first failure stands")
+        for name, branch in sorted(branches.items())
+        if branch not in registered
+    ]
+    return found
 
 
 def check_lease(lease_ttl_s: float, tools: Iterable[ToolLimits]) -> list[ConfigWarning]:

@@ -20,6 +20,9 @@ class RetryPolicy:
     multiplier: float = 2.0
     max_backoff_s: float = 10.0
     retry_on: tuple[type[BaseException], ...] = ()
+    #: Exception class names retried too, matched along the class's bases (``tools.retry`` in
+    #: config cannot name classes): ``("Exception",)`` retries every failure.
+    retry_on_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -31,7 +34,9 @@ class RetryPolicy:
         """Whether ``error`` on attempt number ``attempt`` (1-based) earns another attempt."""
         if attempt >= self.attempts:
             return False
-        return isinstance(error, self.retry_on) or bool(getattr(error, "retryable", False))
+        if isinstance(error, self.retry_on) or bool(getattr(error, "retryable", False)):
+            return True
+        return any(cls.__name__ in self.retry_on_names for cls in type(error).__mro__)
 
     def delay_s(self, attempt: int) -> float:
         """Backoff before attempt ``attempt + 1``."""

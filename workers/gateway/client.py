@@ -369,6 +369,7 @@ class ToolGateway:
                 batch.abort = abort
 
     def _answer_now(self, batch: Batch, call: ToolCall, result: ToolResult) -> None:
+        result = self._rt.ledger.with_fallback(result)  # what the ledger stores (circuit_open)
         batch.tools[call.id] = call.name
         batch.deadlines[call.id] = self._now_ms()
         try:

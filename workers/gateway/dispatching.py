@@ -171,6 +171,7 @@ class Dispatcher:
                 attempt=0,
                 detail=f" ({type(exc).__name__})",
             )
+            result = self._ledger.with_fallback(result)
             self._ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
             return result
         if attempt:

@@ -129,8 +129,9 @@ class Waiter:
                 continue
             call = ToolCall(id=call_id, name=batch.tools.get(call_id) or "unknown")
             submitted_ms = batch.submitted.get(call_id, deadline_ms)
-            result = batch.fallbacks.get(call_id) or deadline_result(
-                call, submitted_ms=submitted_ms, deadline_ms=deadline_ms
+            result = self.ledger.with_fallback(
+                batch.fallbacks.get(call_id)
+                or deadline_result(call, submitted_ms=submitted_ms, deadline_ms=deadline_ms)
             )
             try:
                 self.ledger.finish(batch.keys, result, now_ms=now_ms, writer=self.writer)

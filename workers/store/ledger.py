@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +18,7 @@ from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall
 from workers.core.run_health import RunStatus
@@ -113,7 +114,15 @@ _RUNNING_FIELDS = (CallField.STATE, CallField.WORKER, CallField.HB_MS)
 class Ledger:
     """Redis access for call records. All methods raise ``StoreError`` when Redis fails."""
 
-    def __init__(self, client: redis.Redis, *, prefix: str, ttl_s: int, lease_ttl_ms: int) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str,
+        ttl_s: int,
+        lease_ttl_ms: int,
+        fallbacks: Mapping[str, FallbackRule] | None = None,
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.ttl_s = ttl_s
@@ -121,6 +130,9 @@ class Ledger:
         # Called with every result this client stored first (best effort, never failing a
         # write): the gateway and the watchdog close the call's task in Flower from here.
         self.on_answered: list[Callable[[RunKeys, ToolResult], None]] = []
+        # tools.fallbacks: every process builds its ledger from the same Settings, so every
+        # writer (worker, gateway, watchdog, doors) stores the same bytes for the same failure.
+        self.fallbacks: Mapping[str, FallbackRule] = dict(fallbacks or {})
         self._register = load_script(client, "ledger_register.lua", with_summary=True)
         self._claim = load_script(client, "ledger_claim.lua", with_summary=True)
         self._finish = load_script(client, "ledger_finish.lua", with_summary=True)
@@ -235,8 +247,17 @@ class Ledger:
             )
         return Claim(reply_member(ClaimStatus, status, where="ledger_claim.lua"), int(attempt))
 
+    def with_fallback(self, result: ToolResult) -> ToolResult:
+        """``result``, or its tool's configured fallback when it is a failure the fallback covers."""
+        return apply_fallback(result, self.fallbacks.get(result.tool_name))
+
     def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
-        """Store ``result`` if it is the first; otherwise keep it as late. True when it won."""
+        """Store ``result`` (or its configured fallback) if it is the first, else keep it as late.
+
+        True when it won. This is where every result enters the ledger, so ``tools.fallbacks``
+        is applied here once for every writer and every reason.
+        """
+        result = self.with_fallback(result)
         call_id = result.tool_call_id
         with store_errors():
             won = self._pipelined(

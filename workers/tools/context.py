@@ -62,6 +62,9 @@ class ToolContext:
             self.cancel_seen = self.on_cancel_check()
         return self.cancel_seen
 
+    #: Set once the call's fail-branch started: a branch is tried once, whatever fails next.
+    fail_branch_tried: bool = field(default=False, repr=False)
+
     def heartbeat(self, details: Any = None) -> None:
         """Report progress; a tool with ``heartbeat_timeout_s`` must call this often enough."""
         now = self.clock()

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import difflib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from workers.core.failure_policy import BRANCH_REASONS, FALLBACK_REASONS, BranchRule, check_reasons
 from workers.core.limits import RetryPolicy
+from workers.core.models import SyntheticReason
 from workers.errors import ConfigError, InvalidArguments, ToolNotFound
 from workers.tools.context import ToolContext
 
@@ -47,6 +49,8 @@ class ToolSpec:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     fallback: Any = NO_FALLBACK
     description: str = ""
+    fallback_reasons: tuple[SyntheticReason, ...] = ()
+    fail_branch: BranchRule | None = None
 
     @property
     def has_fallback(self) -> bool:
@@ -117,6 +121,9 @@ def tool(
     retry: RetryPolicy | None = None,
     fallback: Any = NO_FALLBACK,
     description: str | None = None,
+    fallback_on: Iterable[str] = (),
+    fail_branch: str | None = None,
+    fail_branch_on: Iterable[str] = ("tool_error", "timeout_soft"),
 ) -> Callable[[F], F]: ...
 
 
@@ -131,11 +138,19 @@ def tool(
     retry: RetryPolicy | None = None,
     fallback: Any = NO_FALLBACK,
     description: str | None = None,
+    fallback_on: Iterable[str] = (),
+    fail_branch: str | None = None,
+    fail_branch_on: Iterable[str] = ("tool_error", "timeout_soft"),
 ) -> Any:
     """Register a function as a tool; usable bare (``@tool``) or with options.
 
     A parameter named ``ctx`` receives the :class:`ToolContext` (heartbeats); every other
     parameter becomes part of the argument schema, validated before the tool runs.
+
+    ``fallback`` is returned as a normal result when the tool fails on the worker (for the
+    reasons in ``fallback_on``, or any); ``tools.fallbacks`` in config also covers answers
+    written elsewhere (deadline, lost worker, dispatch, cancel). ``fail_branch`` names a tool
+    tried once with the same arguments when this one fails for ``fail_branch_on``.
 
     Raises:
         ConfigError: on inconsistent limits or a second tool with the same name.
@@ -145,6 +160,7 @@ def tool(
         tool_name = name or target.__name__
         _check_limits(tool_name, soft_timeout_s, hard_timeout_s, heartbeat_timeout_s)
         model, wants_context = _arguments_model(tool_name, target)
+        reasons, branch = _failure_options(tool_name, fallback_on, fail_branch, fail_branch_on)
         spec = ToolSpec(
             name=tool_name,
             func=target,
@@ -157,6 +173,8 @@ def tool(
             retry=retry or RetryPolicy(),
             fallback=fallback,
             description=description or (inspect.getdoc(target) or "").split("\n")[0],
+            fallback_reasons=reasons,
+            fail_branch=branch,
         )
         existing = _REGISTRY.get(tool_name)
         if existing is not None and _origin(existing.func) != _origin(target):
@@ -165,6 +183,19 @@ def tool(
         return target
 
     return register(func) if func is not None else register
+
+
+def _failure_options(
+    name: str, fallback_on: Iterable[str], fail_branch: str | None, fail_branch_on: Iterable[str]
+) -> tuple[tuple[SyntheticReason, ...], BranchRule | None]:
+    try:
+        reasons = check_reasons(tuple(fallback_on), FALLBACK_REASONS)
+        branch_reasons = check_reasons(tuple(fail_branch_on), BRANCH_REASONS)
+    except ValueError as exc:
+        raise ConfigError([(f"tool {name}", str(exc))]) from None
+    if fail_branch == name:
+        raise ConfigError([(f"tool {name}.fail_branch", "a tool cannot be its own fail-branch")])
+    return reasons, (BranchRule(fail_branch, branch_reasons) if fail_branch else None)
 
 
 def _origin(func: Callable[..., Any]) -> str:

@@ -9,34 +9,62 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workers.core.cancellation import cancelled_result
+from workers.core.failure_policy import NO_RULES, FailureRules, apply_fallback
+from workers.core.limits import RetryPolicy
 from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolResult
-from workers.core.results import (
-    fallback_result,
-    rejected_result,
-    success_result,
-    synthetic_result,
-    tool_error_result,
-)
+from workers.core.results import rejected_result, success_result, synthetic_result, tool_error_result
 from workers.errors import InvalidArguments, ToolNotFound
 from workers.redact import redact
 from workers.tools.context import ToolContext
-from workers.tools.registry import ToolSpec, get_tool, validate_arguments
+from workers.tools.registry import ToolSpec, get_tool, registered_tools, validate_arguments
+from workers.worker.branching import fallback_rule, settle_failure
 
-__all__ = ["bounded_result", "interrupted_result", "run_tool"]
+__all__ = ["bounded_result", "interrupted_result", "run_tool", "soft_timeout_result"]
 
 
 def interrupted_result(
-    job: CallJob, spec: ToolSpec | None, reason: SyntheticReason, *, elapsed_ms: int, attempt: int
+    job: CallJob,
+    spec: ToolSpec | None,
+    reason: SyntheticReason,
+    *,
+    elapsed_ms: int,
+    attempt: int,
+    rules: FailureRules = NO_RULES,
 ) -> ToolResult:
-    """A call stopped by a limit: the tool's fallback if it has one, else a synthetic error."""
-    if spec is not None and spec.has_fallback:
-        return fallback_result(job.call, spec.fallback, reason, elapsed_ms=elapsed_ms, attempt=attempt)
+    """A call stopped by a limit: the tool's fallback if one covers ``reason``, else a synthetic error."""
     limit = {
         SyntheticReason.TIMEOUT_SOFT: job.soft_s,
         SyntheticReason.TIMEOUT_HARD: job.hard_s,
         SyntheticReason.HEARTBEAT_TIMEOUT: job.heartbeat_s,
     }.get(reason)
-    return synthetic_result(job.call, reason, elapsed_ms=elapsed_ms, attempt=attempt, limit_s=limit)
+    result = synthetic_result(job.call, reason, elapsed_ms=elapsed_ms, attempt=attempt, limit_s=limit)
+    return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
+
+
+def soft_timeout_result(
+    job: CallJob,
+    ctx: ToolContext,
+    *,
+    attempt: int,
+    clock_ms: Callable[[], int],
+    rules: FailureRules = NO_RULES,
+    allows: Callable[[str], bool] = lambda _tool: True,
+) -> ToolResult:
+    """The answer after the soft limit: the fail-branch (in the hard limit's grace), else as above.
+
+    Called in the pool child right after it caught the soft-limit exception, which fires once
+    per task: the branch then runs until the hard limit at most.
+    """
+    elapsed_ms = clock_ms() - job.submitted_ms
+    if ctx.cancel_seen or ctx.on_cancel_check():
+        # A cancel interrupts the child the way the soft limit does: never branch after a cancel.
+        return cancelled_result(job.call, elapsed_ms=elapsed_ms, attempt=attempt)
+    # The bare timeout first (no spec, no rules: no fallback yet): the branch comes before it.
+    stopped = interrupted_result(
+        job, None, SyntheticReason.TIMEOUT_SOFT, elapsed_ms=elapsed_ms, attempt=attempt
+    )
+    spec = registered_tools().get(job.call.name)
+    return settle_failure(job, ctx, spec, stopped, rules=rules, clock_ms=clock_ms, allows=allows)
 
 
 def run_tool(
@@ -46,11 +74,14 @@ def run_tool(
     clock_ms: Callable[[], int],
     sleep: Callable[[float], None],
     interrupts: tuple[type[BaseException], ...] = (),
+    rules: FailureRules = NO_RULES,
+    allows: Callable[[str], bool] = lambda _tool: True,
 ) -> ToolResult:
-    """Validate, run with retries, and build the result.
+    """Validate, run with retries, and build the result (fail-branch and fallback on failure).
 
     ``interrupts`` (the pool's soft-limit exception) propagate untouched even when they
-    derive from ``Exception``.
+    derive from ``Exception``. ``rules`` are the config's (``tools.retry``, ``tools.failBranch``,
+    ``tools.fallbacks``); each replaces the decorator's for its tool.
     """
     started = job.submitted_ms
     try:
@@ -59,6 +90,7 @@ def run_tool(
     except (ToolNotFound, InvalidArguments) as exc:
         return rejected_result(job.call, exc, clock_ms() - started)
     soft_end_ms = clock_ms() + int(job.soft_s * 1000)
+    retry = rules.retries.get(spec.name, spec.retry)
     attempt = 1
     while True:
         try:
@@ -73,25 +105,20 @@ def run_tool(
         except Exception as exc:  # noqa: BLE001 - every tool failure becomes a result
             if ctx.cancel_settled():
                 return cancelled_result(job.call, elapsed_ms=clock_ms() - started, attempt=attempt)
-            if _retry_fits(spec, exc, attempt, soft_end_ms, clock_ms()):
-                sleep(spec.retry.delay_s(attempt))
+            if _retry_fits(retry, exc, attempt, soft_end_ms, clock_ms()):
+                sleep(retry.delay_s(attempt))
                 attempt += 1
                 continue
-            return _failure_result(job, spec, exc, clock_ms() - started, attempt)
+            failure = tool_error_result(
+                job.call, type(exc).__name__, str(exc), elapsed_ms=clock_ms() - started, attempt=attempt
+            )
+            return settle_failure(
+                job, ctx, spec, failure, rules=rules, clock_ms=clock_ms, interrupts=interrupts, allows=allows
+            )
 
 
-def _retry_fits(spec: ToolSpec, exc: Exception, attempt: int, soft_end_ms: int, now_ms: int) -> bool:
-    return spec.retry.should_retry(exc, attempt) and now_ms + spec.retry.delay_s(attempt) * 1000 < soft_end_ms
-
-
-def _failure_result(
-    job: CallJob, spec: ToolSpec, exc: Exception, elapsed_ms: int, attempt: int
-) -> ToolResult:
-    if spec.has_fallback:
-        return fallback_result(
-            job.call, spec.fallback, SyntheticReason.TOOL_ERROR, elapsed_ms=elapsed_ms, attempt=attempt
-        )
-    return tool_error_result(job.call, type(exc).__name__, str(exc), elapsed_ms=elapsed_ms, attempt=attempt)
+def _retry_fits(retry: RetryPolicy, exc: Exception, attempt: int, soft_end_ms: int, now_ms: int) -> bool:
+    return retry.should_retry(exc, attempt) and now_ms + retry.delay_s(attempt) * 1000 < soft_end_ms
 
 
 TRUNCATION_MARKER = "\n[... result truncated by unstuck: {dropped} of {total} bytes dropped ...]"

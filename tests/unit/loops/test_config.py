@@ -1,4 +1,4 @@
-"""Config: defaults, per-field fallback, merge, auto-raise and ordering validation (spec §2)."""
+"""Config: defaults, per-field fallback, merge, auto-raise of misordered thresholds (spec §2)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from workers.core.loops import LoopDetectionConfig, merge_loop_blocks, parse_loop_block, resolve_loop_config
+from workers.core.loops.config import raised_thresholds
 from workers.errors import ConfigError
 
 
@@ -133,37 +134,46 @@ def test_beyond_reference_fields() -> None:
 
 
 @pytest.mark.parametrize(
-    ("block", "where", "reason"),
+    ("block", "where", "raised"),
     [
-        (
-            {"warningThreshold": 5, "criticalThreshold": 5},
-            "criticalThreshold",
-            "warningThreshold must be lower",
-        ),
-        (
-            {"warningThreshold": 6, "criticalThreshold": 5},
-            "criticalThreshold",
-            "warningThreshold must be lower",
-        ),
+        ({"warningThreshold": 5, "criticalThreshold": 5}, "criticalThreshold", (5, 6, 30)),
+        ({"warningThreshold": 6, "criticalThreshold": 5}, "criticalThreshold", (6, 7, 30)),
         (
             {"criticalThreshold": 30, "globalCircuitBreakerThreshold": 30},
             "globalCircuitBreakerThreshold",
-            "criticalThreshold must be lower",
+            (10, 30, 31),
         ),
     ],
 )
-def test_block_ordering_its_own_thresholds_wrongly_is_rejected(
-    block: dict[str, Any], where: str, reason: str
+def test_block_ordering_its_own_thresholds_wrongly_is_raised_as_the_reference_does(
+    block: dict[str, Any], where: str, raised: tuple[int, int, int]
 ) -> None:
-    # Global block
-    with pytest.raises(ConfigError) as caught:
-        resolve_loop_config(block, None)
-    assert caught.value.problems[0][0] == f"tools.loopDetection.{where}"
-    assert reason in caught.value.problems[0][1]
-    # Agent block
-    with pytest.raises(ConfigError) as caught:
-        resolve_loop_config({}, block)
-    assert caught.value.problems[0][0] == f"agents.list[].tools.loopDetection.{where}"
+    # Global block and agent block alike: accepted, and resolved in order
+    for config in (resolve_loop_config(block, None), resolve_loop_config({}, block)):
+        triple = (
+            config.warning_threshold,
+            config.critical_threshold,
+            config.global_circuit_breaker_threshold,
+        )
+        assert triple == raised
+    # And the raise is named, for the start-up warning and config check
+    assert [path for path, _ in raised_thresholds(block, "tools.loopDetection")] == [
+        f"tools.loopDetection.{where}"
+    ]
+    assert parse_loop_block(block) is not None
+
+
+def test_raise_of_a_default_threshold_is_named_too() -> None:
+    # warningThreshold 25 lifts the default critical (20) to 26, and the breaker (30) stays
+    found = dict(raised_thresholds({"warningThreshold": 25}, "p"))
+    assert found == {
+        "p.criticalThreshold": "the default 20 is not above warningThreshold; raised to 26 "
+        "(as the reference system does)"
+    }
+
+
+def test_thresholds_in_order_raise_nothing() -> None:
+    assert raised_thresholds({"warningThreshold": 4, "criticalThreshold": 5}, "p") == []
 
 
 def test_ordering_within_a_block_just_right_is_accepted() -> None:
@@ -180,15 +190,31 @@ def test_ordering_within_a_block_just_right_is_accepted() -> None:
 def test_strict_schema_names_every_bad_key_path() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_loop_block({"enabled": True, "historySise": 5, "detectors": {"genericRepeat": "no"}})
-    paths = {path for path, _ in caught.value.problems}
-    assert "tools.loopDetection.historySise" in paths
-    assert "tools.loopDetection.detectors.genericRepeat" in paths
+    problems = dict(caught.value.problems)
+    assert problems["tools.loopDetection.historySise"] == "unknown key; did you mean 'historySize'?"
+    assert "tools.loopDetection.detectors.genericRepeat" in problems
 
 
-def test_strict_schema_rejects_non_positive_and_misordered() -> None:
+@pytest.mark.parametrize(
+    ("block", "path", "meant"),
+    [
+        ({"detectors": {"pingpong": True}}, "tools.loopDetection.detectors.pingpong", "pingPong"),
+        (
+            {"postCompactionGuard": {"window_sise": 3}},
+            "tools.loopDetection.postCompactionGuard.window_sise",
+            "window_size",
+        ),
+        ({"warning_treshold": 3}, "tools.loopDetection.warning_treshold", "warning_threshold"),
+    ],
+)
+def test_unknown_keys_at_any_depth_say_did_you_mean(block: dict[str, Any], path: str, meant: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_loop_block(block)
+    assert dict(caught.value.problems)[path] == f"unknown key; did you mean {meant!r}?"
+
+
+def test_strict_schema_rejects_non_positive() -> None:
     with pytest.raises(ConfigError):
         parse_loop_block({"historySize": 0})
-    with pytest.raises(ConfigError, match="warningThreshold must be lower than criticalThreshold"):
-        parse_loop_block({"warningThreshold": 9, "criticalThreshold": 9})
     block = parse_loop_block({"warningThreshold": 3, "detectors": {"pingPong": False}})
     assert block.warning_threshold == 3

@@ -4,11 +4,14 @@ Two layers, as in the reference system:
 
 * :class:`LoopDetectionBlock` is the strict schema of one ``tools.loopDetection`` block
   (global or ``agents.list[].tools.loopDetection``). Use :func:`parse_loop_block` when
-  loading settings: unknown keys, non-positive numbers and a block that orders its own
-  thresholds wrongly raise :class:`~workers.errors.ConfigError` naming the key path.
-* :func:`resolve_loop_config` is the runtime resolver. It rejects only a block that orders
-  its own thresholds wrongly; every other bad numeric value falls back to its default per
-  field, unknown keys are ignored, and merged values are repaired by the auto-raise of §2.3.
+  loading settings: unknown keys (with "did you mean") and non-positive numbers raise
+  :class:`~workers.errors.ConfigError` naming the key path.
+* :func:`resolve_loop_config` is the runtime resolver: every bad numeric value falls back
+  to its default per field, unknown keys are ignored, and the thresholds are repaired by the
+  auto-raise of §2.3, as the reference system does: ``criticalThreshold`` and then
+  ``globalCircuitBreakerThreshold`` are raised above the threshold they must exceed.
+  :func:`raised_thresholds` names each such raise, for the start-up warning and
+  ``config check``.
 
 Keys are accepted in camelCase (as in the reference system) or snake_case.
 """
@@ -18,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from pydantic.alias_generators import to_camel, to_snake
 
+from workers.core.did_you_mean import unknown_key_message
 from workers.errors import ConfigError
 
 __all__ = [
@@ -32,6 +36,7 @@ __all__ = [
     "agent_path",
     "merge_loop_blocks",
     "parse_loop_block",
+    "raised_thresholds",
     "resolve_loop_config",
 ]
 
@@ -39,10 +44,6 @@ GLOBAL_PATH: Final = "tools.loopDetection"
 DEFAULT_KNOWN_POLL_TOOLS: Final = ("command_status", "process")
 
 _NESTED: Final = ("detectors", "postCompactionGuard")
-_ORDERED_PAIRS: Final = (
-    ("warningThreshold", "criticalThreshold"),
-    ("criticalThreshold", "globalCircuitBreakerThreshold"),
-)
 
 
 def agent_path(index: int | None = None) -> str:
@@ -84,13 +85,6 @@ class LoopDetectionBlock(_Camel):
     detectors: DetectorToggles | None = None
     post_compaction_guard: PostCompactionGuardBlock | None = None
 
-    @model_validator(mode="after")
-    def _ordered(self) -> LoopDetectionBlock:
-        problems = _ordering_problems(self.model_dump(by_alias=True, exclude_none=True), "")
-        if problems:
-            raise ValueError("; ".join(reason for _, reason in problems))
-        return self
-
 
 class LoopDetectionConfig(BaseModel):
     """The resolved runtime values, after merge, defaults, fallback and auto-raise."""
@@ -116,8 +110,11 @@ class LoopDetectionConfig(BaseModel):
 def parse_loop_block(raw: Mapping[str, Any], path: str = GLOBAL_PATH) -> LoopDetectionBlock:
     """Validate one block strictly.
 
+    A misordered threshold triple is not an error: it is raised at resolution (see
+    :func:`raised_thresholds`).
+
     Raises:
-        ConfigError: naming the key path of every unknown key, bad value or misordered threshold.
+        ConfigError: naming the key path of every unknown key (with "did you mean") or bad value.
     """
     try:
         return LoopDetectionBlock.model_validate(raw)
@@ -125,7 +122,10 @@ def parse_loop_block(raw: Mapping[str, Any], path: str = GLOBAL_PATH) -> LoopDet
         problems = []
         for error in exc.errors():
             loc = ".".join(str(part) for part in error["loc"])
-            problems.append((f"{path}.{loc}" if loc else path, error["msg"]))
+            message = error["msg"]
+            if error["type"] == "extra_forbidden":
+                message = unknown_key_message(LoopDetectionBlock, error["loc"])
+            problems.append((f"{path}.{loc}" if loc else path, message))
         raise ConfigError(problems) from None
 
 
@@ -138,17 +138,36 @@ def resolve_loop_config(
 ) -> LoopDetectionConfig:
     """Merge the global and agent blocks and resolve the runtime values (spec §2.2, §2.3).
 
-    Raises:
-        ConfigError: when either block orders its own thresholds wrongly.
+    Never raises: a misordered threshold triple is raised into order, as in the reference
+    system (``global_block_path`` and ``agent_block_path`` are kept for callers' messages).
     """
-    problems: list[tuple[str, str]] = []
-    for block, path in ((global_block, global_block_path), (agent_block, agent_block_path)):
-        if block is not None:
-            problems += _ordering_problems(_canonical(block), path)
-    if problems:
-        raise ConfigError(problems)
-    merged = merge_loop_blocks(global_block, agent_block)
-    return _resolve(merged)
+    del global_block_path, agent_block_path
+    return _resolve(merge_loop_blocks(global_block, agent_block))
+
+
+def raised_thresholds(merged: Mapping[str, Any], path: str) -> list[tuple[str, str]]:
+    """Each threshold of a merged block that resolution raises, as (key path, what and why).
+
+    The reference system raises ``criticalThreshold`` above ``warningThreshold`` and then
+    ``globalCircuitBreakerThreshold`` above ``criticalThreshold`` when set at or below them.
+    """
+    block = _canonical(merged)
+    resolved = _resolve(block)
+    found = []
+    for lower, upper, default, value in (
+        ("warningThreshold", "criticalThreshold", 20, resolved.critical_threshold),
+        ("criticalThreshold", "globalCircuitBreakerThreshold", 30, resolved.global_circuit_breaker_threshold),
+    ):
+        written = _positive_int(block.get(upper))
+        before = f"{written}" if written is not None else f"the default {default}"
+        if (default if written is None else written) != value:
+            found.append(
+                (
+                    f"{path}.{upper}",
+                    f"{before} is not above {lower}; raised to {value} (as the reference system does)",
+                )
+            )
+    return found
 
 
 def merge_loop_blocks(
@@ -175,16 +194,6 @@ def _canonical(block: Mapping[str, Any]) -> dict[str, Any]:
         name = to_camel(to_snake(str(key)))
         out[name] = _canonical(value) if name in _NESTED and isinstance(value, Mapping) else value
     return out
-
-
-def _ordering_problems(block: Mapping[str, Any], path: str) -> list[tuple[str, str]]:
-    problems = []
-    for lower, upper in _ORDERED_PAIRS:
-        low, high = _positive_int(block.get(lower)), _positive_int(block.get(upper))
-        if low is not None and high is not None and low >= high:
-            where = f"{path}.{upper}" if path else upper
-            problems.append((where, f"{lower} must be lower than {upper}"))
-    return problems
 
 
 def _positive_int(value: Any) -> int | None:

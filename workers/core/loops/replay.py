@@ -28,7 +28,7 @@ def replay(
     """Run every call item through a fresh history; returns one verdict object per item.
 
     Raises:
-        ConfigError: naming the JSON path of malformed input or misordered thresholds.
+        ConfigError: naming the JSON path of malformed input (misordered thresholds are raised).
     """
     if not isinstance(spec_obj, Mapping):
         raise ConfigError([("$", "expected an object with 'config' and 'calls'")])
