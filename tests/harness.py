@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from workers.core.job_digest import job_digest
+from workers.core.models import CallJob
 from workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -56,6 +58,20 @@ def base_env(redis_url: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def registration_fields(job: CallJob) -> dict[str, str]:
+    """The call-record fields a gateway registers for ``job``, for tests that publish by hand.
+
+    A worker runs a message only when its call was registered with the message's tool and
+    job digest, as the gateway's dispatcher does.
+    """
+    return {
+        "tool": job.call.name,
+        "agent_id": job.agent_id,
+        "job": job.model_dump_json(),
+        "job_digest": job_digest(job),
+    }
 
 
 def settings_of(env: dict[str, str]) -> Settings:

@@ -127,3 +127,16 @@ def fragile(down_flag: str) -> str:
     if os.path.exists(down_flag):
         raise ToolExecutionError("upstream is down")
     return "up"
+
+
+RUNS_FILE_ENV = "RECORD_RUN_FILE"
+
+
+@tool(soft_timeout_s=5.0)
+def record_run(tag: str) -> str:
+    """Appends ``tag`` to the file named by $RECORD_RUN_FILE: one line per execution."""
+    path = os.environ.get(RUNS_FILE_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as runs:
+            runs.write(tag.replace("\n", " ") + "\n")
+    return f"recorded {tag}"

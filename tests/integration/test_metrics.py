@@ -54,9 +54,18 @@ def add_call(
 ) -> ToolCall:
     keys = ledger.keys(session, "r1")
     submitted = NOW_MS - int(submitted_ago_s * 1000)
-    ledger.register(keys, call_id, now_ms=submitted, deadline_ms=NOW_MS + 60_000, fields={"tool": tool})
+    ledger.register(
+        keys, call_id, now_ms=submitted, deadline_ms=NOW_MS + 60_000, fields={"tool": tool, "job_digest": "d"}
+    )
     if started_ago_s is not None:
-        ledger.claim(keys, call_id, worker_id="w1", now_ms=NOW_MS - int(started_ago_s * 1000))
+        ledger.claim(
+            keys,
+            call_id,
+            worker_id="w1",
+            now_ms=NOW_MS - int(started_ago_s * 1000),
+            tool=tool,
+            job_digest="d",
+        )
     return ToolCall(id=call_id, name=tool)
 
 

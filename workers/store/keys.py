@@ -60,10 +60,12 @@ key                                type    TTL              written by          
                                            every write
 ``P:{breaker:<tool>}:failures``    ZSET    same             gateway (breaker    breaker script
                                                             failure script)
+``P:refused``                      HASH    none (a few      worker (refused     metrics
+                                           counters)        task messages)
 =================================  ======  ===============  ==================  ======================
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
-this table: the fields of the four HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``) with their
+this table: the fields of the HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``, ``REFUSED``) with their
 types, defaults and TTL rule, and the members, scores, entries or value of the other keys
 (``KEY_RECORDS``). A test holds the two to the same rows.
 
@@ -122,6 +124,7 @@ __all__ = [
     "parse_lane_key",
     "parse_run_member",
     "quote_part",
+    "refused_key",
     "run_index_keys",
     "run_member",
     "sweep_lock_key",
@@ -314,3 +317,8 @@ class BreakerKeys:
     def failures(self) -> str:
         """ZSET: the tool's recent failures (member: the call, score: when it failed)."""
         return f"{self.prefix}:{{breaker:{quote_part(self.tool)}}}:failures"
+
+
+def refused_key(prefix: str) -> str:
+    """Counters of the task messages workers refused, by reason (see :mod:`workers.core.refusals`)."""
+    return f"{prefix}:refused"
