@@ -22,7 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
-from kombu.serialization import registry
+from kombu.serialization import registry  # type: ignore[attr-defined]  # absent from the stubs
 
 from workers.task_names import INVOKE_TASK
 
@@ -99,7 +99,8 @@ def kombu_registry_restored() -> Iterator[None]:
 def sign(files: SigningFiles, body: bytes) -> bytes:
     """``body`` (JSON bytes) packed as the auth serializer does, signed with ``files``' key."""
     key, cert = PrivateKey(files.key.read_text()), Certificate(files.cert.read_text())
-    fields = [cert.get_id().encode(), key.sign(body, hashes.SHA256()), b"application/json", b"utf-8", body]
+    signature = key.sign(body, hashes.SHA256())  # type: ignore[arg-type]  # the stubs say str
+    fields = [cert.get_id().encode(), signature, b"application/json", b"utf-8", body]
     fields[0], fields[1] = base64.b64encode(fields[0]), base64.b64encode(fields[1])
     return base64.b64encode(SEPARATOR.join(fields))
 
