@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.harness import Proc, base_env, registration_fields, wait_until
+from tests.signing import invoke_body, publish_raw
 from workers import ToolCall, ToolGateway
 from workers.core.models import CallJob
 from workers.core.refusals import RefusalReason
@@ -98,6 +99,8 @@ def test_malformed_body_and_unregistered_task_are_refused_and_the_worker_keeps_s
     queue = gateway.settings.broker.queue
     task_id = _publish(gateway, {"session_key": "x", "evil": True})
     gateway._app.send_task("os.system", args=["touch /tmp/pwned"], queue=queue)
+    headers, properties, _ = invoke_body(gateway._app, {}, "empty-body")
+    publish_raw(gateway._app, queue, headers, properties, b"", signed=False)  # stopped the worker once
     # When a genuine call follows
     wait_until(lambda: f"refused invoke message {task_id} (unreadable)" in worker.log(), timeout_s=10)
     wait_until(lambda: "unregistered task" in worker.log().lower(), timeout_s=10, what="unknown task logged")
@@ -106,8 +109,9 @@ def test_malformed_body_and_unregistered_task_are_refused_and_the_worker_keeps_s
         run_id="r",
         calls=[ToolCall(id="ok", name="echo", arguments={"text": "fine"})],
     )
-    # Then it is served normally, and the refusal was counted
+    # Then it is served normally, and the refusals were counted
     assert result.text == "fine"
+    assert "Unrecoverable error" not in worker.log()
     assert _refused(gateway)[RefusalReason.UNREADABLE] == 1
 
 

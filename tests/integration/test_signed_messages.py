@@ -20,6 +20,8 @@ from tests.signing import (
 )
 from workers import ToolCall, ToolGateway
 from workers.core.models import CallJob
+from workers.core.refusals import RefusalReason
+from workers.store.refused import refusal_counts
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -101,6 +103,9 @@ def test_signed_calls_run_and_unsigned_or_tampered_messages_run_nothing(
     headers, properties, body = sent["tampered"]
     original = body.replace(b'"tag": "tampered"', b'"tag": "harmless"')
     publish_raw(app, queue, headers, properties, tamper(sign(signing, original), body), signed=True)
+    # An empty signed body made Celery's own handler raise out of the event loop and stop the worker
+    headers, properties, _ = invoke_body(app, {}, "empty-1")
+    publish_raw(app, queue, headers, properties, b"", signed=True)
     headers, properties, body = sent["trusted"]
     publish_raw(app, queue, headers, properties, sign(signing, body), signed=True)
     # When a correctly signed call follows through the gateway
@@ -117,7 +122,14 @@ def test_signed_calls_run_and_unsigned_or_tampered_messages_run_nothing(
     assert "'id': 'stranger-1'" in log
     assert "Unknown certificate" in log
     assert "'id': 'tampered-1'" in log
-    assert log.count("Can't decode message body") == 2
+    assert "'id': 'empty-1'" in log
+    assert log.count("] Can't decode message body") == 3
+    assert "Unrecoverable error" not in log
     assert sorted(_runs(runs_file)) == ["ok", "trusted"]
-    for task_id in ("unsigned-1", "stranger-1", "tampered-1"):
+    for task_id in ("unsigned-1", "stranger-1", "tampered-1", "empty-1"):
         assert not _outcome_logged(signed_worker, task_id)
+    # And each refusal is counted for the metrics
+    ledger = signed_gateway._rt.ledger
+    refused = refusal_counts(ledger.client, ledger.prefix)
+    assert refused[RefusalReason.UNTRUSTED_CONTENT] == 1
+    assert refused[RefusalReason.UNDECODABLE] == 3

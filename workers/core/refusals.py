@@ -20,6 +20,8 @@ __all__ = ["RefusalReason", "mismatch_result", "refusal_of"]
 class RefusalReason(enum.StrEnum):
     """Why a worker refused a task message (the label of the refused-messages counter)."""
 
+    UNDECODABLE = "undecodable"  # the consumer could not decode or verify the body (bad signature)
+    UNTRUSTED_CONTENT = "untrusted_content"  # a content type the worker refuses (unsigned, with signing on)
     UNREADABLE = "unreadable"  # the body is not a CallJob
     UNREGISTERED = "unregistered"  # no registered call of that id in that run
     MISMATCH = "mismatch"  # the call exists, the message is not the job registered for it
