@@ -26,6 +26,7 @@ def _messages(path: str, url: str) -> list[str]:
         ("amqps://u:p@mq.internal:5671//", []),
         ("unix:///run/redis.sock", ["no"]),
         ("memory://", []),
+        ("redis://[::1", ["not"]),  # found by the config fuzz: urlsplit raised
     ],
 )
 def test_each_endpoint_problem_is_named(url: str, problems: list[str]) -> None:

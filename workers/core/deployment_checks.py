@@ -32,7 +32,11 @@ def _loopback(host: str | None) -> bool:
 
 def check_endpoint(path: str, url: str) -> list[ConfigWarning]:
     """A Redis or AMQP URL without its own user and password, or in clear text to another host."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.hostname  # noqa: B018 - parsed lazily: a bracket without its pair raises here
+    except ValueError as exc:
+        return [ConfigWarning(path, f"not a URL unstuck can read ({exc})")]
     if parts.scheme not in _TLS_SCHEME and parts.scheme not in _SECURED_SCHEMES:
         return []
     found: list[ConfigWarning] = []
