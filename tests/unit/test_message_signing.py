@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,3 +76,27 @@ def test_an_unreadable_key_is_a_config_error_naming_broker_signing(
     paths = {**_paths(files), "key_file": str(tmp_path / "absent.key")}
     with pytest.raises(ConfigError, match=r"broker\.signing: FileNotFoundError"):
         create_app(_settings(**paths), role="client")
+
+
+def _documented_openssl_command() -> list[str]:
+    """The ``openssl req`` command of deploy/signing.md, joined across its line continuations."""
+    text = (Path(__file__).resolve().parents[2] / "deploy" / "signing.md").read_text()
+    start = text.index("openssl req")
+    command = text[start : text.index("\n", text.index("-subj", start))].replace("\\\n", " ")
+    return shlex.split(command)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI on this host")
+def test_the_documented_openssl_command_makes_a_pair_celery_accepts(tmp_path: Path) -> None:
+    # Given the key and certificate made exactly as deploy/signing.md says
+    argv = _documented_openssl_command()
+    assert argv[:2] == ["openssl", "req"]
+    subprocess.run(argv, cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    (tmp_path / "trusted").mkdir()
+    shutil.copy(tmp_path / "unstuck.pem", tmp_path / "trusted" / "unstuck.pem")
+    paths = {"key_file": "unstuck.key", "cert_file": "unstuck.pem", "cert_store": "trusted"}
+    # When an app is configured with them / Then it signs, and verifies its own signature
+    app = create_app(_settings(**{k: str(tmp_path / v) for k, v in paths.items()}), role="client")
+    assert app.conf.task_serializer == "auth"
+    content_type, encoding, payload = dumps({"job": 1}, serializer="auth")
+    assert loads(payload, content_type, encoding, accept=["application/data"]) == {"job": 1}
