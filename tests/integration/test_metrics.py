@@ -272,9 +272,10 @@ def test_a_query_of_a_metric_nobody_serves_is_found(ledger: Ledger) -> None:
 def test_refused_messages_are_a_counter_by_reason(ledger: Ledger) -> None:
     # Given workers that refused two unregistered messages and one altered one
     for reason in (RefusalReason.UNREGISTERED, RefusalReason.UNREGISTERED, RefusalReason.MISMATCH):
-        count_refusal(ledger.client, ledger.prefix, reason)
+        count_refusal(ledger.client, ledger.prefix, reason, ttl_s=60)
     # Then the scrape serves them as a counter, every reason present
     registry = scrape(ledger)
     assert value(registry, "unstuck_refused_messages_total", reason="unregistered") == 2
     assert value(registry, "unstuck_refused_messages_total", reason="mismatch") == 1
     assert value(registry, "unstuck_refused_messages_total", reason="undecodable") == 0
+    assert 0 < ledger.client.ttl(f"{PREFIX}:refused") <= 60  # like every key, it expires

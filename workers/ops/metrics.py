@@ -29,7 +29,8 @@ and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker_metri
 
 All but the refused-messages counter are gauges: they describe the records Redis holds now,
 which expire after ``ledger.ttl_s`` (24 h by default), so a "total" can go down. The
-refused-messages counter never expires.
+refused-messages counter expires ``ledger.ttl_s`` after the latest refusal, which Prometheus
+reads as a counter reset.
 
 **Cost, and its bound.** Call and run records are found with one ``SCAN`` pass over the
 run keys of the prefix (``COUNT`` 1000 per step), read with pipelined ``HMGET`` batches.

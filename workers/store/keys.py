@@ -60,8 +60,9 @@ key                                type    TTL              written by          
                                            every write
 ``P:{breaker:<tool>}:failures``    ZSET    same             gateway (breaker    breaker script
                                                             failure script)
-``P:refused``                      HASH    none (a few      worker (refused     metrics
-                                           counters)        task messages)
+``P:refused``                      HASH    ledger.ttl_s,    worker (refused     metrics
+                                           refreshed on     task messages)
+                                           every write
 =================================  ======  ===============  ==================  ======================
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of

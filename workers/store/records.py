@@ -357,7 +357,7 @@ BREAKER: Final = HashRecord[BreakerField](
 REFUSED: Final = HashRecord[RefusalReason](
     name="refused",
     builder="refused_key",
-    ttl="none: one counter per reason for the deployment's life (a handful of fields)",
+    ttl="ledger.ttl_s, refreshed on every refusal",
     fields={reason: _int(f"task messages workers refused as {reason.value}") for reason in RefusalReason},
 )
 

@@ -17,10 +17,18 @@ from workers.store.rows import Row
 __all__ = ["count_refusal", "refusal_counts"]
 
 
-def count_refusal(client: redis.Redis, prefix: str, reason: RefusalReason) -> None:
-    """Add one refused message of ``reason``; raises ``StoreError`` when Redis fails."""
+def count_refusal(client: redis.Redis, prefix: str, reason: RefusalReason, *, ttl_s: int) -> None:
+    """Add one refused message of ``reason``; raises ``StoreError`` when Redis fails.
+
+    Like every key, the counters expire (``ttl_s`` after the latest refusal): Prometheus reads
+    the reset as a counter reset, which ``increase()`` handles.
+    """
+    key = refused_key(prefix)
     with store_errors():
-        client.hincrby(refused_key(prefix), reason, 1)
+        pipe = client.pipeline(transaction=True)
+        pipe.hincrby(key, reason, 1)
+        pipe.expire(key, ttl_s)
+        pipe.execute()
 
 
 def refusal_counts(client: redis.Redis, prefix: str) -> dict[RefusalReason, int]:

@@ -26,7 +26,7 @@ def record_refusal(ledger: Ledger, task_id: str, reason: RefusalReason, detail: 
     """Log one refused message with its task id and count it; a store failure only loses the count."""
     log.warning("refused invoke message %s (%s): %s", task_id, reason.value, detail)
     try:
-        count_refusal(ledger.client, ledger.prefix, reason)
+        count_refusal(ledger.client, ledger.prefix, reason, ttl_s=ledger.ttl_s)
     except StoreError as exc:
         log.warning("could not count refused message %s: %s", task_id, exc)
 
