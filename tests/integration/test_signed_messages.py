@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Proc, base_env, registration_fields, settings_in_env, start_worker, wait_until
+from tests.harness import (
+    Proc,
+    base_env,
+    registration_fields,
+    settings_in_env,
+    start_beat,
+    start_watchdog,
+    start_worker,
+    wait_until,
+)
 from tests.signing import (
     SigningFiles,
     invoke_body,
@@ -133,3 +142,19 @@ def test_signed_calls_run_and_unsigned_or_tampered_messages_run_nothing(
     refused = refusal_counts(ledger.client, ledger.prefix)
     assert refused[RefusalReason.UNTRUSTED_CONTENT] == 1
     assert refused[RefusalReason.UNDECODABLE] == 3
+
+
+def test_beat_and_watchdog_exchange_signed_sweeps(signed_env: dict[str, str]) -> None:
+    # Given beat and the watchdog, both signing (the control role and its sender)
+    env = signed_env | {"UNSTUCK_WATCHDOG__INTERVAL_S": "1"}
+    watchdog = start_watchdog(env, name="signed")
+    beat = start_beat(env)
+    try:
+        # Then the sweeps beat sends are accepted and run
+        watchdog.wait_for_log("unstuck.watchdog.sweep[", timeout_s=30)
+        wait_until(lambda: "] succeeded" in watchdog.log(), timeout_s=30, what="a signed sweep run")
+        assert "Refusing to deserialize" not in watchdog.log()
+        assert "Can't decode message body" not in watchdog.log()
+    finally:
+        beat.stop()
+        watchdog.stop()
