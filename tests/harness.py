@@ -74,6 +74,26 @@ def registration_fields(job: CallJob) -> dict[str, str]:
     }
 
 
+_OUTCOME_MARKS = (" succeeded in ", " raised expected", " reject requeue=", " ignored")
+
+
+def task_outcome(log: str, task_id: str) -> str | None:
+    """How an invoke task ended, from a worker's log; None while it has not.
+
+    ``reported``: it reported its call's stored answer (Celery's succeeded or raised expected);
+    ``ignored``; or, for a message the worker refused to run, the refusal (``unregistered``,
+    ``mismatch``, ``mismatch_held``, ``unreadable``).
+    """
+    for line in log.splitlines():
+        if f"[{task_id}]" not in line or not any(mark in line for mark in _OUTCOME_MARKS):
+            continue
+        if " reject requeue=" in line:
+            refusal = line.split("refused: ", 1)[-1].strip()
+            return "unreadable" if refusal.startswith("not a call") else refusal
+        return "ignored" if " ignored" in line else "reported"
+    return None
+
+
 def settings_of(env: dict[str, str]) -> Settings:
     """The settings ``env``'s processes read, built here without leaving ``env`` in os.environ."""
     previous = {k: v for k, v in os.environ.items() if k.startswith("UNSTUCK_")}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Proc, base_env, registration_fields, wait_until
+from tests.harness import Proc, base_env, registration_fields, task_outcome, wait_until
 from tests.signing import invoke_body, publish_raw
 from workers import ToolCall, ToolGateway
 from workers.core.models import CallJob
@@ -67,10 +67,9 @@ def _publish(gateway: ToolGateway, job: CallJob | dict[str, Any]) -> str:
 
 
 def _outcome(worker: Proc, task_id: str) -> str:
-    """What the invoke task returned for ``task_id``, as the worker logged it."""
-    wait_until(lambda: f"[{task_id}] succeeded" in worker.log(), timeout_s=15, what=f"task {task_id} done")
-    line = next(line for line in worker.log().splitlines() if f"[{task_id}] succeeded" in line)
-    return line.rsplit(": ", 1)[-1].strip("'")
+    """How the invoke task of ``task_id`` ended (see :func:`tests.harness.task_outcome`)."""
+    wait_until(lambda: task_outcome(worker.log(), task_id) is not None, timeout_s=15, what=f"task {task_id}")
+    return str(task_outcome(worker.log(), task_id))
 
 
 def _refused(gateway: ToolGateway) -> dict[RefusalReason, int]:
@@ -164,7 +163,7 @@ def test_a_registered_call_whose_message_was_altered_runs_nothing_and_is_answere
     assert _runs(runs_file) == []
     assert _refused(gateway)[RefusalReason.MISMATCH] == 4
     # And the genuine message that arrives afterwards finds the call answered: still nothing runs
-    assert _outcome(worker, _publish(gateway, registered[0])) == "done"
+    assert _outcome(worker, _publish(gateway, registered[0])) == "reported"
     assert _runs(runs_file) == []
 
 
@@ -201,6 +200,6 @@ def test_replays_of_a_finished_call_run_nothing(worker: Proc, gateway: ToolGatew
     assert record is not None
     job = CallJob.model_validate_json(record.row.text(CallField.JOB))
     outcomes = [_outcome(worker, _publish(gateway, job)) for _ in range(3)]
-    # Then every replay finds the call done and runs nothing
-    assert outcomes == ["done"] * 3
+    # Then every replay finds the call answered, reports that answer, and runs nothing
+    assert outcomes == ["reported"] * 3
     assert _runs(runs_file) == ["once"]

@@ -16,6 +16,7 @@ from tests.harness import (
     start_beat,
     start_watchdog,
     start_worker,
+    task_outcome,
     wait_until,
 )
 from tests.signing import (
@@ -90,7 +91,7 @@ def _registered_job(gateway: ToolGateway, call_id: str, tag: str) -> CallJob:
 
 
 def _outcome_logged(worker: Proc, task_id: str) -> bool:
-    return f"[{task_id}] succeeded" in worker.log()
+    return task_outcome(worker.log(), task_id) is not None
 
 
 def test_signed_calls_run_and_unsigned_or_tampered_messages_run_nothing(
