@@ -1,4 +1,4 @@
-"""The tool worker's consumer: no message body can stop it, and what it refuses is counted.
+"""The consumer of both consuming roles (tool worker, watchdog): no message body can stop it.
 
 Celery's consumer drops a message it cannot decode (a bad or unknown signature, garbage) or
 whose content type it does not accept (an unsigned message when signing is on), before any
@@ -33,7 +33,13 @@ def _task_id(message: Any) -> str:
 
 
 def _count(reason: RefusalReason, message: Any, exc: BaseException) -> None:
-    record_refusal(runtime().ledger, _task_id(message), reason, f"{type(exc).__name__}: {exc}"[:300])
+    detail = f"{type(exc).__name__}: {exc}"[:300]
+    try:
+        ledger = runtime().ledger
+    except Exception as error:  # noqa: BLE001 - counting must never stop the consumer
+        log.warning("refused message %s (%s) not counted: %s", _task_id(message), reason.value, error)
+        return
+    record_refusal(ledger, _task_id(message), reason, detail, kind="task")
 
 
 class RefusingConsumer(Consumer):

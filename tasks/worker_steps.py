@@ -181,8 +181,6 @@ def _redact_logs(logger: logging.Logger | None = None, **_: Any) -> None:
 def install_worker_steps(celery: Celery) -> None:
     """Add the guard and the lease keeper to ``celery``'s worker blueprint; redact worker logs."""
     celery.steps["worker"].add(PoolGuard)
-    # No message body can stop the consumer, and each refused message is counted.
-    celery.conf.worker_consumer = "tasks.consumer:RefusingConsumer"
     celery.steps["worker"].add(LeaseKeeper)
     signals.after_setup_logger.connect(_redact_logs, weak=False)
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Proc, base_env, registration_fields, task_outcome, wait_until
+from tests.harness import Proc, base_env, registration_fields, start_watchdog, task_outcome, wait_until
 from tests.signing import invoke_body, publish_raw
 from workers import ToolCall, ToolGateway
 from workers.core.models import CallJob
@@ -21,7 +21,7 @@ from workers.core.refusals import RefusalReason
 from workers.store.ledger import Ledger
 from workers.store.records import CallField
 from workers.store.refused import refusal_counts
-from workers.task_names import INVOKE_TASK
+from workers.task_names import INVOKE_TASK, SWEEP_TASK
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -203,3 +203,21 @@ def test_replays_of_a_finished_call_run_nothing(worker: Proc, gateway: ToolGatew
     # Then every replay finds the call answered, reports that answer, and runs nothing
     assert outcomes == ["reported"] * 3
     assert _runs(runs_file) == ["once"]
+
+
+def test_an_empty_body_on_the_control_queue_does_not_stop_the_watchdog(
+    env: dict[str, str], gateway: ToolGateway
+) -> None:
+    # Given the watchdog, and a message with an empty body on its queue (it stopped the watchdog once)
+    watchdog = start_watchdog(env, name="forged")
+    try:
+        app, queue = gateway._app, gateway.settings.broker.control_queue
+        message = app.amqp.as_task_v2("empty-control", SWEEP_TASK, kwargs={})
+        publish_raw(app, queue, message.headers, message.properties, b"", signed=False)
+        # Then it is refused and counted, and the watchdog keeps running
+        wait_until(lambda: "refused task message empty-control (undecodable)" in watchdog.log(), timeout_s=15)
+        assert "Unrecoverable error" not in watchdog.log()
+        assert watchdog.process.poll() is None
+        assert _refused(gateway)[RefusalReason.UNDECODABLE] == 1
+    finally:
+        watchdog.stop()

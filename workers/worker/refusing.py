@@ -22,9 +22,11 @@ __all__ = ["record_refusal", "refuse_claim"]
 log = logging.getLogger(__name__)
 
 
-def record_refusal(ledger: Ledger, task_id: str, reason: RefusalReason, detail: str) -> None:
+def record_refusal(
+    ledger: Ledger, task_id: str, reason: RefusalReason, detail: str, *, kind: str = "invoke"
+) -> None:
     """Log one refused message with its task id and count it; a store failure only loses the count."""
-    log.warning("refused invoke message %s (%s): %s", task_id, reason.value, detail)
+    log.warning("refused %s message %s (%s): %s", kind, task_id, reason.value, detail)
     try:
         count_refusal(ledger.client, ledger.prefix, reason, ttl_s=ledger.ttl_s)
     except StoreError as exc:
