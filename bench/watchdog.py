@@ -68,9 +68,14 @@ def _populate_due(client: redis.Redis, now: int, run_id: str, *, heartbeat: bool
         session = f"agent:main:s{n}"
         store.begin_run(session, run_id, "main", old, now + 3_600_000, writer="bench")
         keys = ledger.keys(session, run_id)
-        job: dict[str, str] = {CallField.TOOL: "exec", CallField.DISPATCHED: "1", CallField.IDEMPOTENT: "0"}
+        job: dict[str, str] = {
+            CallField.TOOL: "exec",
+            CallField.DISPATCHED: "1",
+            CallField.IDEMPOTENT: "0",
+            CallField.JOB_DIGEST: "d",
+        }
         ledger.register_call(keys, "c1", now_ms=old, deadline_ms=now + 600_000, fields=job)
-        ledger.claim(keys, "c1", worker_id="w:1", now_ms=old + 5)
+        ledger.claim(keys, "c1", worker_id="w:1", now_ms=old + 5, tool="exec", job_digest="d")
         if heartbeat:
             ledger.heartbeat(keys, "c1", now_ms=now - 500, details={"step": n})
     pairs = [(ledger.keys(f"agent:main:s{n}", run_id), "c1") for n in range(DUE)]

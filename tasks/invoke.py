@@ -12,7 +12,9 @@ from pydantic import ValidationError
 
 from tasks.requests import answer_if_holder_died, report_outcome, stored_answer
 from workers.celery_app import app
+from workers.core.job_digest import job_digest
 from workers.core.models import CallJob, ClaimStatus, ToolResult
+from workers.core.refusals import RefusalReason
 from workers.core.results import answer_by_deadline, not_allowed_result
 from workers.errors import CallFailed
 from workers.runtime import Runtime, now_ms, runtime, worker_id
@@ -21,6 +23,7 @@ from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
 from workers.worker.cancel_enforcer import cancel_check
 from workers.worker.execution import bounded_result, run_tool, soft_timeout_result
+from workers.worker.refusing import record_refusal, refuse_claim
 
 __all__ = ["invoke"]
 
@@ -43,15 +46,28 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
     Returns the outcome's info for a tool's success; raises its :class:`CallFailed` (no retry:
     the message was acked on receipt and the ledger already holds the answer) otherwise.
     """
+    rt = runtime()
     try:
         parsed = CallJob.model_validate(job)
     except ValidationError as exc:
         # A forged or corrupt message: nothing to run and no call to answer.
-        log.error("refused invoke message %s: %s", self.request.id, exc.errors()[:3])
+        record_refusal(rt.ledger, self.request.id, RefusalReason.UNREADABLE, str(exc.errors()[:3]))
         raise Reject(f"refused: not a call ({exc.error_count()} problem(s))", requeue=False) from None
-    rt = runtime()
     keys = rt.ledger.keys(parsed.session_key, parsed.run_id)
-    claim = rt.ledger.claim(keys, parsed.call.id, worker_id=worker_id(), now_ms=now_ms())
+    claim = rt.ledger.claim(
+        keys,
+        parsed.call.id,
+        worker_id=worker_id(),
+        now_ms=now_ms(),
+        tool=parsed.call.name,
+        job_digest=job_digest(parsed),
+    )
+    # Only the job a gateway registered runs: anything else is refused here, before any tool code.
+    # The refused message is not the call's own task, so it reports no outcome of the call.
+    if refuse_claim(
+        rt.ledger, keys, parsed, claim, task_id=self.request.id, writer=worker_id(), now_ms=now_ms()
+    ):
+        raise Reject(f"refused: {claim.status.value}", requeue=False)
     if claim.status is ClaimStatus.BUSY and not answer_if_holder_died({"job": job}):
         # A second delivery while the holder still runs: the holder's task reports the call.
         raise Ignore()
@@ -69,8 +85,11 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
     """
     if not rt.settings.tool_policy(parsed.agent_id).allows(parsed.call.name):
         # Defence in depth: the gateway refuses these; a message that got here anyway runs nothing.
-        log.warning(
-            "refused %s: tool %r not allowed for agent %r", task_id, parsed.call.name, parsed.agent_id
+        record_refusal(
+            rt.ledger,
+            task_id,
+            RefusalReason.TOOL_NOT_ALLOWED,
+            f"tool {parsed.call.name!r} not allowed for agent {parsed.agent_id!r}",
         )
         result = not_allowed_result(
             parsed.call, parsed.agent_id, elapsed_ms=now_ms() - parsed.submitted_ms, attempt=0

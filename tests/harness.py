@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from workers.core.job_digest import job_digest
+from workers.core.models import CallJob
 from workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -56,6 +58,40 @@ def base_env(redis_url: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def registration_fields(job: CallJob) -> dict[str, str]:
+    """The call-record fields a gateway registers for ``job``, for tests that publish by hand.
+
+    A worker runs a message only when its call was registered with the message's tool and
+    job digest, as the gateway's dispatcher does.
+    """
+    return {
+        "tool": job.call.name,
+        "agent_id": job.agent_id,
+        "job": job.model_dump_json(),
+        "job_digest": job_digest(job),
+    }
+
+
+_OUTCOME_MARKS = (" succeeded in ", " raised expected", " reject requeue=", " ignored")
+
+
+def task_outcome(log: str, task_id: str) -> str | None:
+    """How an invoke task ended, from a worker's log; None while it has not.
+
+    ``reported``: it reported its call's stored answer (Celery's succeeded or raised expected);
+    ``ignored``; or, for a message the worker refused to run, the refusal (``unregistered``,
+    ``mismatch``, ``mismatch_held``, ``unreadable``).
+    """
+    for line in log.splitlines():
+        if f"[{task_id}]" not in line or not any(mark in line for mark in _OUTCOME_MARKS):
+            continue
+        if " reject requeue=" in line:
+            refusal = line.split("refused: ", 1)[-1].strip()
+            return "unreadable" if refusal.startswith("not a call") else refusal
+        return "ignored" if " ignored" in line else "reported"
+    return None
 
 
 def settings_of(env: dict[str, str]) -> Settings:

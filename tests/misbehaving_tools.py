@@ -146,3 +146,16 @@ def fetch_slow(url: str, seconds: float = 10.0) -> str:
     """Too slow for its soft limit; its decorator branches to ``fetch_cached`` on a timeout."""
     time.sleep(seconds)
     return f"fresh copy of {url}"
+
+
+RUNS_FILE_ENV = "RECORD_RUN_FILE"
+
+
+@tool(soft_timeout_s=5.0)
+def record_run(tag: str) -> str:
+    """Appends ``tag`` to the file named by $RECORD_RUN_FILE: one line per execution."""
+    path = os.environ.get(RUNS_FILE_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as runs:
+            runs.write(tag.replace("\n", " ") + "\n")
+    return f"recorded {tag}"

@@ -39,6 +39,8 @@ def create_app(settings: Settings | None = None, *, role: Role = "worker") -> Ce
     if role == "client":
         return client_app(settings)
     celery = configured_app(settings, include=_TASK_MODULES[role], set_as_current=True)
+    # Both consuming roles: no message body can stop the consumer, and each refusal is counted.
+    celery.conf.worker_consumer = "tasks.consumer:RefusingConsumer"
     if role == "worker":
         from tasks.worker_steps import install_worker_steps
 

@@ -12,6 +12,7 @@ from typing import Any
 from celery import Celery
 
 from beat_schedule import build_beat_schedule
+from workers.message_signing import apply_signing, signing_config
 from workers.settings import Settings
 from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
 
@@ -25,7 +26,7 @@ def _largest_hard_limit_s(settings: Settings) -> float:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    """Celery settings derived from ours (JSON only, prefetch 1, bounded publish retries)."""
+    """Celery settings derived from ours (JSON only, or signed JSON; prefetch 1, bounded publish retries)."""
     # Redelivery must never beat the ledger: keep the visibility timeout above any hard limit.
     visibility_s = max(3600, int(_largest_hard_limit_s(settings) * 2))
     publish_s = settings.broker.publish_timeout_s
@@ -96,6 +97,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "broker_transport_options": {"confirm_publish": True},
             }
         )
+    config.update(signing_config(settings.broker.signing))
     return config
 
 
@@ -104,6 +106,7 @@ def configured_app(settings: Settings, *, include: list[str], set_as_current: bo
     celery = Celery("unstuck", include=include, set_as_current=set_as_current)
     celery.conf.update(celery_config(settings))
     celery.conf.beat_schedule = build_beat_schedule(settings)
+    apply_signing(celery, settings.broker.signing)
     return celery
 
 

@@ -14,7 +14,7 @@ decisions read the typed ``retryable`` field, never the message text::
      │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
      │             HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid, UnknownTool,
      │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
-     │             CircuitOpen
+     │             CircuitOpen, CallMismatch
      ├── LoopDetected                the loop detector blocked a call or aborted a run
      │    └── CompactionLoopPersisted  a loop survived context compaction: the run is aborted
      ├── TranscriptError
@@ -38,6 +38,7 @@ __all__ = [
     "CALL_FAILURES",
     "ArgumentsInvalid",
     "CallFailed",
+    "CallMismatch",
     "Cancelled",
     "CircuitOpen",
     "CompactionLoopPersisted",
@@ -240,12 +241,19 @@ class CircuitOpen(CallFailed):
     reason = "circuit_open"
 
 
+class CallMismatch(CallFailed):
+    """A task message was not the job registered for the call (altered or forged); nothing ran."""
+
+    reason = "call_mismatch"
+
+
 CALL_FAILURES: dict[str, type[CallFailed]] = {
     cls.reason: cls
     for cls in (
         ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid,
         UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
         CircuitOpen,
+        CallMismatch,
     )
 }  # fmt: skip
 """The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""

@@ -60,6 +60,7 @@ __all__ = [
     "RedisSettings",
     "RetrySettings",
     "Settings",
+    "SigningSettings",
     "ToolDefaults",
     "ToolsSettings",
     "TranscriptSettings",
@@ -109,6 +110,35 @@ class RedisSettings(BaseModel):
     socket_connect_timeout_s: Seconds = 1.0
 
 
+class SigningSettings(BaseModel):
+    """``broker.signing``: Celery's message signing (the ``auth`` serializer), off until configured.
+
+    Every process (worker, watchdog, beat, gateway, CLI) signs what it sends with its key and
+    refuses any message not signed by a certificate in ``cert_store``. Set all three paths or
+    none; see ``deploy/signing.md``.
+    """
+
+    model_config = _FROZEN
+
+    key_file: str = Field("", description="PEM private key (RSA) this process signs its messages with")
+    cert_file: str = Field("", description="PEM certificate of that key")
+    cert_store: str = Field("", description="directory of PEM certificates whose signatures are accepted")
+    key_password: SecretStr = Field(SecretStr(""), description="password of an encrypted key_file")
+    digest: str = Field("sha256", description="hash the signatures use")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether messages are signed and verified."""
+        return bool(self.key_file or self.cert_file or self.cert_store)
+
+    @model_validator(mode="after")
+    def _all_or_nothing(self) -> SigningSettings:
+        missing = [name for name in ("key_file", "cert_file", "cert_store") if not getattr(self, name)]
+        if self.enabled and missing:
+            raise ValueError(f"signing needs key_file, cert_file and cert_store; missing: {missing}")
+        return self
+
+
 class BrokerSettings(BaseModel):
     """The Celery broker; defaults to the ledger's Redis."""
 
@@ -120,6 +150,7 @@ class BrokerSettings(BaseModel):
         "unstuck.control", description="the watchdog's queue: consumed by `unstuck watchdog` only"
     )
     publish_timeout_s: Seconds = 1.0
+    signing: SigningSettings = SigningSettings()
 
 
 class LlmSettings(BaseModel):

@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from tests.harness import Proc, base_env, start_beat, start_watchdog, start_worker, wait_until
+from tests.harness import (
+    Proc,
+    base_env,
+    registration_fields,
+    start_beat,
+    start_watchdog,
+    start_worker,
+    wait_until,
+)
 from workers.celery_app import create_app
 from workers.core.models import CallJob, ToolCall
 from workers.core.run_health import RunStatus
@@ -132,7 +140,7 @@ def submit(
         soft_s=soft_s,
         hard_s=soft_s + 5,
     )
-    fields = {"tool": call.name, "agent_id": "main", "idempotent": "0", "job": job.model_dump_json()}
+    fields = {**registration_fields(job), "idempotent": "0"}
     assert store.ledger.register(keys, call.id, now_ms=now, deadline_ms=job.deadline_ms, fields=fields)
     task_id = f"{keys.due_member(call.id)}#0"
     if send:

@@ -32,7 +32,7 @@ def store(redis_url: str) -> Iterator[SessionStore]:
 
 
 def _register(store: SessionStore, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int) -> None:
-    fields = {"tool": "echo", "dispatched": "1"}
+    fields = {"tool": "echo", "dispatched": "1", "job_digest": "d"}
     store.ledger.register(keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields)
 
 
@@ -62,7 +62,7 @@ def test_every_call_event_raises_run_progress_and_never_lowers_it(store: Session
     # When its call is registered, claimed, heartbeats and finishes
     _register(store, keys, "c1", now_ms=T0 + 10, deadline_ms=T0 + 30 * MIN)
     after_register = _progress(store, keys)
-    led.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 20)
+    led.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 20, tool="echo", job_digest="d")
     after_claim = _progress(store, keys)
     led.heartbeat(keys, "c1", now_ms=T0 + 30, details={"step": 1})
     after_beat = _progress(store, keys)
@@ -77,7 +77,7 @@ def test_call_activity_never_creates_a_run_record_or_a_call_record(store: Sessio
     # Given a call whose run has no record (a call outside a run)
     keys = store.ledger.keys("s", "norun")
     _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
-    store.ledger.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 1)
+    store.ledger.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
     # When it heartbeats, and a heartbeat arrives for a call whose record expired
     store.ledger.heartbeat(keys, "c1", now_ms=T0 + 2, details={})
     store.ledger.heartbeat(keys, "gone", now_ms=T0 + 3, details={})
@@ -92,7 +92,7 @@ def test_lease_index_follows_claim_renewal_and_finish(store: SessionStore) -> No
     keys, led = store.ledger.keys("s", "r1"), store.ledger
     _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
     member, index = keys.due_member("c1"), lease_index_key("a")
-    led.claim(keys, "c1", worker_id="w:1", now_ms=T0)
+    led.claim(keys, "c1", worker_id="w:1", now_ms=T0, tool="echo", job_digest="d")
     claimed = store.client.zscore(index, member)
     # When the worker renews later, and once more with an older clock
     led.renew_leases([(keys, "c1")], "w:1", now_ms=T0 + 1000)
@@ -116,9 +116,9 @@ def test_a_lost_call_is_found_past_the_sweep_limit(store: SessionStore, server_s
     keys, led = store.ledger.keys("s", "r1"), store.ledger
     for n in range(8):
         _register(store, keys, f"live{n}", now_ms=T0, deadline_ms=T0 + MIN + n)
-        led.claim(keys, f"live{n}", worker_id="w:1", now_ms=T0)
+        led.claim(keys, f"live{n}", worker_id="w:1", now_ms=T0, tool="echo", job_digest="d")
     _register(store, keys, "lost", now_ms=T0, deadline_ms=T0 + 50 * MIN)
-    led.claim(keys, "lost", worker_id="w:2", now_ms=T0)
+    led.claim(keys, "lost", worker_id="w:2", now_ms=T0, tool="echo", job_digest="d")
     store.client.delete(keys.lease("lost"))  # its worker host vanished
     # When sweeps reading 5 candidates each run after the leases' recorded end
     now = T0 + LEASE_MS + 1
@@ -164,15 +164,19 @@ def test_run_summary_counts_open_and_claimed_calls_through_every_change(store: S
     for call_id in ("a", "b", "a"):
         _register(store, keys, call_id, now_ms=T0, deadline_ms=T0 + MIN)
     seen.append(counts())
-    led.claim(keys, "a", worker_id="w:1", now_ms=T0 + 1)
+    led.claim(keys, "a", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
     seen.append(counts())
     store.client.delete(keys.lease("a"))
     assert led.requeue(keys, "a", expected_attempt=1)
     seen.append(counts())
-    led.claim(keys, "a", worker_id="w:2", now_ms=T0 + 2)
-    led.claim(keys, "a", worker_id="w:3", now_ms=T0 + 3)  # busy: the lease is held
+    led.claim(keys, "a", worker_id="w:2", now_ms=T0 + 2, tool="echo", job_digest="d")
+    led.claim(
+        keys, "a", worker_id="w:3", now_ms=T0 + 3, tool="echo", job_digest="d"
+    )  # busy: the lease is held
     store.client.delete(keys.lease("a"))
-    led.claim(keys, "a", worker_id="w:4", now_ms=T0 + 3)  # taken over without a hand-back
+    led.claim(
+        keys, "a", worker_id="w:4", now_ms=T0 + 3, tool="echo", job_digest="d"
+    )  # taken over without a hand-back
     seen.append(counts())
     # When it is answered twice (the second kept as late), then the queued one is answered
     _answer(store, keys, "a", T0 + 4)

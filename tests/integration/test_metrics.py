@@ -14,10 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from workers.cli.metrics_cmd import serve
 from workers.core.models import SyntheticReason, ToolCall
+from workers.core.refusals import RefusalReason
 from workers.core.results import success_result, synthetic_result, tool_error_result
 from workers.local.embedded_redis import free_port
 from workers.ops.metrics import LedgerCollector
 from workers.store.ledger import Ledger, connect
+from workers.store.refused import count_refusal
 from workers.store.runs import AgentBeats, ensure_run
 from workers.store.sessions import SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness
@@ -54,9 +56,18 @@ def add_call(
 ) -> ToolCall:
     keys = ledger.keys(session, "r1")
     submitted = NOW_MS - int(submitted_ago_s * 1000)
-    ledger.register(keys, call_id, now_ms=submitted, deadline_ms=NOW_MS + 60_000, fields={"tool": tool})
+    ledger.register(
+        keys, call_id, now_ms=submitted, deadline_ms=NOW_MS + 60_000, fields={"tool": tool, "job_digest": "d"}
+    )
     if started_ago_s is not None:
-        ledger.claim(keys, call_id, worker_id="w1", now_ms=NOW_MS - int(started_ago_s * 1000))
+        ledger.claim(
+            keys,
+            call_id,
+            worker_id="w1",
+            now_ms=NOW_MS - int(started_ago_s * 1000),
+            tool=tool,
+            job_digest="d",
+        )
     return ToolCall(id=call_id, name=tool)
 
 
@@ -217,6 +228,8 @@ def _served_names(ledger: Ledger) -> set[str]:
         names.add(family.name)
         if family.type == "histogram":
             names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        if family.type == "counter":
+            names.add(f"{family.name}_total")  # a counter's samples carry the suffix
     return names
 
 
@@ -254,3 +267,15 @@ def test_a_query_of_a_metric_nobody_serves_is_found(ledger: Ledger) -> None:
     assert _unknown(["rate(unstuck_sessoins[5m])"], served) == [
         "rate(unstuck_sessoins[5m]): unstuck_sessoins"
     ]
+
+
+def test_refused_messages_are_a_counter_by_reason(ledger: Ledger) -> None:
+    # Given workers that refused two unregistered messages and one altered one
+    for reason in (RefusalReason.UNREGISTERED, RefusalReason.UNREGISTERED, RefusalReason.MISMATCH):
+        count_refusal(ledger.client, ledger.prefix, reason, ttl_s=60)
+    # Then the scrape serves them as a counter, every reason present
+    registry = scrape(ledger)
+    assert value(registry, "unstuck_refused_messages_total", reason="unregistered") == 2
+    assert value(registry, "unstuck_refused_messages_total", reason="mismatch") == 1
+    assert value(registry, "unstuck_refused_messages_total", reason="undecodable") == 0
+    assert 0 < ledger.client.ttl(f"{PREFIX}:refused") <= 60  # like every key, it expires

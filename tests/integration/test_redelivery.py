@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from tests.harness import Proc, wait_until
+from tests.harness import Proc, registration_fields, wait_until
 from workers import ToolGateway
+from workers.core.models import CallJob
 from workers.task_names import INVOKE_TASK
 
 
@@ -32,17 +33,19 @@ def test_redelivery_of_a_call_held_by_a_dead_child_is_answered_crashed(
     ledger = gateway._rt.ledger
     keys = ledger.keys("redelivered", "r")
     now = int(time.time() * 1000)
-    ledger.register(
-        keys, "c1", now_ms=now, deadline_ms=now + 30_000, fields={"tool": "echo", "dispatched": "1"}
-    )
-    holder = f"{socket.gethostname()}:{_dead_pid()}"
-    assert ledger.claim(keys, "c1", worker_id=holder, now_ms=now).status == "claimed"
-    ledger.client.set(keys.lease("c1"), holder, px=60_000)
     call = {"id": "c1", "name": "echo", "arguments": {"text": "x"}}
     job = {
         "session_key": "redelivered", "run_id": "r", "call": call,
         "submitted_ms": now, "deadline_ms": now + 30_000, "soft_s": 2, "hard_s": 3,
     }  # fmt: skip
+    fields = {**registration_fields(CallJob.model_validate(job)), "dispatched": "1"}
+    ledger.register(keys, "c1", now_ms=now, deadline_ms=now + 30_000, fields=fields)
+    holder = f"{socket.gethostname()}:{_dead_pid()}"
+    claim = ledger.claim(
+        keys, "c1", worker_id=holder, now_ms=now, tool="echo", job_digest=fields["job_digest"]
+    )
+    assert claim.status == "claimed"
+    ledger.client.set(keys.lease("c1"), holder, px=60_000)
     # When the pool delivers the call again
     gateway._app.send_task(INVOKE_TASK, kwargs={"job": job}, queue=gateway.settings.broker.queue)
     # Then it is answered crashed, long before the lease would run out

@@ -33,7 +33,11 @@ def store(redis_url: str) -> Iterator[SessionStore]:
 def _register(store: SessionStore, session: str, run: str, call_id: str, deadline_ms: int) -> None:
     keys = store.ledger.keys(session, run)
     store.ledger.register(
-        keys, call_id, now_ms=T0, deadline_ms=deadline_ms, fields={"tool": "echo", "dispatched": "1"}
+        keys,
+        call_id,
+        now_ms=T0,
+        deadline_ms=deadline_ms,
+        fields={"tool": "echo", "dispatched": "1", "job_digest": "d"},
     )
 
 
@@ -186,7 +190,7 @@ def test_sweep_reads_real_activity_and_moves_the_index(store: SessionStore) -> N
     store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
     _register(store, "s", "r1", "c1", T0 + 50 * MIN)
     keys = store.ledger.keys("s", "r1")
-    store.ledger.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 1)
+    store.ledger.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
     store.client.set(keys.lease("c1"), "w:1", px=60_000)
     store.ledger.heartbeat(keys, "c1", now_ms=T0 + 5 * MIN, details={})
     watchdog, sent = _watchdog(store, recover=True)
@@ -228,7 +232,7 @@ def _mixed_runs(store: SessionStore) -> None:
                                    ("stalled", "c1", T0 + MIN), ("lost", "c1", T0 + 5 * MIN)):  # fmt: skip
         _register(store, session, "r1", call_id, T0 + 50 * MIN)
         keys = led.keys(session, "r1")
-        led.claim(keys, call_id, worker_id="w:1", now_ms=T0 + 1)
+        led.claim(keys, call_id, worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
         store.client.set(keys.lease(call_id), "w:1", px=60_000 if session != "lost" else 1)
         led.heartbeat(keys, call_id, now_ms=beat, details={})
     _register(store, "stuck", "r1", "c1", T0 + 50 * MIN)

@@ -183,9 +183,15 @@ def write_call(ledger: Ledger, n: int, case: CallCase) -> None:
     keys = ledger.keys(f"s{n}", RUN)
     deadline, submitted = CALL_DEADLINES[case.deadline], SUBMITTED[case.submitted]
     flags = {"idempotent": str(int(case.idempotent)), "dispatched": str(int(case.dispatched))}
-    ledger.register_call(keys, CALL, now_ms=submitted, deadline_ms=deadline, fields={"tool": "echo", **flags})
+    ledger.register_call(
+        keys,
+        CALL,
+        now_ms=submitted,
+        deadline_ms=deadline,
+        fields={"tool": "echo", "job_digest": "d", **flags},
+    )
     if case.state in ("running", "done"):
-        ledger.claim(keys, CALL, worker_id="w:1", now_ms=submitted)
+        ledger.claim(keys, CALL, worker_id="w:1", now_ms=submitted, tool="echo", job_digest="d")
     if case.state == "done":
         ledger.finish(keys, ok_result(CALL), now_ms=submitted, writer="w:1")
     # The lease's expiry and the index members as the case has them: written directly.

@@ -283,10 +283,16 @@ def expected_run(case: RunCase, verdict: RunVerdict | None = None) -> RunOutcome
 def _write_run_call(ledger: Ledger, keys: RunKeys, kind: str, t: int) -> None:
     if kind == "none":
         return
-    ledger.register_call(keys, CALL, now_ms=t, deadline_ms=FAR_MS, fields={"tool": "echo", "dispatched": "1"})
+    ledger.register_call(
+        keys,
+        CALL,
+        now_ms=t,
+        deadline_ms=FAR_MS,
+        fields={"tool": "echo", "dispatched": "1", "job_digest": "d"},
+    )
     if kind == "pending":
         return
-    ledger.claim(keys, CALL, worker_id="w:1", now_ms=t)
+    ledger.claim(keys, CALL, worker_id="w:1", now_ms=t, tool="echo", job_digest="d")
     if kind == "done":
         ledger.finish(keys, ok_result(CALL), now_ms=t, writer="w:1")
     elif kind == "lost":

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Proc, base_env, settings_in_env, start_worker, wait_until
+from tests.harness import Proc, base_env, registration_fields, settings_in_env, start_worker, wait_until
 from workers import ToolCall, ToolGateway
+from workers.core.models import CallJob
 from workers.settings import Settings
 from workers.task_names import INVOKE_TASK
 
@@ -18,23 +19,34 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def _forge(gateway: ToolGateway, session: str, call: dict[str, object], agent_id: str = "main") -> None:
-    """A message for ``call`` straight onto the queue, past every gateway check."""
+    """A registered call whose message goes straight onto the queue, past the gateway's policy.
+
+    Registered as a gateway with other allow/deny lists would: the worker's own check must refuse it.
+    """
     ledger = gateway._rt.ledger
     now = int(time.time() * 1000)
-    ledger.register(
-        ledger.keys(session, "r"), str(call["id"]), now_ms=now, deadline_ms=now + 10_000, fields={}
+    job = CallJob.model_validate(
+        {
+            "session_key": session,
+            "run_id": "r",
+            "agent_id": agent_id,
+            "call": call,
+            "submitted_ms": now,
+            "deadline_ms": now + 10_000,
+            "soft_s": 2,
+            "hard_s": 3,
+        }
     )
-    job = {
-        "session_key": session,
-        "run_id": "r",
-        "agent_id": agent_id,
-        "call": call,
-        "submitted_ms": now,
-        "deadline_ms": now + 10_000,
-        "soft_s": 2,
-        "hard_s": 3,
-    }
-    gateway._app.send_task(INVOKE_TASK, kwargs={"job": job}, queue=gateway.settings.broker.queue)
+    ledger.register(
+        ledger.keys(session, "r"),
+        job.call.id,
+        now_ms=now,
+        deadline_ms=now + 10_000,
+        fields=registration_fields(job),
+    )
+    gateway._app.send_task(
+        INVOKE_TASK, kwargs={"job": job.model_dump(mode="json")}, queue=gateway.settings.broker.queue
+    )
 
 
 def _answer_of(gateway: ToolGateway, session: str, call_id: str) -> str | None:

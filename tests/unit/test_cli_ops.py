@@ -138,6 +138,25 @@ def test_config_check_prints_warnings_and_exits_zero(
     assert lines[-1] == "3 warning(s)"
 
 
+def test_config_check_names_each_missing_production_safeguard(
+    config_file: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a safe config on a remote Redis without password or TLS, and exec without an allowlist
+    config_file({**SAFE, "tools": {**SAFE["tools"], "builtins": ["exec"]}})
+    monkeypatch.setenv("UNSTUCK_REDIS__URL", "redis://redis.internal:6379/0")
+    # When checked
+    assert main(["config", "check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # Then the missing ACL user, TLS, signing and allowlist are each one warning
+    assert [line.split(":")[1].strip() for line in lines[:-1]] == [
+        "unstuck.redis.url",
+        "unstuck.redis.url",
+        "unstuck.broker.signing",
+        "tools.builtins",
+    ]
+    assert lines[-1] == "4 warning(s)"
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [

@@ -17,10 +17,12 @@ from pydantic import ValidationError
 from workers.celery_app import celery_config
 from workers.cli.main import main
 from workers.config_file import translate_reference_config
+from workers.core.config_checks import ConfigWarning
+from workers.core.deployment_checks import check_deployment, check_endpoint
 from workers.core.models import CallJob
 from workers.core.transcript.adapters import FORMATS
 from workers.errors import ConfigError
-from workers.settings import Settings, load_settings
+from workers.settings import load_settings
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -29,6 +31,7 @@ _CONFIG_KEYS = [
     "agents", "tools", "unstuck", "defaults", "list", "id", "timeoutSeconds", "llm",
     "idleTimeoutSeconds", "timeouts", "loopDetection", "exec", "agent", "tiemoutSeconds",
     "redis", "url", "lease", "ttl_s", "worker", "concurrency", "limits", "hard_grace_s",
+    "broker", "signing", "key_file", "cert_file", "cert_store", "digest", "key_password",
 ]  # fmt: skip
 _TRANSCRIPT_KEYS = [
     "role", "content", "type", "text", "id", "name", "arguments", "input", "toolCallId",
@@ -66,6 +69,9 @@ def _objects(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
 @example(raw={"agents": {"defaults": {"tools": {"tiemoutSeconds": 3}}}})
 @example(raw={"tools": {"timeouts": {"exec": -1}}, "agent": {}})
 @example(raw={"unstuck": {"lease": {"ttl_s": 1, "renew_interval_s": 5}}})
+@example(raw={"unstuck": {"broker": {"signing": {"key_file": "/nope.key"}}}})
+@example(raw={"unstuck": {"broker": {"signing": {"key_file": "k", "cert_file": "c", "cert_store": 7}}}})
+@example(raw={"unstuck": {"redis": {"url": "redis://[::1"}, "broker": {"url": "amqp://@:x"}}})
 def test_config_loader_returns_a_dict_or_raises_config_error(raw: dict[str, Any]) -> None:
     # When the reference-shaped config is translated, then loaded as Settings
     error: ConfigError | None = None
@@ -80,7 +86,39 @@ def test_config_loader_returns_a_dict_or_raises_config_error(raw: dict[str, Any]
     translated.pop("config", None)  # the unstuck block may name a config file: not read here
     # Then the settings either load or fail with a ConfigError, never anything else
     with contextlib.suppress(ConfigError):
-        assert isinstance(load_settings(**translated), Settings)
+        loaded = load_settings(**translated)
+        # And `config check`'s deployment checks read whatever URLs it holds without failing
+        warnings = check_deployment(
+            redis_url=loaded.redis.url,
+            broker_url=loaded.broker.url,
+            signing_enabled=loaded.broker.signing.enabled,
+        )
+        assert all(isinstance(w, ConfigWarning) for w in warnings)
+
+
+_URL_PARTS = st.sampled_from(
+    ["redis", "rediss", "amqp", "amqps", "unix", "memory", "", "redis+socket", "http"]
+)
+_HOSTS = st.sampled_from(
+    ["127.0.0.1", "localhost", "[::1]", "[::1", "10.0.0.1", "db", "", "@", ":"]
+) | st.text(max_size=8)
+
+
+@FUZZ
+@given(
+    url=st.text(max_size=40)
+    | st.builds(
+        lambda scheme, user, password, host, port: f"{scheme}://{user}:{password}@{host}:{port}/0",
+        _URL_PARTS,
+        st.text(max_size=5),
+        st.text(max_size=5),
+        _HOSTS,
+        st.text(max_size=6),
+    )
+)
+def test_deployment_checks_read_any_url_without_failing(url: str) -> None:
+    warnings = check_endpoint("unstuck.redis.url", url)
+    assert all(w.path == "unstuck.redis.url" and w.message for w in warnings)
 
 
 @pytest.mark.parametrize("timeout", [float("inf"), 1e308])

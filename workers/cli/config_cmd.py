@@ -23,6 +23,7 @@ from workers.core.config_checks import (
     check_config,
     check_failure_tools,
 )
+from workers.core.deployment_checks import check_deployment
 from workers.core.loops.config import resolve_loop_config
 from workers.errors import ConfigError
 from workers.redact import redact_settings
@@ -139,7 +140,12 @@ def collect_warnings(settings: Settings) -> list[ConfigWarning]:
         ConfigError: when a loop-detection block is invalid or a tool module does not load.
     """
     check_loop_blocks(settings)
-    found = check_config(
+    deployment = check_deployment(
+        redis_url=settings.redis.url,
+        broker_url=settings.broker.url,
+        signing_enabled=settings.broker.signing.enabled,
+    )
+    found = deployment + check_config(
         agents=_agent_limits(settings),
         global_loop_block=settings.tools.loop_detection,
         tools=_tool_limits(settings),

@@ -31,6 +31,7 @@ class SyntheticReason(enum.StrEnum):
     LOOP_BLOCKED = "loop_blocked"
     RUN_ABORTED = "run_aborted"
     CIRCUIT_OPEN = "circuit_open"
+    CALL_MISMATCH = "call_mismatch"
 
 
 class CallState(enum.StrEnum):
@@ -47,6 +48,9 @@ class ClaimStatus(enum.StrEnum):
     CLAIMED = "claimed"  # the claim is ours: run the tool
     DONE = "done"  # already answered: never run it again
     BUSY = "busy"  # another live worker holds the lease
+    UNREGISTERED = "unregistered"  # no gateway registered this call: run nothing, nothing to answer
+    MISMATCH = "mismatch"  # not the job the gateway registered: run nothing, answer the call
+    MISMATCH_HELD = "mismatch_held"  # not the registered job, and a live worker runs the call: ignore it
 
 
 class ToolCall(BaseModel):

@@ -48,6 +48,8 @@ _TEXTS: dict[SyntheticReason, str] = {
     _R.RUN_ABORTED: "This run was aborted{detail}; tool '{tool}' was not run.",
     _R.CIRCUIT_OPEN: "Tool '{tool}' is failing for every session right now (its circuit is open{detail}); "
     "it was not run. Use another approach or try it later.",
+    _R.CALL_MISMATCH: "The task message for tool '{tool}' did not match the call as it was registered "
+    "(altered or forged in the queue){detail}; it did not run. Call the tool again if you still need it.",
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers.core.job_digest import job_digest
 from workers.core.limits import resolve_limits
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import RejectedCall
@@ -130,6 +131,8 @@ class Dispatcher:
             CallField.AGENT_ID: job.agent_id,
             CallField.IDEMPOTENT: "1" if spec.idempotent else "0",
             CallField.JOB: job.model_dump_json(),
+            # What the worker's claim holds the message to: only this exact job may run.
+            CallField.JOB_DIGEST: job_digest(job),
             # Marked before the publish to save a round trip: if this process dies in
             # between, the call is answered at its deadline instead of at once.
             CallField.DISPATCHED: "1",

@@ -21,11 +21,16 @@ counted at the call sites. It exposes::
                                                 alert when it exceeds two sweep intervals
     unstuck_watchdog_max_sweep_gap_seconds      the longest gap seen between two sweeps
     unstuck_scrape_keys / _truncated            how much of the keyspace this scrape read
+    unstuck_refused_messages_total{reason}      task messages workers refused to run (counter):
+                                                unreadable, unregistered, mismatch,
+                                                tool_not_allowed
 
 and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker_metrics`).
 
-All are gauges: they describe the records Redis holds now, which expire after
-``ledger.ttl_s`` (24 h by default), so a "total" can go down.
+All but the refused-messages counter are gauges: they describe the records Redis holds now,
+which expire after ``ledger.ttl_s`` (24 h by default), so a "total" can go down. The
+refused-messages counter expires ``ledger.ttl_s`` after the latest refusal, which Prometheus
+reads as a counter reset.
 
 **Cost, and its bound.** Call and run records are found with one ``SCAN`` pass over the
 run keys of the prefix (``COUNT`` 1000 per step), read with pipelined ``HMGET`` batches.
@@ -48,13 +53,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from workers.core.models import CallState, SyntheticReason
 from workers.errors import StoreError
 from workers.store.ledger import Ledger
 from workers.store.ledger_scan import CallRow, LedgerScanner
+from workers.store.refused import refusal_counts
 from workers.store.watchdog_liveness import WatchdogLiveness
 
 __all__ = [
@@ -89,6 +95,7 @@ class LedgerTally:
     truncated: bool = False
     pending: int = 0
     oldest_submitted_ms: int | None = None
+    refused: dict[str, int] = field(default_factory=dict)  # refused task messages by reason
 
 
 def outcome_of(state: str, reason: str) -> str:
@@ -126,6 +133,7 @@ class LedgerCollector(Collector):
         oldest_sample: int = 1000,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self.ledger = ledger
         self.scanner = LedgerScanner(ledger, max_keys=max_keys)
         self.liveness = WatchdogLiveness(ledger)
         self.oldest_sample = oldest_sample
@@ -162,6 +170,7 @@ class LedgerCollector(Collector):
             out.last_sweep_ms, out.max_sweep_gap_ms = sweep.last_sweep_ms, sweep.max_gap_ms
         due = self.scanner.due_sample(self.oldest_sample)
         out.pending, out.oldest_submitted_ms = due.pending, due.oldest_submitted_ms
+        out.refused = {str(r): n for r, n in refusal_counts(self.ledger.client, self.ledger.prefix).items()}
         return out
 
 
@@ -206,6 +215,12 @@ def families(found: LedgerTally, now_ms: int) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "unstuck_scrape_truncated", "1 when this scrape hit max_keys", value=int(found.truncated)
     )
+    refused = CounterMetricFamily(
+        "unstuck_refused_messages", "Task messages workers refused to run", labels=["reason"]
+    )
+    for reason, count in sorted(found.refused.items()):
+        refused.add_metric([reason], count)
+    yield refused
 
 
 def _watch_families(found: LedgerTally, now_ms: int) -> Iterator[Metric]:

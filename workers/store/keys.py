@@ -61,12 +61,15 @@ key                                type    TTL              written by          
                                            every write
 ``P:{breaker:<tool>}:failures``    ZSET    same             gateway (breaker    breaker script
                                                             failure script)
+``P:refused``                      HASH    ledger.ttl_s,    worker (refused     metrics
+                                           refreshed on     task messages)
+                                           every write
 =================================  ======  ===============  ==================  ======================
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
-this table: the fields of the six HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``,
-``BREAKER``, ``LOOPS``) with their types, defaults and TTL rule, and the members, scores, entries or
-value of the other keys (``KEY_RECORDS``). A test holds the two to the same rows.
+this table: the fields of the seven HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``,
+``BREAKER``, ``LOOPS``, ``REFUSED``) with their types, defaults and TTL rule, and the members, scores,
+entries or value of the other keys (``KEY_RECORDS``). A test holds the two to the same rows.
 
 ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` and ``P:leases``
 are the only call keys outside a run's slot; they are indexes that the watchdog re-checks
@@ -124,6 +127,7 @@ __all__ = [
     "parse_lane_key",
     "parse_run_member",
     "quote_part",
+    "refused_key",
     "run_index_keys",
     "run_member",
     "sweep_lock_key",
@@ -321,3 +325,8 @@ class BreakerKeys:
     def failures(self) -> str:
         """ZSET: the tool's recent failures (member: the call, score: when it failed)."""
         return f"{self.prefix}:{{breaker:{quote_part(self.tool)}}}:failures"
+
+
+def refused_key(prefix: str) -> str:
+    """Counters of the task messages workers refused, by reason (see :mod:`workers.core.refusals`)."""
+    return f"{prefix}:refused"

@@ -64,10 +64,11 @@ def connect(url: str, *, socket_timeout_s: float, socket_connect_timeout_s: floa
 
 @dataclass(frozen=True)
 class Claim:
-    """Outcome of a worker's claim: ``claimed`` (run it), ``done`` or ``busy`` (do not)."""
+    """Outcome of a worker's claim: ``claimed`` (run it), or why not (see :class:`ClaimStatus`)."""
 
     status: ClaimStatus
     attempt: int
+    registered_tool: str = ""  # the tool the call was registered with ('' when unregistered)
 
 
 @dataclass(frozen=True)
@@ -236,16 +237,23 @@ class Ledger:
                 keys.call(call_id), mapping={CallField.DISPATCHED: "1", CallField.TASK_ID: task_id}
             )
 
-    def claim(self, keys: RunKeys, call_id: str, *, worker_id: str, now_ms: int) -> Claim:
-        """Claim a call for running; a finished call is never claimed again."""
+    def claim(
+        self, keys: RunKeys, call_id: str, *, worker_id: str, now_ms: int, tool: str, job_digest: str
+    ) -> Claim:
+        """Claim a registered call for running; a finished call is never claimed again.
+
+        ``tool`` and ``job_digest`` are those of the message received: a call that was never
+        registered, or registered with another tool or digest, is refused (never claimed).
+        """
         with store_errors():
-            status, attempt = self._pipelined(
+            status, attempt, registered_tool = self._pipelined(
                 self._claim,
                 [keys.call(call_id), keys.lease(call_id), keys.run],
-                [now_ms, worker_id, self.lease_ttl_ms, self.ttl_s],
+                [now_ms, worker_id, self.lease_ttl_ms, self.ttl_s, tool, job_digest],
                 lambda pipe: self._index_lease(pipe, keys.due_member(call_id), now_ms + self.lease_ttl_ms),
             )
-        return Claim(reply_member(ClaimStatus, status, where="ledger_claim.lua"), int(attempt))
+        status = reply_member(ClaimStatus, status, where="ledger_claim.lua")
+        return Claim(status, int(attempt), registered_tool)
 
     def with_fallback(self, result: ToolResult) -> ToolResult:
         """``result``, or its tool's configured fallback when it is a failure the fallback covers."""

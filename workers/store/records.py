@@ -27,6 +27,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 
 from workers.core.breakers import BreakerState
 from workers.core.models import CallState
+from workers.core.refusals import RefusalReason
 from workers.core.run_health import RunStatus, SessionClass
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "KEY_RECORDS",
     "LANE",
     "LOOPS",
+    "REFUSED",
     "REQUIRED",
     "RUN",
     "WATCHDOG",
@@ -140,6 +142,7 @@ class CallField(enum.StrEnum):
     IDEMPOTENT = "idempotent"
     DISPATCHED = "dispatched"
     JOB = "job"
+    JOB_DIGEST = "job_digest"
     TASK_ID = "task_id"
     REQUEUES = "requeues"
     STARTED_MS = "started_ms"
@@ -173,6 +176,9 @@ CALL: Final = HashRecord[CallField](
         CallField.IDEMPOTENT: FieldSpec(FieldType.FLAG, "the tool may run again after a lost worker", 0),
         CallField.DISPATCHED: FieldSpec(FieldType.FLAG, "the broker accepted its message", 0),
         CallField.JOB: FieldSpec(FieldType.JSON, "the CallJob, to dispatch it again", ""),
+        CallField.JOB_DIGEST: _str(
+            "job_digest of the CallJob registered to run; a message whose digest differs runs nothing"
+        ),
         CallField.TASK_ID: _str("the Celery task id of its latest message"),
         CallField.REQUEUES: _int("times the watchdog handed it back to the queue"),
         CallField.STARTED_MS: _ms("latest claim; 0 before the first"),
@@ -386,7 +392,14 @@ LOOPS: Final = HashRecord[LoopStateField](
     },
 )
 
-HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG, BREAKER, LOOPS)
+REFUSED: Final = HashRecord[RefusalReason](
+    name="refused",
+    builder="refused_key",
+    ttl="ledger.ttl_s, refreshed on every refusal",
+    fields={reason: _int(f"task messages workers refused as {reason.value}") for reason in RefusalReason},
+)
+
+HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG, BREAKER, LOOPS, REFUSED)
 
 
 # --- keys that are not hashes ----------------------------------------------------------------

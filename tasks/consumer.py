@@ -1,0 +1,78 @@
+"""The consumer of both consuming roles (tool worker, watchdog): no message body can stop it.
+
+Celery's consumer drops a message it cannot decode (a bad or unknown signature, garbage) or
+whose content type it does not accept (an unsigned message when signing is on), before any
+task code runs; this subclass counts those refusals with the worker's own
+(``unstuck_refused_messages_total``). It also survives a body Celery's own handler trips
+over: an empty signed body made the stock handler raise ``TypeError`` out of the event loop,
+which stopped the worker, and the unacknowledged message stopped the next one the same way.
+Such a message is now dropped as undecodable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery.worker.consumer import Consumer
+from kombu.exceptions import ContentDisallowed
+
+from workers.core.refusals import RefusalReason
+from workers.runtime import runtime
+from workers.worker.refusing import record_refusal
+
+__all__ = ["RefusingConsumer"]
+
+log = logging.getLogger(__name__)
+
+
+def _task_id(message: Any) -> str:
+    headers = getattr(message, "headers", None)
+    return str(headers.get("id", "?")) if isinstance(headers, dict) else "?"
+
+
+def _count(reason: RefusalReason, message: Any, exc: BaseException) -> None:
+    detail = f"{type(exc).__name__}: {exc}"[:300]
+    try:
+        ledger = runtime().ledger
+    except Exception as error:  # noqa: BLE001 - counting must never stop the consumer
+        log.warning("refused message %s (%s) not counted: %s", _task_id(message), reason.value, error)
+        return
+    record_refusal(ledger, _task_id(message), reason, detail, kind="task")
+
+
+class RefusingConsumer(Consumer):
+    """Counts the messages the consumer refuses, and refuses those its handler cannot read."""
+
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+        """Celery's handler, guarded: a body it raises on is dropped as undecodable."""
+        handle = super().create_task_handler(*args, **kwargs)
+        # Set by Celery from the broker transport (absent from the stubs).
+        connection_errors = (*getattr(self, "connection_errors", ()), *getattr(self, "channel_errors", ()))
+
+        def on_task_received(message: Any) -> Any:
+            try:
+                return handle(message)
+            except connection_errors:
+                raise  # the broker's own failures: Celery reconnects
+            except Exception as exc:  # noqa: BLE001 - any hostile body is refused, the worker goes on
+                self.on_decode_error(message, exc)
+                return None
+
+        return on_task_received
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        """Count, then Celery's handling: log it and acknowledge it (never redelivered)."""
+        _count(RefusalReason.UNDECODABLE, message, exc)
+        super().on_decode_error(message, exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        """Count, then Celery's handling: log it and reject it."""
+        reason = (
+            RefusalReason.UNTRUSTED_CONTENT
+            if isinstance(exc, ContentDisallowed)
+            else RefusalReason.UNREADABLE
+        )
+        _count(reason, message, exc)
+        super().on_invalid_task(body, message, exc)
