@@ -13,7 +13,7 @@ import pytest
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.settings import Settings
-from workers.store.keys import RunKeys, due_index_key, lease_index_key
+from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, connect
 from workers.store.sessions import SessionStore
 from workers.watchdog.alerts import AlertSink
@@ -91,7 +91,7 @@ def test_lease_index_follows_claim_renewal_and_finish(store: SessionStore) -> No
     # Given a claimed call
     keys, led = store.ledger.keys("s", "r1"), store.ledger
     _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
-    member, index = keys.due_member("c1"), lease_index_key("a")
+    member, index = keys.due_member("c1"), keys.index.leases
     led.claim(keys, "c1", worker_id="w:1", now_ms=T0)
     claimed = store.client.zscore(index, member)
     # When the worker renews later, and once more with an older clock
@@ -106,7 +106,7 @@ def test_lease_index_follows_claim_renewal_and_finish(store: SessionStore) -> No
     led.renew_leases([(keys, "c1")], "w:1", now_ms=T0 + 2500)
     # Then neither index holds it, and the lease was not brought back
     assert store.client.zscore(index, member) is None
-    assert store.client.zscore(due_index_key("a"), member) is None
+    assert store.client.zscore(keys.index.due, member) is None
     assert not store.client.exists(keys.lease("c1"))
 
 
@@ -127,7 +127,7 @@ def test_a_lost_call_is_found_past_the_sweep_limit(store: SessionStore, server_s
     assert answered == [0, 1]
     reason = led.results(keys, ["lost"])["lost"].reason
     assert reason == SyntheticReason.WORKER_LOST.value
-    scores = [store.client.zscore(lease_index_key("a"), keys.due_member(f"live{n}")) for n in range(8)]
+    scores = [store.client.zscore(keys.index.leases, keys.due_member(f"live{n}")) for n in range(8)]
     assert all(score is not None and score > now for score in scores)
 
 
@@ -138,14 +138,14 @@ def test_sweep_cleans_members_of_answered_and_queued_calls(store: SessionStore, 
     for call_id in ("answered", "queued"):
         _register(store, keys, call_id, now_ms=T0, deadline_ms=T0 + 10)
     _answer(store, keys, "answered", T0 + 1)
-    store.client.zadd(due_index_key("a"), {keys.due_member("answered"): T0 + 10})
-    store.client.zadd(lease_index_key("a"), {keys.due_member("answered"): T0, keys.due_member("queued"): T0})
+    store.client.zadd(keys.index.due, {keys.due_member("answered"): T0 + 10})
+    store.client.zadd(keys.index.leases, {keys.due_member("answered"): T0, keys.due_member("queued"): T0})
     store.client.hset(keys.call("queued"), "deadline_ms", T0 + 50 * MIN)
     # When
     _sweep(store, T0 + 20, server_side=server_side)
     # Then the answered call left both indexes, the queued one left the lease index only
-    assert store.client.zrange(lease_index_key("a"), 0, -1) == []
-    assert store.client.zrange(due_index_key("a"), 0, -1) == [keys.due_member("queued")]
+    assert store.client.zrange(keys.index.leases, 0, -1) == []
+    assert store.client.zrange(keys.index.due, 0, -1) == [keys.due_member("queued")]
 
 
 def test_run_summary_counts_open_and_claimed_calls_through_every_change(store: SessionStore) -> None:

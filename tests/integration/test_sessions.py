@@ -12,7 +12,7 @@ from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.settings import Settings
-from workers.store.keys import SessionKeys, due_index_key, lease_index_key, run_index_keys, run_member
+from workers.store.keys import SessionKeys, all_index_keys, run_member
 from workers.store.ledger import Ledger, connect
 from workers.store.runs import ensure_run
 from workers.store.sessions import SessionStore
@@ -83,7 +83,7 @@ def test_indexes_follow_the_run(store: SessionStore) -> None:
     # Given
     store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
     member = run_member("s", "r1")
-    index = run_index_keys("t")
+    index = store.ledger.keys("s", "r1").index
     # When progress is reported, even out of order
     assert store.touch_progress("s", "r1", T0 + 500)
     assert store.touch_progress("s", "r1", T0 + 100)
@@ -119,8 +119,7 @@ def test_every_key_written_has_a_ttl(store: SessionStore, redis_url: str) -> Non
     store.try_sweep_lock("tok", 30_000)
     # When / Then: only the documented global indexes live without a TTL
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    index = run_index_keys("t")
-    no_ttl_allowed = {index.by_deadline, index.by_progress, index.ended, due_index_key("t")}
+    no_ttl_allowed = {k for i in all_index_keys("t") for k in (i.by_deadline, i.by_progress, i.ended, i.due)}
     for key in client.scan_iter("t:*"):
         if key not in no_ttl_allowed:
             assert client.pttl(key) > 0, key
@@ -195,7 +194,8 @@ def test_sweep_reads_real_activity_and_moves_the_index(store: SessionStore) -> N
     # Then
     assert report.classes == {"long_running": 1}
     assert sent == []
-    assert store.client.zscore(run_index_keys("t").by_progress, run_member("s", "r1")) == T0 + 5 * MIN
+    by_progress = store.ledger.keys("s", "r1").index.by_progress
+    assert store.client.zscore(by_progress, run_member("s", "r1")) == T0 + 5 * MIN
 
 
 def test_stale_lanes_are_found_and_cleaned(store: SessionStore) -> None:
@@ -235,12 +235,11 @@ def _mixed_runs(store: SessionStore) -> None:
     _register(store, "late", "r1", "c1", T0 + 50 * MIN)
     store.client.delete(led.keys("gone", "r1").run)
     store.end_run("ended", "r1", RunStatus.COMPLETED, T0 + 1)
-    store.client.zadd(run_index_keys(store.prefix).by_progress, {run_member("ended", "r1"): T0})
-    store.client.zadd(due_index_key(store.prefix), {led.keys("gone", "r1").due_member("x"): T0})
+    store.client.zadd(led.keys("ended", "r1").index.by_progress, {run_member("ended", "r1"): T0})
+    store.client.zadd(led.keys("gone", "r1").index.due, {led.keys("gone", "r1").due_member("x"): T0})
 
 
 def _state(store: SessionStore) -> dict[str, object]:
-    index = run_index_keys(store.prefix)
     runs = {}
     for session in ("active", "long", "s p{x}/é", "stalled", "stuck", "late", "gone", "ended", "lost"):
         keys = store.ledger.keys(session, "r1")
@@ -249,15 +248,17 @@ def _state(store: SessionStore) -> dict[str, object]:
         results = store.ledger.results(keys, calls)
         runs[session] = (
             {k: record.get(k) for k in ("status", "class", "end_reason")},
-            store.client.zscore(index.by_progress, run_member(session, "r1")),
-            store.client.zscore(index.by_deadline, run_member(session, "r1")),
+            store.client.zscore(keys.index.by_progress, run_member(session, "r1")),
+            store.client.zscore(keys.index.by_deadline, run_member(session, "r1")),
             {c: (r.reason if r else None) for c, r in results.items()},
             store.lane(session) is not None,
         )
     return {
         "runs": runs,
-        "due": sorted(store.client.zrange(due_index_key(store.prefix), 0, -1)),
-        "leases": sorted(store.client.zrange(lease_index_key(store.prefix), 0, -1)),
+        "due": sorted(m for i in all_index_keys(store.prefix) for m in store.client.zrange(i.due, 0, -1)),
+        "leases": sorted(
+            m for i in all_index_keys(store.prefix) for m in store.client.zrange(i.leases, 0, -1)
+        ),
     }
 
 

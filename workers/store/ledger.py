@@ -22,7 +22,7 @@ from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall
 from workers.core.run_health import RunStatus
 from workers.errors import StoreError
-from workers.store.keys import RunKeys, due_index_key, events_stream_key, lease_index_key
+from workers.store.keys import RunKeys, events_stream_key, index_keys
 from workers.store.lua import load_script
 from workers.store.records import CALL, CallField, EventField, pgid_field, pgid_of
 from workers.store.rows import Row, reply_member
@@ -148,21 +148,23 @@ class Ledger:
                 self.client.script_load(script.script)
         return None
 
-    def _index_due(self, pipe: Pipeline, members: dict[str, int]) -> None:
+    def _index_due(self, pipe: Pipeline, keys: RunKeys, members: dict[str, int]) -> None:
         # The index expires like everything else, refreshed on every write.
-        pipe.zadd(due_index_key(self.prefix), members, nx=True)
-        pipe.expire(due_index_key(self.prefix), self.ttl_s)
+        pipe.zadd(keys.index.due, members, nx=True)
+        pipe.expire(keys.index.due, self.ttl_s)
 
-    def _unindex_call(self, pipe: Pipeline, member: str) -> None:
-        pipe.zrem(due_index_key(self.prefix), member)
-        pipe.expire(due_index_key(self.prefix), self.ttl_s)
-        pipe.zrem(lease_index_key(self.prefix), member)
+    def _unindex_call(self, pipe: Pipeline, keys: RunKeys, call_id: str) -> None:
+        member = keys.due_member(call_id)
+        pipe.zrem(keys.index.due, member)
+        pipe.expire(keys.index.due, self.ttl_s)
+        pipe.zrem(keys.index.leases, member)
 
-    def _index_lease(self, pipe: Pipeline, member: str, until_ms: int) -> None:
+    def _index_lease(self, pipe: Pipeline, keys: RunKeys, call_id: str, until_ms: int) -> None:
+        member = keys.due_member(call_id)
         # Added even when the claim found the call done or busy: the index is a hint the
         # sweep re-checks against the call record and its lease key.
-        pipe.zadd(lease_index_key(self.prefix), {member: until_ms})
-        pipe.expire(lease_index_key(self.prefix), self.ttl_s)
+        pipe.zadd(keys.index.leases, {member: until_ms})
+        pipe.expire(keys.index.leases, self.ttl_s)
 
     def keys(self, session_key: str, run_id: str) -> RunKeys:
         """The key builder for one run."""
@@ -200,9 +202,9 @@ class Ledger:
             # the id existed or the run refused it. A call not yet marked dispatched is held
             # by this process until it publishes: if it dies first, the sweep finds the call
             # by that hold's expiry instead of waiting for the deadline.
-            self._index_due(pipe, {member: deadline_ms})
+            self._index_due(pipe, keys, {member: deadline_ms})
             if fields.get(CallField.DISPATCHED) != "1":
-                self._index_lease(pipe, member, now_ms + self.lease_ttl_ms)
+                self._index_lease(pipe, keys, call_id, now_ms + self.lease_ttl_ms)
 
         with store_errors():
             created, status, guard = self._pipelined(
@@ -231,7 +233,7 @@ class Ledger:
                 self._claim,
                 [keys.call(call_id), keys.lease(call_id), keys.run],
                 [now_ms, worker_id, self.lease_ttl_ms, self.ttl_s],
-                lambda pipe: self._index_lease(pipe, keys.due_member(call_id), now_ms + self.lease_ttl_ms),
+                lambda pipe: self._index_lease(pipe, keys, call_id, now_ms + self.lease_ttl_ms),
             )
         return Claim(reply_member(ClaimStatus, status, where="ledger_claim.lua"), int(attempt))
 
@@ -243,7 +245,7 @@ class Ledger:
                 self._finish,
                 [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id), keys.run],
                 [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
-                lambda pipe: self._unindex_call(pipe, keys.due_member(call_id)),
+                lambda pipe: self._unindex_call(pipe, keys, call_id),
             )
         if won and result.synthetic:
             self.publish_event(
@@ -317,8 +319,11 @@ class Ledger:
             pipe = self.client.pipeline(transaction=False)
             for keys, call_id in calls:
                 pipe.set(keys.lease(call_id), worker_id, px=self.lease_ttl_ms, xx=True)
-            members = {keys.due_member(call_id): until for keys, call_id in calls}
-            pipe.zadd(lease_index_key(self.prefix), members, xx=True, gt=True)
+            buckets: dict[int, dict[str, int]] = {}
+            for keys, call_id in calls:
+                buckets.setdefault(keys.bucket, {})[keys.due_member(call_id)] = until
+            for bucket, members in buckets.items():
+                pipe.zadd(index_keys(self.prefix, bucket).leases, members, xx=True, gt=True)
             pipe.execute()
 
     def running_states(self, calls: Sequence[tuple[RunKeys, str]]) -> list[tuple[str, str, int]]:

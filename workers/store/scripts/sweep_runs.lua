@@ -1,10 +1,12 @@
--- The run phase of one sweep. KEYS: by_deadline, by_progress.
--- ARGV: prefix, now_ms, stalled_after_ms, auto_recover ('1'|'0'), limit.
--- Single Redis node only: it reads the run records of many runs (many hash slots) without
--- declaring them (see workers/store/keys.py); the cluster-safe path is pipelined.
+-- The run phase of one sweep, for one page of one index bucket.
+-- KEYS: the bucket's by_progress index, then per member its run record (see
+-- workers/store/keys.py: member_run_key). ARGV: now_ms, stalled_after_ms, auto_recover
+-- ('1'|'0'), then the members. The run records span many slots: single Redis node only;
+-- the cluster-safe path is pipelined.
 --
--- Reads the runs past their deadline and the runs quiet for stalled_after_ms in the index
--- (as the pipelined path does) and classifies each from its record's summary exactly as
+-- The members are the bucket's runs past their deadline and the runs quiet for
+-- stalled_after_ms in the index (read by score by the caller, as the pipelined path reads
+-- them). Each is classified from its record's summary exactly as
 -- workers.core.run_health.judge does: the later of started_ms and progress_ms (latest
 -- activity of any call), open_n (calls without a result) and claimed_n (calls a worker
 -- holds), kept by the ledger scripts. One hash read per run. A running run that needs no
@@ -14,24 +16,8 @@
 -- confirm and act on. tests/integration/test_sweep_parity_runs.py holds this to judge()
 -- on every generated row of the decision table.
 -- Returns {{class, count, ...}, {member, ...}}.
-local prefix, now, stalled = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local recover, limit = ARGV[4] == '1', tonumber(ARGV[5])
-
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, limit)
-local quiet = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now - stalled), 'LIMIT', 0, limit)
-if #members == 0 then
-  members = quiet -- the usual case: no run past its deadline, nothing to merge
-else
-  local seen = {}
-  for _, m in ipairs(members) do
-    seen[m] = true
-  end
-  for _, m in ipairs(quiet) do
-    if not seen[m] then
-      members[#members + 1] = m
-    end
-  end
-end
+local now, stalled = tonumber(ARGV[1]), tonumber(ARGV[2])
+local recover = ARGV[3] == '1'
 
 local moved = {} -- score, member, ...: progress found in the records, one ZADD per batch
 
@@ -80,22 +66,19 @@ end
 
 local function flush()
   if #moved > 0 then
-    redis.call('ZADD', KEYS[2], 'XX', 'GT', unpack(moved))
+    redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(moved))
     moved = {}
   end
 end
 
 local counts, rest = {}, {}
-for _, member in ipairs(members) do
-  -- A member is the run's quoted "session/run", exactly its hash tag's content.
-  local klass = settle(member, prefix .. ':{' .. member .. '}:run')
+for i = 4, #ARGV do
+  local member = ARGV[i]
+  local klass = settle(member, KEYS[i - 2])
   if klass then
     counts[klass] = (counts[klass] or 0) + 1
   else
     rest[#rest + 1] = member
-  end
-  if #moved >= 1000 then
-    flush()
   end
 end
 flush()
