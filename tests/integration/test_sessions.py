@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-import redis
+from redis.cluster import RedisCluster
 
+from tests.harness import CLUSTER_LEG, is_cluster, store_client
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.settings import Settings
 from workers.store.keys import SessionKeys, all_index_keys, run_member
-from workers.store.ledger import Ledger, connect
+from workers.store.ledger import Ledger
 from workers.store.runs import ensure_run
 from workers.store.sessions import SessionStore
 from workers.watchdog.alerts import AlertSink
@@ -21,11 +23,13 @@ from workers.watchdog.sweep import SweepReport, Watchdog, clean_stale_lanes, sta
 
 T0 = int(time.time() * 1000)  # lanes expire at absolute times: use the real clock
 MIN = 60_000
+# The scripts path reads many slots in one script: a single node's only (a cluster refuses it).
+SWEEP_PATHS = (False,) if CLUSTER_LEG else (True, False)
 
 
 @pytest.fixture
 def store(redis_url: str) -> Iterator[SessionStore]:
-    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
+    client = store_client(redis_url)
     yield SessionStore(Ledger(client, prefix="t", ttl_s=3600, lease_ttl_ms=3000))
     client.close()
 
@@ -118,7 +122,7 @@ def test_every_key_written_has_a_ttl(store: SessionStore, redis_url: str) -> Non
     store.begin_run("s", "r2", "main", T0 + 1, T0 + 30 * MIN, writer="gw")
     store.try_sweep_lock("tok", 30_000)
     # When / Then: only the documented global indexes live without a TTL
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = store_client(redis_url)
     no_ttl_allowed = {k for i in all_index_keys("t") for k in (i.by_deadline, i.by_progress, i.ended, i.due)}
     for key in client.scan_iter("t:*"):
         if key not in no_ttl_allowed:
@@ -264,9 +268,9 @@ def _state(store: SessionStore) -> dict[str, object]:
 
 def test_server_side_sweep_matches_the_pipelined_sweep(redis_url: str) -> None:
     # Given the same runs under two prefixes, one swept by scripts, one pipelined
-    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
+    client = store_client(redis_url)
     seen: dict[bool, tuple[list[SweepReport], list[dict[str, object]], dict[str, object]]] = {}
-    for server_side in (True, False):
+    for server_side in SWEEP_PATHS:
         store = SessionStore(Ledger(client, prefix=f"p{int(server_side)}", ttl_s=3600, lease_ttl_ms=3000))
         _mixed_runs(store)
         reports: list[SweepReport] = []
@@ -283,8 +287,9 @@ def test_server_side_sweep_matches_the_pipelined_sweep(redis_url: str) -> None:
             reports.append(report)
         seen[server_side] = (reports, sent, _state(store))
     # Then reports, alerts and stored state are the same
-    assert seen[True] == seen[False]
-    reports = seen[True][0]
+    first, *others = seen.values()
+    assert all(other == first for other in others)
+    reports = first[0]
     assert [
         (r.classes, r.timed_out, r.recovered, r.alerts, r.dropped, r.calls_answered) for r in reports
     ] == [
@@ -293,3 +298,17 @@ def test_server_side_sweep_matches_the_pipelined_sweep(redis_url: str) -> None:
         ({"stalled": 3, "stuck": 3}, 0, 3, 1, 0, 0),
     ]
     client.close()
+
+
+def test_the_store_is_on_the_cluster_exactly_on_the_cluster_leg(store: SessionStore, redis_url: str) -> None:
+    # Given the store every test of this leg uses
+    client: Any = store.client
+    # Then on the cluster leg it is a cluster client on three masters, and the sweep takes the
+    # pipelined path by itself; elsewhere it is a single node, swept by scripts
+    assert is_cluster(redis_url) is CLUSTER_LEG
+    assert isinstance(client, RedisCluster) is CLUSTER_LEG
+    if CLUSTER_LEG:
+        assert len(client.get_primaries()) == 3
+        assert client.cluster_info()["cluster_state"] == "ok"
+    watchdog = Watchdog(store, Settings(), writer="wd", alerts=AlertSink())
+    assert (watchdog.scripts is None) is CLUSTER_LEG

@@ -11,10 +11,11 @@ import logging
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
@@ -48,10 +49,27 @@ def store_errors() -> Iterator[None]:
         raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
 
 
-def connect(url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float) -> redis.Redis:
-    """A client for ``url`` with bounded timeouts, so no store call can hang a caller."""
+def connect(
+    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, cluster: bool = False
+) -> redis.Redis:
+    """A client for ``url`` with bounded timeouts, so no store call can hang a caller.
+
+    With ``cluster`` it is a :class:`~redis.cluster.RedisCluster` that finds every master
+    from ``url``'s node. It is typed as ``redis.Redis`` on purpose: the store calls only
+    commands both share, each script's keys share one slot (see :mod:`workers.store.keys`),
+    and the one place that needs a single node, the sweep's scripts, checks the real class
+    (:func:`workers.store.sweep_scripts.server_side_ok`).
+    """
     if not url:
         raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
+    if cluster:
+        client = RedisCluster.from_url(
+            url,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_connect_timeout_s,
+            decode_responses=True,
+        )
+        return cast(redis.Redis, client)
     return redis.Redis.from_url(
         url,
         socket_timeout=socket_timeout_s,
@@ -138,7 +156,9 @@ class Ledger:
         """
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            # By name, not pipe.evalsha: redis-py's cluster pipeline blocks that method.
+            evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            pipe.execute_command(*evalsha, **self._route(keys[0]))  # type: ignore[no-untyped-call]
             then(pipe)
             try:
                 return pipe.execute()[0]
@@ -147,6 +167,16 @@ class Ledger:
                     raise
                 self.client.script_load(script.script)
         return None
+
+    def _route(self, key: str) -> dict[str, Any]:
+        """Where a pipelined script goes: its keys' node, given, on a cluster client.
+
+        Left to itself, redis-py's cluster pipeline asks a node (``COMMAND GETKEYS``, one more
+        round trip) where each EVALSHA goes; every key of a script shares one slot.
+        """
+        if isinstance(self.client, RedisCluster):
+            return {"target_nodes": self.client.get_node_from_key(key)}
+        return {}
 
     def _index_due(self, pipe: Pipeline, keys: RunKeys, members: dict[str, int]) -> None:
         # The index expires like everything else, refreshed on every write.
