@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -32,7 +35,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 class Sample:
     """One Redis process's counters at one moment."""
 
-    commands: Counter[str]
+    commands: Counter[str]  # executed, by name, script-internal calls included (commandstats)
+    sent: int  # commands clients sent (total_commands_processed)
     cpu_s: float
 
 
@@ -40,6 +44,7 @@ def _sample(port: int, pid: int) -> Sample:
     client = redis.Redis(port=port, decode_responses=True)
     try:
         stats = client.info("commandstats")
+        sent = int(client.info("stats")["total_commands_processed"])
     finally:
         client.close()
     commands: Counter[str] = Counter()
@@ -47,7 +52,7 @@ def _sample(port: int, pid: int) -> Sample:
         commands[name.removeprefix("cmdstat_")] = int(row["calls"])
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return Sample(commands, (int(fields[11]) + int(fields[12])) / TICKS)  # utime + stime
+    return Sample(commands, sent, (int(fields[11]) + int(fields[12])) / TICKS)  # utime + stime
 
 
 def _calls(gateway: ToolGateway, thread: str, n: int) -> None:
@@ -72,11 +77,34 @@ def _run_calls(gateways: list[ToolGateway], per_thread: int, batch: str) -> floa
     return time.perf_counter() - started
 
 
-def _delta(before: Sample, after: Sample) -> tuple[Counter[str], float]:
+def _delta(before: Sample, after: Sample) -> tuple[Counter[str], int, float]:
     commands = Counter({k: after.commands[k] - before.commands.get(k, 0) for k in after.commands})
     # INFO itself is the bench's own reading, not the system's
     commands.pop("info", None)
-    return +commands, after.cpu_s - before.cpu_s
+    return +commands, after.sent - before.sent - 2, after.cpu_s - before.cpu_s
+
+
+def _idle_cpu_per_s(nodes: list[tuple[str, EmbeddedRedis]], seconds: float) -> dict[str, float]:
+    """Each Redis process's CPU seconds per second with no calls (its cron, our workers' polls)."""
+    before = {label: _sample(node.port, _pid(node)).cpu_s for label, node in nodes}
+    time.sleep(seconds)  # measuring idle time is the point: nothing to await
+    return {label: (_sample(node.port, _pid(node)).cpu_s - before[label]) / seconds for label, node in nodes}
+
+
+def _pid(node: EmbeddedRedis) -> int:
+    assert node.process is not None
+    return node.process.pid
+
+
+def _capacity(port: int) -> float:
+    """Requests/s one shard serves to 50 unpipelined clients (redis-benchmark, on this machine)."""
+    cli = shutil.which("redis-benchmark")
+    if cli is None:
+        return 0.0
+    argv = [cli, "-p", str(port), "-c", "50", "-n", "100000", "-q", "hset", "bench:{x}", "f", "v"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False).stdout
+    found = re.findall(r"([0-9.]+) requests per second", out)
+    return float(found[-1]) if found else 0.0
 
 
 def main() -> None:
@@ -97,10 +125,11 @@ def main() -> None:
     try:
         _run_calls(gateways, 5, "warm")  # scripts loaded, connections open
         nodes = [(f"shard {n + 1}", node) for n, node in enumerate(cluster.nodes)] + [("broker", broker)]
-        assert all(node.process is not None for _, node in nodes)
-        before = {label: _sample(node.port, node.process.pid) for label, node in nodes}  # type: ignore[union-attr]
+        idle = _idle_cpu_per_s(nodes, 5.0)
+        before = {label: _sample(node.port, _pid(node)) for label, node in nodes}
         elapsed = _run_calls(gateways, args.calls_per_thread, "t")
-        after = {label: _sample(node.port, node.process.pid) for label, node in nodes}  # type: ignore[union-attr]
+        after = {label: _sample(node.port, _pid(node)) for label, node in nodes}
+        capacity = _capacity(cluster.nodes[0].port)
     finally:
         for gateway in gateways:
             gateway.close()
@@ -111,33 +140,51 @@ def main() -> None:
           f"{calls / elapsed:.0f} calls/s on this machine")  # fmt: skip
     per_call: dict[str, tuple[float, float]] = {}
     for label, _ in nodes:
-        commands, cpu_s = _delta(before[label], after[label])
-        n, cpu_us = sum(commands.values()) / calls, cpu_s / calls * 1e6
-        per_call[label] = (n, cpu_us)
+        commands, sent, cpu_s = _delta(before[label], after[label])
+        cpu_us = max(0.0, cpu_s - idle[label] * elapsed) / calls * 1e6
+        per_call[label] = (sent / calls, cpu_us)
         top = ", ".join(f"{name} {count / calls:.1f}" for name, count in commands.most_common(6))
-        print(f"  {label}: {n:.1f} commands/call, Redis CPU {cpu_us:.0f} µs/call ({top})")
+        print(f"  {label}: {sent / calls:.1f} commands sent/call ({sum(commands.values()) / calls:.1f} run, "
+              f"script-internal included: {top}); Redis CPU {cpu_us:.0f} µs/call above idle")  # fmt: skip
     shards = [per_call[label] for label, _ in nodes if label != "broker"]
     store_commands = sum(n for n, _ in shards)
     store_cpu_us = sum(cpu for _, cpu in shards)
     spread = max(n for n, _ in shards) / (store_commands / len(shards))
-    print(f"  store total: {store_commands:.1f} commands/call, {store_cpu_us:.0f} µs Redis CPU/call; "
-          f"busiest shard {spread:.2f}x the mean")  # fmt: skip
-    _arithmetic(args.rate, args.headroom, store_commands, store_cpu_us, spread, per_call["broker"])
+    print(f"  store total: {store_commands:.1f} commands sent/call, {store_cpu_us:.0f} µs Redis CPU/call; "
+          f"busiest shard {spread:.2f}x the mean; one shard serves {capacity:.0f} HSET/s to 50 clients "
+          f"(redis-benchmark, this machine)")  # fmt: skip
+    _arithmetic(
+        args.rate, args.headroom, (store_commands, store_cpu_us), spread, per_call["broker"], capacity
+    )
 
 
 def _arithmetic(
-    rate: int, headroom: float, commands: float, cpu_us: float, spread: float, broker: tuple[float, float]
+    rate: int,
+    headroom: float,
+    store: tuple[float, float],
+    spread: float,
+    broker: tuple[float, float],
+    capacity: float,
 ) -> None:
-    cores = rate * cpu_us / 1e6
-    shards = cores * spread / headroom
-    print(f"at {rate} calls/s (shards used to {headroom:.0%} of a core):")
-    print(f"  store: {rate * commands / 1e6:.2f} M commands/s, {cores:.1f} cores of Redis main loop -> "
-          f"{shards:.0f} shards (x{spread:.2f} for the busiest), "
-          f"{rate * commands / max(1, round(shards)) / 1e3:.0f} k commands/s per shard")  # fmt: skip
-    broker_cores = rate * broker[1] / 1e6
-    print(f"  broker: {rate * broker[0] / 1e6:.2f} M commands/s, {broker_cores:.1f} cores: one Redis "
-          f"broker saturates at {headroom * 1e6 / broker[1]:.0f} calls/s -> "
-          f"{broker_cores / headroom:.0f} broker Redis (one queue each) or RabbitMQ")  # fmt: skip
+    """Shards for ``rate`` calls/s two ways: by measured Redis CPU, and by commands at ``capacity``."""
+    commands, cpu_us = store
+    store_spread = spread
+    print(f"at {rate} calls/s, each Redis at {headroom:.0%} of its core, the busiest shard {spread:.2f}x:")
+    for label, (sent, micros) in (("store", (commands, cpu_us)), ("broker", broker)):
+        by_cpu = rate * micros / 1e6 * spread / headroom
+        by_commands = rate * sent * spread / (capacity * headroom) if capacity else float("nan")
+        print(f"  {label}: {rate * sent / 1e6:.2f} M commands/s; by CPU ({micros:.0f} µs/call) {by_cpu:.0f} "
+              f"Redis; by commands at {capacity:.0f}/s each {by_commands:.0f} Redis, "
+              f"{capacity * headroom / 1e3:.0f} k commands/s each")  # fmt: skip
+        spread = 1.0  # the broker is one process per queue: no spread over shards
+    if not capacity:
+        return
+    # The store grows by shards; one queue lives on one broker Redis whatever its size.
+    broker_ceiling = capacity * headroom / broker[0]
+    per_shard = capacity * headroom / (commands * store_spread)
+    first = "the broker (one Redis per queue)" if broker_ceiling < rate else "the store's shard count"
+    print(f"  ceilings by commands: one broker Redis {broker_ceiling:.0f} calls/s; each store shard adds "
+          f"{per_shard:.0f} calls/s; first to saturate: {first}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ class SweepScripts:
                     keys = [index.due, index.leases]
                     for member in page:
                         keys.extend(member_call_keys(prefix, member))
-                    calls.append((keys, [now_ms, lease_ms, *page]))
+                    calls.append((keys, [now_ms, lease_ms]))
             replies = self._evaluate(self._calls, calls)
         return [parse_due_member(prefix, str(m)) for reap in replies for m in reap]
 
@@ -115,7 +115,7 @@ class SweepScripts:
             for index, members in zip(buckets, found, strict=True):
                 for page in _pages(members):
                     keys = [index.by_progress, *(member_run_key(prefix, m) for m in page)]
-                    calls.append((keys, [now_ms, stalled_after_ms, int(auto_recover), *page]))
+                    calls.append((keys, [now_ms, stalled_after_ms, int(auto_recover), prefix]))
             replies = self._evaluate(self._runs, calls)
         settled: dict[str, int] = {}
         rest: list[tuple[str, str]] = []

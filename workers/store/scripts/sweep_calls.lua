@@ -1,6 +1,7 @@
 -- The due-call probe of one sweep, for one page of one index bucket.
--- KEYS: the bucket's due index, its lease index, then per member its call record and lease
--- (see workers/store/keys.py: member_call_keys). ARGV: now_ms, lease_ms, then the members.
+-- KEYS: the bucket's due index, its lease index, then per due call its call record and lease
+-- (see workers/store/keys.py: member_call_keys). ARGV: now_ms, lease_ms. A call's index
+-- member 'S/R/C' is taken from its record key '<prefix>:{S/R}:call:C' (not passed).
 -- The record keys span many slots: single Redis node only. The cluster-safe path is
 -- pipelined (workers/store/sweep_probe.py), and the two must decide alike.
 --
@@ -11,8 +12,10 @@
 -- unless it was never dispatched and is older than a lease. Returns the members to reap.
 local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local reap = {}
-for i = 3, #ARGV do
-  local member, call, lease = ARGV[i], KEYS[2 * i - 3], KEYS[2 * i - 2]
+for i = 3, #KEYS, 2 do
+  local call, lease = KEYS[i], KEYS[i + 1]
+  local run, id = string.match(call, '{([^}]*)}:call:(.*)$')
+  local member = run .. '/' .. id
   local f = redis.call('HMGET', call, 'state', 'deadline_ms', 'submitted_ms', 'dispatched')
   local state = f[1]
   if not state or state == 'done' then

@@ -1,8 +1,9 @@
 -- The run phase of one sweep, for one page of one index bucket.
--- KEYS: the bucket's by_progress index, then per member its run record (see
+-- KEYS: the bucket's by_progress index, then the run record of each due run (see
 -- workers/store/keys.py: member_run_key). ARGV: now_ms, stalled_after_ms, auto_recover
--- ('1'|'0'), then the members. The run records span many slots: single Redis node only;
--- the cluster-safe path is pipelined.
+-- ('1'|'0'), the key prefix. A run's index member is its record key's hash tag content,
+-- taken from the key (not passed: half the arguments). The run records span many slots:
+-- single Redis node only; the cluster-safe path is pipelined.
 --
 -- The members are the bucket's runs past their deadline and the runs quiet for
 -- stalled_after_ms in the index (read by score by the caller, as the pipelined path reads
@@ -18,13 +19,18 @@
 -- Returns {{class, count, ...}, {member, ...}}.
 local now, stalled = tonumber(ARGV[1]), tonumber(ARGV[2])
 local recover = ARGV[3] == '1'
+local tag_from = #ARGV[4] + 3 -- '<prefix>:{' .. member .. '}:run'
+
+local function member_of(run_key)
+  return string.sub(run_key, tag_from, -6)
+end
 
 local moved = {} -- score, member, ...: progress found in the records, one ZADD per batch
 
 -- Returns the class of a running run, or nil when the caller must judge it. Written for
 -- speed (it runs once per due run): one HMGET, no helper calls, a stored time string
 -- reused as the new index score.
-local function settle(member, run_key)
+local function settle(run_key)
   local run = redis.call('HMGET', run_key, 'status', 'progress_ms', 'deadline_ms', 'class', 'open_n',
                          'claimed_n', 'started_ms')
   if run[1] ~= 'running' then
@@ -59,7 +65,7 @@ local function settle(member, run_key)
   end
   if klass == 'active' or klass == 'long_running' then
     moved[#moved + 1] = last_text
-    moved[#moved + 1] = member
+    moved[#moved + 1] = member_of(run_key)
   end
   return klass
 end
@@ -72,13 +78,12 @@ local function flush()
 end
 
 local counts, rest = {}, {}
-for i = 4, #ARGV do
-  local member = ARGV[i]
-  local klass = settle(member, KEYS[i - 2])
+for i = 2, #KEYS do
+  local klass = settle(KEYS[i])
   if klass then
     counts[klass] = (counts[klass] or 0) + 1
   else
-    rest[#rest + 1] = member
+    rest[#rest + 1] = member_of(KEYS[i])
   end
 end
 flush()
