@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.loops
 	$(BIN)/python -m bench.repair
 	$(BIN)/python -m bench.watchdog
+	$(BIN)/python -m bench.cluster
 	$(BIN)/python -m bench.http_door
 	$(BIN)/python -m bench.cancel_breaker
 
