@@ -110,7 +110,8 @@ sweep's touches one run's (or one session's, or one bucket's) slot. The sweep's 
 of their records; those keys span many slots, which a single Redis node allows and Redis
 Cluster refuses, so on a cluster client the sweep pipelines the same reads instead (see
 :mod:`workers.store.sweep_scripts`). The sweep lock and the watchdog's own record stay
-global (tag ``{runs}``): they are written once per sweep, not per call.
+global (tag ``{runs}``): they are written once per sweep, not per call; so is ``P:events``,
+written per synthetic answer, loop verdict or alert, never on a call's normal path.
 """
 
 from __future__ import annotations
