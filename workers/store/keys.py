@@ -124,8 +124,8 @@ from typing import Literal
 from urllib.parse import quote, unquote
 
 __all__ = [
-    "BreakerKeys",
     "INDEX_BUCKETS",
+    "BreakerKeys",
     "IndexKeys",
     "RunKeys",
     "SessionKeys",
