@@ -13,11 +13,13 @@ scenarios:
 2. their tools are silent (an incident): the first sweep alerts ``stalled`` (each alert
    confirmed from the run's calls); later sweeps re-read them and find nothing new.
 
-Baselines, in the same run: one bare ``ZRANGEBYSCORE`` of the 10 000 due runs (with scores,
-into Python), and the same range inside a script that returns only the count (what the
-sweep's own script starts with). Before each timed sweep the due runs' index scores are
-put back, so every repetition does the full work. ``BENCH_PATH=pipelined`` measures the
-cluster-safe path.
+Baselines, in the same run: one bare ``ZRANGEBYSCORE`` of the 10 000 due runs over every
+index bucket (with scores, into Python, one pipeline), and the same ranges inside one script
+that returns only the count. Targets (issue 16): median sweep <= 50 ms, and no single
+command, script calls included, holding Redis longer than 10 ms (the longest is read from
+SLOWLOG, every command logged); each printed with PASS or MISS. Before each timed sweep
+the due runs' index scores are put back, so every repetition does the full work.
+``BENCH_PATH=pipelined`` measures the cluster-safe path.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from workers.core.models import CallState
 from workers.core.run_health import RunStatus
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.keys import SessionKeys, due_index_key, lease_index_key, run_index_keys, run_member
+from workers.store.keys import SessionKeys, all_index_keys, index_keys, member_bucket, run_member
 from workers.store.ledger import Ledger, connect
 from workers.store.records import CallField, LaneField, RunField
 from workers.store.sessions import SessionStore
@@ -47,7 +49,33 @@ STALLED_AFTER_S = 120.0
 LEASE_TTL_MS = 60_000
 REPEATS = 9
 PREFIX = "unstuck"
-RANGE_IN_SCRIPT = "return #redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])"
+RANGE_IN_SCRIPT = """local n = 0
+for _, key in ipairs(KEYS) do n = n + #redis.call('ZRANGEBYSCORE', key, '-inf', ARGV[1]) end
+return n"""
+TARGET_MS = 50.0  # issue 16: median sweep with 10 000 due among 100 000 sessions
+MAX_BLOCK_MS = 10.0  # and no single command (script call) holding Redis longer than this
+
+
+def _command_name(command: Any) -> str:
+    return (command.decode() if isinstance(command, bytes) else str(command)).split(" ")[0].upper()
+
+
+class LongestCommand:
+    """The longest single command Redis ran between :meth:`reset` and :meth:`read` (SLOWLOG)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        client.config_set("slowlog-log-slower-than", 1000)  # µs: what is shorter is no concern
+        client.config_set("slowlog-max-len", 100_000)
+
+    def reset(self) -> None:
+        self.client.slowlog_reset()
+
+    def read(self) -> tuple[float, str]:
+        """(duration ms, command name) of the longest command logged since the last reset."""
+        entries: Any = self.client.slowlog_get(100_000)
+        named = [(e["duration"] / 1000, _command_name(e["command"])) for e in entries]
+        return max(((ms, name) for ms, name in named if name != "SLOWLOG"), default=(0.0, "none over 1 ms"))
 
 
 def _ledger(client: redis.Redis) -> Ledger:
@@ -82,17 +110,26 @@ def _populate_due(client: redis.Redis, now: int, run_id: str, *, heartbeat: bool
     for start in range(0, DUE, 1000):
         ledger.renew_leases(pairs[start : start + 1000], "w:1", now_ms=now)
     scores = {run_member(f"agent:main:s{n}", run_id): old for n in range(DUE)}
-    store.client.zadd(store.index.by_progress, scores, xx=True)  # what the gateway last indexed
+    _put_scores(client, scores)  # what the gateway last indexed
     return scores
+
+
+def _put_scores(client: redis.Redis, scores: dict[str, int]) -> None:
+    """Set the progress-index scores of these runs, each in its bucket."""
+    pipe = client.pipeline(transaction=False)
+    for member, score in scores.items():
+        pipe.zadd(index_keys(PREFIX, member_bucket(member)).by_progress, {member: score}, xx=True)
+    pipe.execute()
 
 
 def _populate_recent(client: redis.Redis, now: int) -> None:
     """The runs that are not due, written directly (pipelined) in the same key layout."""
-    index, ledger = run_index_keys(PREFIX), _ledger(client)
+    ledger = _ledger(client)
     pipe = client.pipeline(transaction=False)
     for n in range(DUE, SESSIONS):
         session, run = f"agent:main:s{n}", "r1"
         keys = ledger.keys(session, run)
+        index = keys.index
         record: dict[Any, Any] = {
             RunField.STARTED_MS: now - 60_000, RunField.DEADLINE_MS: now + 3_600_000,
             RunField.AGENT_ID: "main", RunField.TOKEN: 1, RunField.STATUS: RunStatus.RUNNING,
@@ -120,8 +157,8 @@ def _populate_recent(client: redis.Redis, now: int) -> None:
         pipe.zadd(keys.calls, {"c1": now - 2000})
         pipe.zadd(keys.open, {"c1": now + 600_000})
         pipe.set(keys.lease("c1"), "w:1", px=LEASE_TTL_MS)
-        pipe.zadd(due_index_key(PREFIX), {keys.due_member("c1"): now + 600_000})
-        pipe.zadd(lease_index_key(PREFIX), {keys.due_member("c1"): now + LEASE_TTL_MS})
+        pipe.zadd(index.due, {keys.due_member("c1"): now + 600_000})
+        pipe.zadd(index.leases, {keys.due_member("c1"): now + LEASE_TTL_MS})
         if n % 2000 == 1999:
             pipe.execute()
     pipe.execute()
@@ -131,22 +168,43 @@ def _medians(samples: dict[str, list[float]]) -> str:
     return ", ".join(f"{name} {statistics.median(ms):.1f}" for name, ms in samples.items())
 
 
-def _measure(client: redis.Redis, watchdog: Watchdog, now: int, scores: dict[str, int], expect: str) -> float:
+def _redis_cpu_s(pid: int) -> float:
+    """CPU seconds the Redis process has used (utime + stime from /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(
+    client: redis.Redis, watchdog: Watchdog, now: int, scores: dict[str, int], expect: str, redis_pid: int
+) -> float:
     """Median sweep time (ms) over REPEATS, each starting from the same index scores."""
-    index = run_index_keys(PREFIX)
+    indexes = [keys.by_progress for keys in all_index_keys(PREFIX)]
     before = now - int(STALLED_AFTER_S * 1000)
     in_script = client.register_script(RANGE_IN_SCRIPT)
     timings: dict[str, list[float]] = {"range into Python": [], "range in a script": [], "sweep": []}
     phases: dict[str, list[float]] = {}
+    longest = LongestCommand(client)
+    blocks: list[tuple[float, str]] = []
+    cpu_s = (
+        0.0  # this process's and Redis's CPU over the timed sweeps: what waiting for a core adds is not in it
+    )
     for _ in range(REPEATS):
-        client.zadd(index.by_progress, scores, xx=True)
+        _put_scores(client, scores)
         t0 = time.perf_counter()
-        assert len(client.zrangebyscore(index.by_progress, "-inf", before, withscores=True)) == DUE
+        pipe = client.pipeline(transaction=False)
+        for key in indexes:
+            pipe.zrangebyscore(key, "-inf", before, withscores=True)
+        assert sum(len(rows) for rows in pipe.execute()) == DUE
         t1 = time.perf_counter()
-        assert in_script(keys=[index.by_progress], args=[before]) == DUE
+        assert in_script(keys=indexes, args=[before]) == DUE
+        longest.reset()
+        cpu_before = time.process_time() + _redis_cpu_s(redis_pid)
         t2 = time.perf_counter()
         report = watchdog.sweep(now)
         t3 = time.perf_counter()
+        cpu_s += time.process_time() + _redis_cpu_s(redis_pid) - cpu_before
+        blocks.append(longest.read())
         assert report.classes == {expect: DUE}, report
         assert report.alerts == report.calls_answered == 0, report
         for name, seconds in zip(timings, (t1 - t0, t2 - t1, t3 - t2), strict=True):
@@ -155,15 +213,21 @@ def _measure(client: redis.Redis, watchdog: Watchdog, now: int, scores: dict[str
             phases.setdefault(name, []).append(ms)
     sweep_ms = statistics.median(timings["sweep"])
     spread = f"min {min(timings['sweep']):.1f}, max {max(timings['sweep']):.1f}"
-    print(f"  baselines: ZRANGEBYSCORE of the {DUE} due runs into Python "
+    print(f"  baselines: ZRANGEBYSCORE of the {DUE} due runs (all buckets, one pipeline) into Python "
           f"{statistics.median(timings['range into Python']):.1f} ms, the same range in a script "
           f"{statistics.median(timings['range in a script']):.1f} ms")  # fmt: skip
     print(
         f"  sweep: {sweep_ms:.1f} ms (median of {REPEATS}; {spread}); phases (median ms): {_medians(phases)}"
     )
     ratio = sweep_ms / statistics.median(timings["range into Python"])
-    verdict = "met" if sweep_ms <= 100 else "NOT met"
-    print(f"  ratio to the Python range: {ratio:.2f}x; target <= 100 ms: {verdict}")
+    block_ms, command = max(blocks)
+    print(f"  ratio to the Python range: {ratio:.2f}x; median <= {TARGET_MS:.0f} ms: "
+          f"{'PASS' if sweep_ms <= TARGET_MS else 'MISS'}")  # fmt: skip
+    print(f"  CPU per sweep, client and Redis (mean of {REPEATS}): {cpu_s / REPEATS * 1000:.1f} ms: "
+          "the sweep's own cost, without the waits for a core of a loaded machine")  # fmt: skip
+    blocked = "PASS" if block_ms <= MAX_BLOCK_MS else "MISS"
+    print(f"  longest single command in Redis over the {REPEATS} sweeps (SLOWLOG): {block_ms:.2f} ms "
+          f"({command}); <= {MAX_BLOCK_MS:.0f} ms: {blocked}")  # fmt: skip
     return sweep_ms
 
 
@@ -180,7 +244,7 @@ def main() -> None:
         started = time.perf_counter()
         _populate_recent(client, now)
         beating = _populate_due(client, now, "r1", heartbeat=True)
-        calls = client.zcard(due_index_key(PREFIX))
+        calls = sum(client.zcard(keys.due) for keys in all_index_keys(PREFIX))
         print(f"populated {SESSIONS} running sessions ({calls} unanswered calls, leases renewed), "
               f"{DUE} due runs, in {time.perf_counter() - started:.1f} s")  # fmt: skip
         settings = Settings(
@@ -196,16 +260,22 @@ def main() -> None:
         print(
             f"1. {DUE} runs whose tools heartbeat, run index stale (read, found long_running, index moved):"
         )
-        _measure(client, watchdog, now, beating, "long_running")
+        assert server.process is not None
+        pid = server.process.pid
+        _measure(client, watchdog, now, beating, "long_running", pid)
         _end_runs(store, "r1", now)
         silent = _populate_due(client, now, "r2", heartbeat=False)
+        first = LongestCommand(client)
+        first.reset()
         t0 = time.perf_counter()
         report = watchdog.sweep(now)
         first_ms = (time.perf_counter() - t0) * 1000
+        first_block_ms, first_command = first.read()
         assert report.alerts == DUE, report
         print(f"2. {DUE} runs whose tools are silent (an incident): the first sweep confirms each from its "
-              f"calls and alerts stalled: {first_ms:.1f} ms; every later sweep:")  # fmt: skip
-        _measure(client, watchdog, now, silent, "stalled")
+              f"calls and alerts stalled: {first_ms:.1f} ms (longest single command {first_block_ms:.2f} ms, "
+              f"{first_command}); every later sweep:")  # fmt: skip
+        _measure(client, watchdog, now, silent, "stalled", pid)
         client.close()
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,10 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
+import redis
 
 from workers.core.job_digest import job_digest
 from workers.core.models import CallJob
+from workers.errors import StoreError
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
+from workers.store.ledger import connect
 
 if TYPE_CHECKING:
     import pytest
@@ -56,6 +63,9 @@ def base_env(redis_url: str, **extra: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if redis_url in _CLUSTER_BROKERS:  # the store on the cluster, Celery on its single Redis
+        env["UNSTUCK_REDIS__CLUSTER"] = "true"
+        env["UNSTUCK_BROKER__URL"] = _CLUSTER_BROKERS[redis_url]
     env.update(extra)
     return env
 
@@ -202,3 +212,116 @@ def kill_pids(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+# --- Redis Cluster --------------------------------------------------------------------------
+
+#: Set (to ``cluster``) for the matrix leg that runs the store suites on a Redis Cluster.
+CLUSTER_LEG = os.environ.get("UNSTUCK_TEST_REDIS", "") == "cluster"
+#: Set by .ci/run: a cluster that cannot start fails the leg instead of skipping it.
+CLUSTER_REQUIRED = os.environ.get("UNSTUCK_REQUIRE_CLUSTER", "") == "1"
+# Cluster URL -> the single Redis its processes use as Celery broker (kombu cannot use a cluster).
+_CLUSTER_BROKERS: dict[str, str] = {}
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cluster_port() -> int:
+    """A free loopback port whose cluster bus port (+10000) is a valid, free port too."""
+    for _ in range(1000):
+        port = random.randint(20_000, 55_000)
+        if _port_free(port) and _port_free(port + 10_000):
+            return port
+    raise StoreError("no free port pair (port, port + 10000) for a cluster node")
+
+
+class LocalCluster:
+    """A Redis Cluster of ``masters`` real redis-servers on free loopback ports, no replicas.
+
+    Built as an operator would: each node started with ``--cluster-enabled yes``, the slots
+    assigned by ``redis-cli --cluster create``, then awaited until every node reports
+    ``cluster_state:ok`` with all 16384 slots assigned.
+    """
+
+    def __init__(self, masters: int = 3) -> None:
+        self.nodes = [
+            EmbeddedRedis(port=_cluster_port(), extra_args=("--cluster-enabled", "yes"))
+            for _ in range(masters)
+        ]
+
+    @property
+    def url(self) -> str:
+        """A node's URL: a cluster client finds the others from it."""
+        return self.nodes[0].url
+
+    def start(self, timeout_s: float = 30.0) -> LocalCluster:
+        """Start the nodes, assign the slots and wait for ``cluster_state:ok``; raises on failure."""
+        try:
+            for node in self.nodes:
+                node.start()
+            cli = shutil.which("redis-cli")
+            if cli is None:
+                raise StoreError("redis-cli not found: it creates the test cluster (apt install redis-tools)")
+            create = [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes)]
+            subprocess.run(
+                [*create, "--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=timeout_s,
+            )
+            wait_until(
+                self._ready, timeout_s=timeout_s, interval_s=0.1, what="cluster_state:ok on every node"
+            )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _ready(self) -> bool:
+        for node in self.nodes:
+            client = redis.Redis(port=node.port, decode_responses=True)
+            try:
+                info = client.cluster("info")
+            finally:
+                client.close()
+            if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_assigned", 0)) != 16384:
+                return False
+        return True
+
+    def flush(self) -> None:
+        """Empty every node (each master holds its own share of the keys)."""
+        for node in self.nodes:
+            client = redis.Redis(port=node.port)
+            try:
+                client.flushall()
+            finally:
+                client.close()
+
+    def close(self) -> None:
+        """Stop every node."""
+        for node in self.nodes:
+            node.close()
+
+
+def register_cluster(cluster_url: str, broker_url: str) -> None:
+    """Make :func:`base_env` and :func:`store_client` treat ``cluster_url`` as a cluster."""
+    _CLUSTER_BROKERS[cluster_url] = broker_url
+
+
+def is_cluster(redis_url: str) -> bool:
+    """Whether ``redis_url`` is a test cluster's (registered by :func:`register_cluster`)."""
+    return redis_url in _CLUSTER_BROKERS
+
+
+def store_client(redis_url: str, *, timeout_s: float = 2.0) -> redis.Redis:
+    """The store's own client for ``redis_url``: a cluster client on the cluster leg."""
+    return connect(
+        redis_url, socket_timeout_s=timeout_s, socket_connect_timeout_s=1, cluster=is_cluster(redis_url)
+    )

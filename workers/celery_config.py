@@ -33,7 +33,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     lock_s = settings.watchdog.sweep_lock_ttl_s
     config: dict[str, Any] = {
         "broker_url": settings.broker_url,
-        "result_backend": settings.redis.url,
+        # Every task ignores its result (results live in the ledger); a cluster cannot be one.
+        "result_backend": None if settings.redis.cluster else settings.redis.url,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],

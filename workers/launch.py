@@ -30,6 +30,7 @@ def preflight(settings: Settings) -> None:
         settings.redis.url,
         socket_timeout_s=settings.redis.socket_timeout_s,
         socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
+        cluster=settings.redis.cluster,
     )
     if failure is not None:
         raise StoreError(

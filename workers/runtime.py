@@ -44,6 +44,7 @@ def open_ledger(settings: Settings) -> Ledger:
         settings.redis.url,
         socket_timeout_s=settings.redis.socket_timeout_s,
         socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
+        cluster=settings.redis.cluster,
     )
     return Ledger(
         client,

@@ -106,6 +106,11 @@ class RedisSettings(BaseModel):
 
     url: str = Field("", description="redis:// or rediss:// URL; empty starts an embedded redis-server")
     key_prefix: str = Field("unstuck", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    cluster: bool = Field(
+        False,
+        description="url names a node of a Redis Cluster: the store uses a cluster client "
+        "(Celery cannot: set broker.url to a single Redis or RabbitMQ)",
+    )
     socket_timeout_s: Seconds = 2.0
     socket_connect_timeout_s: Seconds = 1.0
 
@@ -490,6 +495,14 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Keyword arguments, then environment, then the config file."""
         return init_settings, env_settings, ConfigFileSource(settings_cls)
+
+    @model_validator(mode="after")
+    def _broker_off_the_cluster(self) -> Settings:
+        if self.redis.cluster and not self.broker.url:
+            raise ValueError(
+                "redis.cluster needs its own broker.url: Celery's Redis transport cannot use a cluster"
+            )
+        return self
 
     @property
     def broker_url(self) -> str:

@@ -26,7 +26,7 @@ import redis
 
 from workers.core.models import TextBlock, ToolResult
 from workers.settings import Settings
-from workers.store.keys import lease_index_key
+from workers.store.keys import all_index_keys
 from workers.store.ledger import Ledger, connect
 from workers.store.sessions import SessionStore
 from workers.store.sweep_scripts import RunSweep, SweepScripts
@@ -119,6 +119,10 @@ def _read(pipe: Any, key: str, kind: str) -> None:
         pipe.get(key)
 
 
+def _lease_indexes(prefix: str) -> set[str]:
+    return {keys.leases for keys in all_index_keys(prefix)}
+
+
 def _values(client: redis.Redis, prefix: str) -> list[tuple[str, str, Any, bool]]:
     """(name without the prefix, type, value, whether it expires) of every key under ``prefix``."""
     keys = sorted(client.scan_iter(match=f"{prefix}:*", count=1000))
@@ -135,7 +139,7 @@ def _values(client: redis.Redis, prefix: str) -> list[tuple[str, str, Any, bool]
     for n, (key, kind) in enumerate(zip(keys, kinds, strict=True)):
         value = rows[2 * n]
         if kind == "zset":
-            score = lease_score if key == lease_index_key(prefix) else int
+            score = lease_score if key in _lease_indexes(prefix) else int
             value = [(str(member), score(at)) for member, at in value]
         elif kind == "stream":
             value = [entry for _, entry in value]  # entry ids carry the wall clock

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-import redis
+from redis.cluster import RedisCluster
 
+from tests.harness import CLUSTER_LEG, is_cluster, store_client
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.settings import Settings
-from workers.store.keys import SessionKeys, due_index_key, lease_index_key, run_index_keys, run_member
-from workers.store.ledger import Ledger, connect
+from workers.store.keys import SessionKeys, all_index_keys, run_member
+from workers.store.ledger import Ledger
 from workers.store.runs import ensure_run
 from workers.store.sessions import SessionStore
 from workers.watchdog.alerts import AlertSink
@@ -21,11 +23,13 @@ from workers.watchdog.sweep import SweepReport, Watchdog, clean_stale_lanes, sta
 
 T0 = int(time.time() * 1000)  # lanes expire at absolute times: use the real clock
 MIN = 60_000
+# The scripts path reads many slots in one script: a single node's only (a cluster refuses it).
+SWEEP_PATHS = (False,) if CLUSTER_LEG else (True, False)
 
 
 @pytest.fixture
 def store(redis_url: str) -> Iterator[SessionStore]:
-    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
+    client = store_client(redis_url)
     yield SessionStore(Ledger(client, prefix="t", ttl_s=3600, lease_ttl_ms=3000))
     client.close()
 
@@ -87,7 +91,7 @@ def test_indexes_follow_the_run(store: SessionStore) -> None:
     # Given
     store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
     member = run_member("s", "r1")
-    index = run_index_keys("t")
+    index = store.ledger.keys("s", "r1").index
     # When progress is reported, even out of order
     assert store.touch_progress("s", "r1", T0 + 500)
     assert store.touch_progress("s", "r1", T0 + 100)
@@ -122,9 +126,8 @@ def test_every_key_written_has_a_ttl(store: SessionStore, redis_url: str) -> Non
     store.begin_run("s", "r2", "main", T0 + 1, T0 + 30 * MIN, writer="gw")
     store.try_sweep_lock("tok", 30_000)
     # When / Then: only the documented global indexes live without a TTL
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    index = run_index_keys("t")
-    no_ttl_allowed = {index.by_deadline, index.by_progress, index.ended, due_index_key("t")}
+    client = store_client(redis_url)
+    no_ttl_allowed = {k for i in all_index_keys("t") for k in (i.by_deadline, i.by_progress, i.ended, i.due)}
     for key in client.scan_iter("t:*"):
         if key not in no_ttl_allowed:
             assert client.pttl(key) > 0, key
@@ -199,7 +202,8 @@ def test_sweep_reads_real_activity_and_moves_the_index(store: SessionStore) -> N
     # Then
     assert report.classes == {"long_running": 1}
     assert sent == []
-    assert store.client.zscore(run_index_keys("t").by_progress, run_member("s", "r1")) == T0 + 5 * MIN
+    by_progress = store.ledger.keys("s", "r1").index.by_progress
+    assert store.client.zscore(by_progress, run_member("s", "r1")) == T0 + 5 * MIN
 
 
 def test_stale_lanes_are_found_and_cleaned(store: SessionStore) -> None:
@@ -239,12 +243,11 @@ def _mixed_runs(store: SessionStore) -> None:
     _register(store, "late", "r1", "c1", T0 + 50 * MIN)
     store.client.delete(led.keys("gone", "r1").run)
     store.end_run("ended", "r1", RunStatus.COMPLETED, T0 + 1)
-    store.client.zadd(run_index_keys(store.prefix).by_progress, {run_member("ended", "r1"): T0})
-    store.client.zadd(due_index_key(store.prefix), {led.keys("gone", "r1").due_member("x"): T0})
+    store.client.zadd(led.keys("ended", "r1").index.by_progress, {run_member("ended", "r1"): T0})
+    store.client.zadd(led.keys("gone", "r1").index.due, {led.keys("gone", "r1").due_member("x"): T0})
 
 
 def _state(store: SessionStore) -> dict[str, object]:
-    index = run_index_keys(store.prefix)
     runs = {}
     for session in ("active", "long", "s p{x}/é", "stalled", "stuck", "late", "gone", "ended", "lost"):
         keys = store.ledger.keys(session, "r1")
@@ -253,23 +256,25 @@ def _state(store: SessionStore) -> dict[str, object]:
         results = store.ledger.results(keys, calls)
         runs[session] = (
             {k: record.get(k) for k in ("status", "class", "end_reason")},
-            store.client.zscore(index.by_progress, run_member(session, "r1")),
-            store.client.zscore(index.by_deadline, run_member(session, "r1")),
+            store.client.zscore(keys.index.by_progress, run_member(session, "r1")),
+            store.client.zscore(keys.index.by_deadline, run_member(session, "r1")),
             {c: (r.reason if r else None) for c, r in results.items()},
             store.lane(session) is not None,
         )
     return {
         "runs": runs,
-        "due": sorted(store.client.zrange(due_index_key(store.prefix), 0, -1)),
-        "leases": sorted(store.client.zrange(lease_index_key(store.prefix), 0, -1)),
+        "due": sorted(m for i in all_index_keys(store.prefix) for m in store.client.zrange(i.due, 0, -1)),
+        "leases": sorted(
+            m for i in all_index_keys(store.prefix) for m in store.client.zrange(i.leases, 0, -1)
+        ),
     }
 
 
 def test_server_side_sweep_matches_the_pipelined_sweep(redis_url: str) -> None:
     # Given the same runs under two prefixes, one swept by scripts, one pipelined
-    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
+    client = store_client(redis_url)
     seen: dict[bool, tuple[list[SweepReport], list[dict[str, object]], dict[str, object]]] = {}
-    for server_side in (True, False):
+    for server_side in SWEEP_PATHS:
         store = SessionStore(Ledger(client, prefix=f"p{int(server_side)}", ttl_s=3600, lease_ttl_ms=3000))
         _mixed_runs(store)
         reports: list[SweepReport] = []
@@ -286,8 +291,9 @@ def test_server_side_sweep_matches_the_pipelined_sweep(redis_url: str) -> None:
             reports.append(report)
         seen[server_side] = (reports, sent, _state(store))
     # Then reports, alerts and stored state are the same
-    assert seen[True] == seen[False]
-    reports = seen[True][0]
+    first, *others = seen.values()
+    assert all(other == first for other in others)
+    reports = first[0]
     assert [
         (r.classes, r.timed_out, r.recovered, r.alerts, r.dropped, r.calls_answered) for r in reports
     ] == [
@@ -296,3 +302,17 @@ def test_server_side_sweep_matches_the_pipelined_sweep(redis_url: str) -> None:
         ({"stalled": 3, "stuck": 3}, 0, 3, 1, 0, 0),
     ]
     client.close()
+
+
+def test_the_store_is_on_the_cluster_exactly_on_the_cluster_leg(store: SessionStore, redis_url: str) -> None:
+    # Given the store every test of this leg uses
+    client: Any = store.client
+    # Then on the cluster leg it is a cluster client on three masters, and the sweep takes the
+    # pipelined path by itself; elsewhere it is a single node, swept by scripts
+    assert is_cluster(redis_url) is CLUSTER_LEG
+    assert isinstance(client, RedisCluster) is CLUSTER_LEG
+    if CLUSTER_LEG:
+        assert len(client.get_primaries()) == 3
+        assert client.cluster_info()["cluster_state"] == "ok"
+    watchdog = Watchdog(store, Settings(), writer="wd", alerts=AlertSink())
+    assert (watchdog.scripts is None) is CLUSTER_LEG

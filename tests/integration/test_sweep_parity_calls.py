@@ -46,7 +46,6 @@ from tests.integration.sweep_parity import (
 from workers.core.models import CallState, SyntheticReason
 from workers.core.reaper import OpenCall, decide
 from workers.local.embedded_redis import EmbeddedRedis
-from workers.store.keys import due_index_key, lease_index_key
 from workers.store.ledger import Ledger
 from workers.store.records import CALL as CALL_RECORD
 from workers.store.records import CallField
@@ -204,7 +203,7 @@ def write_call(ledger: Ledger, n: int, case: CallCase) -> None:
         pipe.set(lease, "w:1", px=ALIVE_MS)
     if case.state == "gone":
         pipe.delete(keys.call(CALL))
-    member, due, leases = keys.due_member(CALL), due_index_key(ledger.prefix), lease_index_key(ledger.prefix)
+    member, due, leases = keys.due_member(CALL), keys.index.due, keys.index.leases
     pipe.zrem(due, member)
     if case.due_index:
         pipe.zadd(due, {member: deadline})
@@ -215,13 +214,12 @@ def write_call(ledger: Ledger, n: int, case: CallCase) -> None:
 
 
 def _observe_calls(ledger: Ledger) -> dict[int, CallOutcome]:
-    due, leases = due_index_key(ledger.prefix), lease_index_key(ledger.prefix)
     pipe = ledger.client.pipeline(transaction=False)
     for n in range(len(CALL_CASES)):
         keys = ledger.keys(f"s{n}", RUN)
         pipe.hmget(keys.call(CALL), ["state", "reason"])
-        pipe.zscore(due, keys.due_member(CALL))
-        pipe.zscore(leases, keys.due_member(CALL))
+        pipe.zscore(keys.index.due, keys.due_member(CALL))
+        pipe.zscore(keys.index.leases, keys.due_member(CALL))
         pipe.exists(keys.lease(CALL))
     rows = pipe.execute()
     out: dict[int, CallOutcome] = {}

@@ -67,7 +67,7 @@ from workers.core.run_health import (
     needs_confirmation,
 )
 from workers.local.embedded_redis import EmbeddedRedis
-from workers.store.keys import RunKeys, due_index_key, lease_index_key, run_member
+from workers.store.keys import RunKeys, all_index_keys, run_member
 from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
 from workers.watchdog.sweep import SweepReport, Watchdog
@@ -321,7 +321,7 @@ def write_run(store: SessionStore, n: int, case: RunCase) -> None:
         pipe.hset(keys.run, "class", case.previous)
     else:
         pipe.hdel(keys.run, "class")
-    pipe.zadd(store.index.by_progress, {run_member(session, RUN): INDEXED[case.indexed]})
+    pipe.zadd(keys.index.by_progress, {run_member(session, RUN): INDEXED[case.indexed]})
     lane = store.session(session).lane
     pipe.delete(lane)
     if case.lane != "free":
@@ -357,9 +357,9 @@ def _observe_runs(store: SessionStore, sink: RecordingSink) -> dict[int, RunOutc
     for n in numbers:
         keys, member = store.ledger.keys(f"s{n}", RUN), run_member(f"s{n}", RUN)
         pipe.hmget(keys.run, ["class", "status", "end_reason"])
-        pipe.zscore(store.index.by_deadline, member)
-        pipe.zscore(store.index.by_progress, member)
-        pipe.zscore(store.index.ended, member)
+        pipe.zscore(keys.index.by_deadline, member)
+        pipe.zscore(keys.index.by_progress, member)
+        pipe.zscore(keys.index.ended, member)
         pipe.hmget(keys.call(CALL), ["state", "reason"])
         pipe.hget(store.session(f"s{n}").lane, "run_id")
     rows = pipe.execute()
@@ -411,7 +411,7 @@ def run_sweeps(redis_server: EmbeddedRedis) -> Iterator[dict[str, Swept]]:
         store = session_store(client, "runs")
         for m, case in enumerate(STORED_RUNS):
             write_run(store, m, case)
-        client.delete(due_index_key("runs"), lease_index_key("runs"))  # the run phase alone
+        client.delete(*(k for b in all_index_keys("runs") for k in (b.due, b.leases)))  # the run phase alone
         swept = {path: Swept() for path in PATHS}
         for recover, path in itertools.product((False, True), PATHS):
             if path == "mutant" and recover:

@@ -50,3 +50,13 @@ def test_amqp_queue_is_declared_durable_with_the_quorum_argument() -> None:
     queue = app.amqp.queues["q1"]
     assert queue.durable is True
     assert queue.queue_arguments == {"x-queue-type": "quorum"}
+
+
+def test_a_cluster_store_is_never_the_result_backend() -> None:
+    # Every task ignores its result; a cluster node as Celery's backend would answer MOVED
+    single = celery_config(Settings(redis={"url": "redis://r:6379/0"}))
+    cluster = celery_config(
+        Settings(redis={"url": "redis://node-1:7000/0", "cluster": True}, broker={"url": "redis://q:6379/0"})
+    )
+    assert single["result_backend"] == "redis://r:6379/0"
+    assert (cluster["result_backend"], cluster["broker_url"]) == (None, "redis://q:6379/0")

@@ -7,14 +7,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.store.keys import (
+    INDEX_BUCKETS,
     RunKeys,
     SessionKeys,
-    due_index_key,
+    all_index_keys,
+    bucket_tag,
+    index_keys,
+    key_slot,
     ledger_key_kind,
     ledger_scan_pattern,
+    member_bucket,
+    member_call_keys,
+    member_run_key,
     parse_due_member,
     quote_part,
-    run_index_keys,
+    run_member,
 )
 
 PREFIX = "unstuck"
@@ -76,7 +83,7 @@ def test_key_layout() -> None:
     assert keys.call("c/1") == "unstuck:{s%3A1/r%7B1%7D}:call:c%2F1"
     assert keys.lease("c") == "unstuck:{s%3A1/r%7B1%7D}:lease:c"
     assert keys.open == "unstuck:{s%3A1/r%7B1%7D}:open"
-    assert due_index_key(PREFIX) == "unstuck:due"
+    assert index_keys(PREFIX, 0).due == "unstuck:{" + bucket_tag(0) + "}:due"
 
 
 @settings(max_examples=50)
@@ -130,9 +137,34 @@ def test_scanned_keys_are_classified_from_the_builders(session: str, run: str, c
     # Given every key of a run, of its session and of the run indexes
     keys = RunKeys(PREFIX, session, run)
     others = [k for k in all_keys(keys, call_id) if k not in (keys.call(call_id), keys.run)]
-    others += [SessionKeys(PREFIX, session).lane, run_index_keys(PREFIX).by_deadline]
+    others += [SessionKeys(PREFIX, session).lane, keys.index.by_deadline]
     # Then only call and run records are told apart, and the scan pattern's prefix matches them all
     assert ledger_key_kind(keys.call(call_id)) == "call"
     assert ledger_key_kind(keys.run) == "run"
     assert [ledger_key_kind(k) for k in others] == [None] * len(others)
     assert all(k.startswith(ledger_scan_pattern(PREFIX).rstrip("*")) for k in [keys.run, *others])
+
+
+def test_bucket_tags_sit_in_their_share_of_the_slot_space() -> None:
+    # Each bucket's slot lies in the bucket's 1/INDEX_BUCKETS of the slots: spread evenly over shards.
+    share = 16384 // INDEX_BUCKETS
+    slots = [key_slot(redis_hash_tag(keys.due)) for keys in all_index_keys(PREFIX)]
+    assert [slot // share for slot in slots] == list(range(INDEX_BUCKETS))
+    for keys in all_index_keys(PREFIX):
+        assert {
+            redis_hash_tag(k) for k in (keys.due, keys.leases, keys.by_deadline, keys.by_progress, keys.ended)
+        } == {bucket_tag(keys.bucket)}
+
+
+@settings(max_examples=50)
+@given(session=any_id, run=any_id, call_id=any_id)
+def test_a_run_and_its_members_map_to_one_bucket_near_its_slot(session: str, run: str, call_id: str) -> None:
+    # Given
+    keys = RunKeys(PREFIX, session, run)
+    # Then the run, its run member and its call members agree on the bucket, which shares the run's slot range
+    assert member_bucket(run_member(session, run)) == member_bucket(keys.due_member(call_id)) == keys.bucket
+    assert key_slot(keys.tag[1:-1]) * INDEX_BUCKETS // 16384 == keys.bucket
+    assert keys.index == index_keys(PREFIX, keys.bucket)
+    # And the sweep rebuilds the run's keys from members exactly as the builders spell them
+    assert member_run_key(PREFIX, run_member(session, run)) == keys.run
+    assert member_call_keys(PREFIX, keys.due_member(call_id)) == (keys.call(call_id), keys.lease(call_id))

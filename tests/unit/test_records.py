@@ -217,7 +217,13 @@ def test_each_default_fits_its_type(record: HashRecord[Any], name: enum.StrEnum)
 
 TABLE_ROW = re.compile(r"^``(P:[^`]+)``", flags=re.MULTILINE)
 # The placeholders of the table, as the sample key builders below fill them in.
-SAMPLE_PARTS = {"{tag}": "{S/R}", "{S}": "{S}", "<call>": "C", "<tool>": "T"}
+SAMPLE_PARTS = {
+    "{tag}": "{S/R}",
+    "{S}": "{S}",
+    "{B}": "{" + workers.store.keys.bucket_tag(0) + "}",
+    "<call>": "C",
+    "<tool>": "T",
+}
 BUILDERS = [r.builder for r in HASH_RECORDS] + [r.builder for r in KEY_RECORDS]
 
 
@@ -242,6 +248,8 @@ def sample_key(builder: str) -> str:
         made = workers.store.keys.SessionKeys("P", "S")
     elif owner == "BreakerKeys":
         made = workers.store.keys.BreakerKeys("P", "T")
+    elif owner == "index_keys":
+        made = workers.store.keys.index_keys("P", 0)
     else:
         made = getattr(workers.store.keys, owner)("P")
     if attribute:

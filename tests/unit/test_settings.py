@@ -603,3 +603,13 @@ def test_tool_list_mistakes_in_the_config_file(
 ) -> None:
     error = _config_error(config=_write(tmp_path, config))
     assert [reason in why for where, why in error.problems if where == key_path] == [True], error.problems
+
+
+def test_a_cluster_store_needs_a_broker_of_its_own() -> None:
+    # Celery's Redis transport cannot use a cluster, so redis.url cannot double as the broker
+    with pytest.raises(ValueError, match=r"broker\.url"):
+        Settings(redis={"url": "redis://node-1:7000/0", "cluster": True})
+    settings = Settings(
+        redis={"url": "redis://node-1:7000/0", "cluster": True}, broker={"url": "redis://q:6379/0"}
+    )
+    assert settings.broker_url == "redis://q:6379/0"

@@ -62,6 +62,7 @@ class CallsDoor:
             redis.url,
             socket_timeout_s=redis.socket_timeout_s,
             socket_connect_timeout_s=redis.socket_connect_timeout_s,
+            cluster=redis.cluster,
         )
 
     def close(self) -> None:

@@ -43,9 +43,15 @@ class EmbeddedRedis:
     """One redis-server child process on a loopback port, in its own data directory."""
 
     def __init__(
-        self, *, port: int | None = None, appendonly: bool = False, data_dir: str | None = None
+        self,
+        *,
+        port: int | None = None,
+        appendonly: bool = False,
+        data_dir: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
+        self.extra_args = extra_args  # e.g. ("--cluster-enabled", "yes") for a cluster node
         self.appendonly = appendonly
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="unstuck-redis-")
@@ -67,6 +73,7 @@ class EmbeddedRedis:
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "always",
             "--protected-mode", "yes",
+            *self.extra_args,
         ]  # fmt: skip
         # Own session: a Ctrl-C meant for our parent must not kill Redis before the workers stop.
         self.process = subprocess.Popen(

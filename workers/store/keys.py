@@ -24,10 +24,10 @@ key                                type    TTL              written by          
                                                             worker (progress
                                                             on claim, beat,
                                                             finish)
-``P:due``                          ZSET    ledger.ttl_s,    register (hint),    watchdog
+``P:{B}:due``                      ZSET    ledger.ttl_s,    register (hint),    watchdog
                                            refreshed on     finish, watchdog
                                            every write
-``P:leases``                       ZSET    ledger.ttl_s,    worker (claim,      watchdog
+``P:{B}:leases``                   ZSET    ledger.ttl_s,    worker (claim,      watchdog
                                            refreshed on     renew XX GT),
                                            every write      finish (remove),
                                                             watchdog (re-score
@@ -41,13 +41,13 @@ key                                type    TTL              written by          
                                            + 60 s (lease)
 ``P:{S}:fence``                    STRING  ledger.ttl_s     sessions (INCR on   sessions
                                                             begin)
-``P:{runs}:by_deadline``           ZSET    ledger.ttl_s,    sessions (begin),   watchdog, CLI
+``P:{B}:by_deadline``              ZSET    ledger.ttl_s,    sessions (begin),   watchdog, CLI
                                            refreshed on     watchdog (members
                                            begin            leave on run end)
-``P:{runs}:by_progress``           ZSET    ledger.ttl_s,    sessions (begin,    watchdog, CLI
+``P:{B}:by_progress``              ZSET    ledger.ttl_s,    sessions (begin,    watchdog, CLI
                                            refreshed on     touch), watchdog
                                            begin
-``P:{runs}:ended``                 ZSET    ledger.ttl_s,    sessions (end;      CLI
+``P:{B}:ended``                    ZSET    ledger.ttl_s,    sessions (end;      CLI
                                            refreshed on     older members
                                            end              trimmed)
 ``P:{runs}:sweep_lock``            STRING  PX (3 sweep      watchdog sweep      watchdog sweep
@@ -71,12 +71,21 @@ this table: the fields of the seven HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCH
 ``BREAKER``, ``LOOPS``, ``REFUSED``) with their types, defaults and TTL rule, and the members, scores,
 entries or value of the other keys (``KEY_RECORDS``). A test holds the two to the same rows.
 
-``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``P:due`` and ``P:leases``
-are the only call keys outside a run's slot; they are indexes that the watchdog re-checks
-against the ledger, so they never need to change atomically with a run's keys. ``P:due``
-scores every unanswered call by its deadline; ``P:leases`` scores every claimed call by
-when its worker's lease runs out (as last written), so a sweep finds lost workers by score
-(O(due)) instead of probing every lease.
+``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``B`` is one of
+:data:`INDEX_BUCKETS` index buckets: the global indexes (calls by deadline and by lease
+expiry, runs by deadline, by progress and by end) are split into buckets so that, on Redis
+Cluster, no single shard takes every call's index writes. A run's bucket follows from its
+hash tag (:attr:`RunKeys.bucket`: the run's hash slot scaled to the bucket count), and each
+bucket's tag (:func:`bucket_tag`) is chosen so its slot lies in the same share of the slot
+space: the buckets spread evenly over any cluster whose masters own even slot ranges, and a
+run's index writes mostly land on the run's own shard (one round trip for the pipeline that
+carries a script and its index update). The index keys are outside the run's slot, so each
+script writes the run's keys and the pipelined command after it the index: indexes are
+hints the watchdog re-checks against the ledger, so they never need to change atomically
+with a run's keys. ``B:due`` scores every unanswered call by its deadline; ``B:leases``
+scores every claimed call by when its worker's lease runs out (as last written), so a
+sweep finds lost workers by score (O(due)) instead of probing every lease. The sweep works
+bucket by bucket (:func:`all_index_keys`).
 
 The run record carries a summary of its calls, kept by the ledger scripts in the run's
 own slot (``lib_run_summary.lua``), so that a sweep reads one hash per due run and never
@@ -86,53 +95,143 @@ its calls: ``progress_ms`` is the latest activity (raised by the gateway's
 not answered. None of them is written when the run record does not exist.
 
 Session lanes (``S`` is the percent-quoted session key) cannot share a run's tag: a lane
-outlives the runs that hold it in turn. So session keys get their own tag ``{S}``, and the
-run indexes share the tag ``{runs}``. On Redis Cluster that makes beginning or ending a run
-three single-slot steps (lane, run record, indexes), not one transaction; each step is
-atomic on its own, they are ordered so a crash in between leaves only what expires or what
-the watchdog repairs, and the global indexes are hints re-checked against the run record.
-Index members are ``S/<run>`` (see :func:`run_member`).
+outlives the runs that hold it in turn. So session keys get their own tag ``{S}``. On Redis
+Cluster that makes beginning or ending a run three single-slot steps (lane, run record,
+its bucket's run indexes), not one transaction; each step is atomic on its own, they are
+ordered so a crash in between leaves only what expires or what the watchdog repairs, and
+the indexes are hints re-checked against the run record. Index members are ``S/<run>``
+(see :func:`run_member`) and ``S/<run>/<call>`` (:meth:`RunKeys.due_member`): the member
+of a run is exactly its hash tag's content, so :func:`member_run_key` and
+:func:`member_call_keys` rebuild a run's keys from a member without unquoting.
 
 A tool's shared circuit breaker (``tools.breakers``) keeps its two keys under the tag
 ``{breaker:<tool>}`` (the tool name percent-quoted), so its scripts touch one slot; the
 breaker is global across sessions, which is its point.
 
-Single node only: the sweep's scripts ``sweep_calls.lua`` and ``sweep_runs.lua`` read the
-keys of many runs in one script, rebuilding ``P:{S/<run>}:run|calls|open|call:<call>|
-lease:<call>`` from index members exactly as :class:`RunKeys` spells them (members are
-already quoted; call ids from ``calls``/``open`` are quoted as :func:`quote_part` does).
-Redis Cluster refuses such scripts, so on a cluster client the sweep takes its pipelined
-path (see :mod:`workers.store.sweep_scripts`).
+Every Lua script declares every key it touches in ``KEYS``, and every script but the
+sweep's touches one run's (or one session's, or one bucket's) slot. The sweep's scripts
+(``sweep_calls.lua``, ``sweep_runs.lua``) take one bucket's page of members with the keys
+of their records; those keys span many slots, which a single Redis node allows and Redis
+Cluster refuses, so on a cluster client the sweep pipelines the same reads instead (see
+:mod:`workers.store.sweep_scripts`). The sweep lock and the watchdog's own record stay
+global (tag ``{runs}``): they are written once per sweep, not per call; so is ``P:events``,
+written per synthetic answer, loop verdict or alert, never on a call's normal path.
 """
 
 from __future__ import annotations
 
+from binascii import crc_hqx
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
+from itertools import count
 from typing import Literal
 from urllib.parse import quote, unquote
 
 __all__ = [
+    "INDEX_BUCKETS",
     "BreakerKeys",
-    "RunIndexKeys",
+    "IndexKeys",
     "RunKeys",
     "SessionKeys",
-    "due_index_key",
+    "all_index_keys",
+    "bucket_of",
+    "bucket_tag",
     "events_stream_key",
+    "index_keys",
+    "key_slot",
     "lane_pattern",
-    "lease_index_key",
     "ledger_key_kind",
     "ledger_scan_pattern",
+    "member_bucket",
+    "member_call_keys",
+    "member_run_key",
     "parse_due_member",
     "parse_lane_key",
     "parse_run_member",
     "quote_part",
     "refused_key",
-    "run_index_keys",
     "run_member",
     "sweep_lock_key",
     "watchdog_key",
 ]
+
+#: How many buckets each global index is split into. Changing it moves members between
+#: buckets: a sweep would not find members left in the old ones until they expire.
+INDEX_BUCKETS = 64
+_SLOTS = 16384  # Redis Cluster's hash slots
+
+
+def key_slot(tag: str) -> int:
+    """The Redis Cluster hash slot of a hash tag's content (CRC16/XMODEM mod 16384)."""
+    return crc_hqx(tag.encode(), 0) % _SLOTS
+
+
+def bucket_of(tag: str) -> int:
+    """The index bucket of the run whose hash tag's content is ``tag``."""
+    return key_slot(tag) * INDEX_BUCKETS // _SLOTS
+
+
+@cache
+def bucket_tag(bucket: int) -> str:
+    """Bucket ``bucket``'s hash tag content: the first ``ix<bucket>.<n>`` whose slot is in the bucket's range.
+
+    The range is the bucket's share of the slot space, the same share :func:`bucket_of`
+    maps runs from, so a bucket sits with most of its runs and buckets spread evenly.
+    """
+    low, high = bucket * _SLOTS // INDEX_BUCKETS, (bucket + 1) * _SLOTS // INDEX_BUCKETS
+    for n in count():
+        tag = f"ix{bucket}.{n}"
+        if low <= key_slot(tag) < high:
+            return tag
+    raise AssertionError("unreachable: count() never ends")
+
+
+@dataclass(frozen=True)
+class IndexKeys:
+    """The global indexes' keys in one bucket (one slot, tag ``{ix<b>.<n>}``)."""
+
+    bucket: int
+    due: str
+    leases: str
+    by_deadline: str
+    by_progress: str
+    ended: str
+
+
+@cache
+def index_keys(prefix: str, bucket: int) -> IndexKeys:
+    """Bucket ``bucket``'s share of the global indexes.
+
+    Unanswered calls by deadline (ms), claimed calls by lease expiry (ms), running runs by
+    deadline and by last progress (ms), ended runs by end time (ms).
+    """
+    base = f"{prefix}:{{{bucket_tag(bucket)}}}"
+    return IndexKeys(
+        bucket, f"{base}:due", f"{base}:leases", f"{base}:by_deadline", f"{base}:by_progress", f"{base}:ended"
+    )
+
+
+def all_index_keys(prefix: str) -> list[IndexKeys]:
+    """Every bucket's index keys, bucket 0 first."""
+    return [index_keys(prefix, bucket) for bucket in range(INDEX_BUCKETS)]
+
+
+def member_bucket(member: str) -> int:
+    """The bucket of a run member (``S/R``) or a call member (``S/R/C``)."""
+    session, run = member.split("/")[:2]
+    return bucket_of(session + "/" + run)
+
+
+def member_run_key(prefix: str, member: str) -> str:
+    """The run record of a run member ``S/R`` (already quoted: its tag's content)."""
+    return f"{prefix}:{{{member}}}:run"
+
+
+def member_call_keys(prefix: str, member: str) -> tuple[str, str]:
+    """The call record and lease keys of a call member ``S/R/C`` (parts already quoted)."""
+    run, _, call = member.rpartition("/")
+    base = f"{prefix}:{{{run}}}"
+    return f"{base}:call:{call}", f"{base}:lease:{call}"
 
 
 def quote_part(value: str) -> str:
@@ -152,6 +251,16 @@ class RunKeys:
     def tag(self) -> str:  # cached: every key of the run is built from it, several per call
         """The cluster hash tag shared by every key of the run."""
         return "{" + quote_part(self.session_key) + "/" + quote_part(self.run_id) + "}"
+
+    @property
+    def bucket(self) -> int:
+        """The index bucket of this run (see :func:`bucket_of`)."""
+        return bucket_of(self.tag[1:-1])
+
+    @property
+    def index(self) -> IndexKeys:
+        """The global indexes' keys in this run's bucket."""
+        return index_keys(self.prefix, self.bucket)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, self.tag, *parts))
@@ -208,16 +317,6 @@ def events_stream_key(prefix: str) -> str:
     return f"{prefix}:events"
 
 
-def due_index_key(prefix: str) -> str:
-    """Global index of unanswered calls by deadline (ms), across all runs."""
-    return f"{prefix}:due"
-
-
-def lease_index_key(prefix: str) -> str:
-    """Global index of claimed calls by lease expiry (ms), across all runs; members as ``P:due``."""
-    return f"{prefix}:leases"
-
-
 def ledger_scan_pattern(prefix: str) -> str:
     """SCAN pattern matching every key with a hash tag: run, session and run-index keys."""
     return f"{prefix}:{{*"
@@ -261,21 +360,6 @@ class SessionKeys:
     def fence(self) -> str:
         """The session's fencing counter (INCR per run begun)."""
         return ":".join((self.prefix, self.tag, "fence"))
-
-
-@dataclass(frozen=True)
-class RunIndexKeys:
-    """The global run indexes (one slot, tag ``{runs}``)."""
-
-    by_deadline: str
-    by_progress: str
-    ended: str
-
-
-def run_index_keys(prefix: str) -> RunIndexKeys:
-    """Running runs by deadline (ms) and by last progress (ms); ended runs by end time (ms)."""
-    base = f"{prefix}:{{runs}}"
-    return RunIndexKeys(f"{base}:by_deadline", f"{base}:by_progress", f"{base}:ended")
 
 
 def run_member(session_key: str, run_id: str) -> str:

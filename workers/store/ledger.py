@@ -11,10 +11,11 @@ import logging
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
@@ -23,7 +24,7 @@ from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall
 from workers.core.run_health import RunStatus
 from workers.errors import StoreError
-from workers.store.keys import RunKeys, due_index_key, events_stream_key, lease_index_key
+from workers.store.keys import RunKeys, events_stream_key, index_keys
 from workers.store.lua import load_script
 from workers.store.records import CALL, CallField, EventField, pgid_field, pgid_of
 from workers.store.rows import Row, reply_member
@@ -49,10 +50,27 @@ def store_errors() -> Iterator[None]:
         raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
 
 
-def connect(url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float) -> redis.Redis:
-    """A client for ``url`` with bounded timeouts, so no store call can hang a caller."""
+def connect(
+    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, cluster: bool = False
+) -> redis.Redis:
+    """A client for ``url`` with bounded timeouts, so no store call can hang a caller.
+
+    With ``cluster`` it is a :class:`~redis.cluster.RedisCluster` that finds every master
+    from ``url``'s node. It is typed as ``redis.Redis`` on purpose: the store calls only
+    commands both share, each script's keys share one slot (see :mod:`workers.store.keys`),
+    and the one place that needs a single node, the sweep's scripts, checks the real class
+    (:func:`workers.store.sweep_scripts.server_side_ok`).
+    """
     if not url:
         raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
+    if cluster:
+        client = RedisCluster.from_url(
+            url,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_connect_timeout_s,
+            decode_responses=True,
+        )
+        return cast(redis.Redis, client)
     return redis.Redis.from_url(
         url,
         socket_timeout=socket_timeout_s,
@@ -151,7 +169,9 @@ class Ledger:
         """
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            # By name, not pipe.evalsha: redis-py's cluster pipeline blocks that method.
+            evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            pipe.execute_command(*evalsha, **self._route(keys[0]))  # type: ignore[no-untyped-call]
             then(pipe)
             try:
                 return pipe.execute()[0]
@@ -161,21 +181,33 @@ class Ledger:
                 self.client.script_load(script.script)
         return None
 
-    def _index_due(self, pipe: Pipeline, members: dict[str, int]) -> None:
+    def _route(self, key: str) -> dict[str, Any]:
+        """Where a pipelined script goes: its keys' node, given, on a cluster client.
+
+        Left to itself, redis-py's cluster pipeline asks a node (``COMMAND GETKEYS``, one more
+        round trip) where each EVALSHA goes; every key of a script shares one slot.
+        """
+        if isinstance(self.client, RedisCluster):
+            return {"target_nodes": self.client.get_node_from_key(key)}
+        return {}
+
+    def _index_due(self, pipe: Pipeline, keys: RunKeys, members: dict[str, int]) -> None:
         # The index expires like everything else, refreshed on every write.
-        pipe.zadd(due_index_key(self.prefix), members, nx=True)
-        pipe.expire(due_index_key(self.prefix), self.ttl_s)
+        pipe.zadd(keys.index.due, members, nx=True)
+        pipe.expire(keys.index.due, self.ttl_s)
 
-    def _unindex_call(self, pipe: Pipeline, member: str) -> None:
-        pipe.zrem(due_index_key(self.prefix), member)
-        pipe.expire(due_index_key(self.prefix), self.ttl_s)
-        pipe.zrem(lease_index_key(self.prefix), member)
+    def _unindex_call(self, pipe: Pipeline, keys: RunKeys, call_id: str) -> None:
+        member = keys.due_member(call_id)
+        pipe.zrem(keys.index.due, member)
+        pipe.expire(keys.index.due, self.ttl_s)
+        pipe.zrem(keys.index.leases, member)
 
-    def _index_lease(self, pipe: Pipeline, member: str, until_ms: int) -> None:
+    def _index_lease(self, pipe: Pipeline, keys: RunKeys, call_id: str, until_ms: int) -> None:
+        member = keys.due_member(call_id)
         # Added even when the claim found the call done or busy: the index is a hint the
         # sweep re-checks against the call record and its lease key.
-        pipe.zadd(lease_index_key(self.prefix), {member: until_ms})
-        pipe.expire(lease_index_key(self.prefix), self.ttl_s)
+        pipe.zadd(keys.index.leases, {member: until_ms})
+        pipe.expire(keys.index.leases, self.ttl_s)
 
     def keys(self, session_key: str, run_id: str) -> RunKeys:
         """The key builder for one run."""
@@ -213,9 +245,9 @@ class Ledger:
             # the id existed or the run refused it. A call not yet marked dispatched is held
             # by this process until it publishes: if it dies first, the sweep finds the call
             # by that hold's expiry instead of waiting for the deadline.
-            self._index_due(pipe, {member: deadline_ms})
+            self._index_due(pipe, keys, {member: deadline_ms})
             if fields.get(CallField.DISPATCHED) != "1":
-                self._index_lease(pipe, member, now_ms + self.lease_ttl_ms)
+                self._index_lease(pipe, keys, call_id, now_ms + self.lease_ttl_ms)
 
         with store_errors():
             created, status, guard = self._pipelined(
@@ -250,7 +282,7 @@ class Ledger:
                 self._claim,
                 [keys.call(call_id), keys.lease(call_id), keys.run],
                 [now_ms, worker_id, self.lease_ttl_ms, self.ttl_s, tool, job_digest],
-                lambda pipe: self._index_lease(pipe, keys.due_member(call_id), now_ms + self.lease_ttl_ms),
+                lambda pipe: self._index_lease(pipe, keys, call_id, now_ms + self.lease_ttl_ms),
             )
         status = reply_member(ClaimStatus, status, where="ledger_claim.lua")
         return Claim(status, int(attempt), registered_tool)
@@ -272,7 +304,7 @@ class Ledger:
                 self._finish,
                 [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id), keys.run],
                 [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
-                lambda pipe: self._unindex_call(pipe, keys.due_member(call_id)),
+                lambda pipe: self._unindex_call(pipe, keys, call_id),
             )
         if won and result.synthetic:
             self.publish_event(
@@ -346,8 +378,11 @@ class Ledger:
             pipe = self.client.pipeline(transaction=False)
             for keys, call_id in calls:
                 pipe.set(keys.lease(call_id), worker_id, px=self.lease_ttl_ms, xx=True)
-            members = {keys.due_member(call_id): until for keys, call_id in calls}
-            pipe.zadd(lease_index_key(self.prefix), members, xx=True, gt=True)
+            buckets: dict[int, dict[str, int]] = {}
+            for keys, call_id in calls:
+                buckets.setdefault(keys.bucket, {})[keys.due_member(call_id)] = until
+            for bucket, members in buckets.items():
+                pipe.zadd(index_keys(self.prefix, bucket).leases, members, xx=True, gt=True)
             pipe.execute()
 
     def running_states(self, calls: Sequence[tuple[RunKeys, str]]) -> list[tuple[str, str, int]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.core.models import CallState
-from workers.store.keys import due_index_key, ledger_key_kind, ledger_scan_pattern, parse_due_member
+from workers.store.keys import all_index_keys, ledger_key_kind, ledger_scan_pattern, parse_due_member
 from workers.store.ledger import Ledger, store_errors
 from workers.store.records import CALL, RUN, CallField, RunField
 from workers.store.rows import Row
@@ -158,10 +158,15 @@ class LedgerScanner:
         with a later deadline can be missed.
         """
         prefix = self.ledger.prefix
-        index = due_index_key(prefix)
         with store_errors():
-            pending = int(self.ledger.client.zcard(index))
-            members = [_text(m) for m in self.ledger.client.zrange(index, 0, sample - 1)]
+            pipe = self.ledger.client.pipeline(transaction=False)
+            for index in all_index_keys(prefix):
+                pipe.zcard(index.due)
+                pipe.zrange(index.due, 0, sample - 1, withscores=True)
+            replies = pipe.execute()
+            pending = sum(int(n) for n in replies[0::2])
+            nearest = sorted((row for rows in replies[1::2] for row in rows), key=lambda row: row[1])
+            members = [_text(m) for m, _ in nearest[:sample]]
             pipe = self.ledger.client.pipeline(transaction=False)
             for member in members:
                 keys, call_id = parse_due_member(prefix, member)
@@ -180,5 +185,8 @@ class LedgerScanner:
 def due_deadlines(ledger: Ledger) -> dict[str, int]:
     """Every member of the due index with its deadline (ms); raises ``StoreError``."""
     with store_errors():
-        rows: Any = ledger.client.zrange(due_index_key(ledger.prefix), 0, -1, withscores=True)
+        pipe = ledger.client.pipeline(transaction=False)
+        for index in all_index_keys(ledger.prefix):
+            pipe.zrange(index.due, 0, -1, withscores=True)
+        rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
     return {str(member): int(score) for member, score in rows}

@@ -9,7 +9,9 @@ from workers.store.ledger import connect
 __all__ = ["PingProbe", "ping_error"]
 
 
-def ping_error(url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float) -> str | None:
+def ping_error(
+    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, cluster: bool = False
+) -> str | None:
     """PING the server at ``url`` once: None when it answered, else the failure's class name.
 
     The name (``ConnectionError``, ``AuthenticationError``, ...) is what an operator needs to
@@ -18,9 +20,15 @@ def ping_error(url: str, *, socket_timeout_s: float, socket_connect_timeout_s: f
     Raises:
         StoreError: when ``url`` is empty (no Redis configured).
     """
-    client = connect(
-        url, socket_timeout_s=socket_timeout_s, socket_connect_timeout_s=socket_connect_timeout_s
-    )
+    try:
+        client = connect(
+            url,
+            socket_timeout_s=socket_timeout_s,
+            socket_connect_timeout_s=socket_connect_timeout_s,
+            cluster=cluster,
+        )
+    except redis.RedisError as exc:  # a cluster client asks its node for the slots at once
+        return type(exc).__name__
     try:
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure here is the same answer: not reachable

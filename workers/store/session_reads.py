@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
 from workers.core.models import CallState
 from workers.core.run_health import CallActivity
 from workers.store.keys import (
-    RunIndexKeys,
     RunKeys,
     SessionKeys,
+    all_index_keys,
     lane_pattern,
     parse_lane_key,
     parse_run_member,
@@ -130,7 +130,10 @@ class SessionReads:
     client: redis.Redis
     ledger: Ledger
     prefix: str
-    index: RunIndexKeys
+
+    def run_keys(self, session_key: str, run_id: str) -> RunKeys:
+        """The key builder of one run."""
+        return RunKeys(self.prefix, session_key, run_id)
 
     def session(self, session_key: str) -> SessionKeys:
         """The key builder of one session."""
@@ -167,28 +170,39 @@ class SessionReads:
             if raw
         ]
 
-    def _members(self, key: str, low: float, high: float, limit: int) -> list[tuple[str, str, int]]:
+    def _members(
+        self, index: Literal["by_deadline", "by_progress"], low: float, high: float, limit: int
+    ) -> list[tuple[str, str, int]]:
+        """Up to ``limit`` members of a run index over all its buckets, lowest score first."""
         with store_errors():
-            rows: Any = self.client.zrangebyscore(key, low, high, start=0, num=limit, withscores=True)
-        return [_scored(m, score) for m, score in rows]
+            pipe = self.client.pipeline(transaction=False)
+            for keys in all_index_keys(self.prefix):
+                pipe.zrangebyscore(getattr(keys, index), low, high, start=0, num=limit, withscores=True)
+            rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
+        rows.sort(key=lambda row: row[1])
+        return [_scored(m, score) for m, score in rows[:limit]]
 
     def past_deadline(self, now_ms: int, limit: int) -> list[tuple[str, str, int]]:
         """Running runs whose deadline has passed: (session, run, deadline ms)."""
-        return self._members(self.index.by_deadline, float("-inf"), now_ms, limit)
+        return self._members("by_deadline", float("-inf"), now_ms, limit)
 
     def quiet_since(self, before_ms: int, limit: int) -> list[tuple[str, str, int]]:
         """Running runs with no indexed progress after ``before_ms``: (session, run, progress ms)."""
-        return self._members(self.index.by_progress, float("-inf"), before_ms, limit)
+        return self._members("by_progress", float("-inf"), before_ms, limit)
 
     def running(self, limit: int) -> list[tuple[str, str, int]]:
         """Indexed running runs, oldest progress first: (session, run, progress ms)."""
-        return self._members(self.index.by_progress, float("-inf"), float("inf"), limit)
+        return self._members("by_progress", float("-inf"), float("inf"), limit)
 
     def ended(self, limit: int) -> list[tuple[str, str, int]]:
         """Recently ended runs, newest first: (session, run, end ms)."""
         with store_errors():
-            rows: Any = self.client.zrevrange(self.index.ended, 0, limit - 1, withscores=True)
-        return [_scored(m, score) for m, score in rows]
+            pipe = self.client.pipeline(transaction=False)
+            for keys in all_index_keys(self.prefix):
+                pipe.zrevrange(keys.ended, 0, limit - 1, withscores=True)
+            rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
+        rows.sort(key=lambda row: row[1], reverse=True)
+        return [_scored(m, score) for m, score in rows[:limit]]
 
     def find_session(self, session_key: str, limit: int = 100_000) -> RunInfo | None:
         """The session's current run (lane holder), else its latest run found in the indexes."""

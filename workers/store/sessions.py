@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from workers.core.models import SyntheticReason
 from workers.core.reaper import answer_open_call
 from workers.core.run_health import RunStatus
-from workers.store.keys import RunKeys, run_index_keys, run_member, sweep_lock_key
+from workers.store.keys import RunKeys, index_keys, member_bucket, run_member, sweep_lock_key
 from workers.store.ledger import Ledger, store_errors
 from workers.store.lua import load_script
 from workers.store.records import CallField, RunField
@@ -45,7 +45,6 @@ class SessionStore(SessionReads):
         self.ledger = ledger
         self.client = ledger.client
         self.prefix = ledger.prefix
-        self.index = run_index_keys(ledger.prefix)
         self._acquire = load_script(self.client, "session_acquire.lua")
         self._release = load_script(self.client, "session_release.lua")
         self._start = load_script(self.client, "session_start.lua")
@@ -77,14 +76,14 @@ class SessionStore(SessionReads):
             stored_deadline = self._start(
                 keys=[run_keys.run], args=[token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s]
             )
-            member = run_member(session_key, run_id)
+            member, index = run_member(session_key, run_id), run_keys.index
             pipe = self.client.pipeline(transaction=True)
-            pipe.zadd(self.index.by_deadline, {member: int(stored_deadline or deadline_ms)})
-            pipe.zadd(self.index.by_progress, {member: now_ms}, gt=True)
+            pipe.zadd(index.by_deadline, {member: int(stored_deadline or deadline_ms)})
+            pipe.zadd(index.by_progress, {member: now_ms}, gt=True)
             # Indexes expire too, refreshed on every write: idle for a whole ledger TTL,
             # every run they point to has expired as well.
-            pipe.expire(self.index.by_deadline, self.ledger.ttl_s)
-            pipe.expire(self.index.by_progress, self.ledger.ttl_s)
+            pipe.expire(index.by_deadline, self.ledger.ttl_s)
+            pipe.expire(index.by_progress, self.ledger.ttl_s)
             pipe.execute()
         if previous:
             self._supersede(session_key, str(previous), int(prev_token), now_ms, writer)
@@ -102,8 +101,8 @@ class SessionStore(SessionReads):
     def index_progress(self, session_key: str, run_id: str, now_ms: int) -> None:
         """Move a run forward in the progress index (never back; never adds a member)."""
         with store_errors():
-            member = run_member(session_key, run_id)
-            self.client.zadd(self.index.by_progress, {member: now_ms}, xx=True, gt=True)
+            member, index = run_member(session_key, run_id), self.run_keys(session_key, run_id).index
+            self.client.zadd(index.by_progress, {member: now_ms}, xx=True, gt=True)
 
     def end_run(
         self,
@@ -161,9 +160,15 @@ class SessionStore(SessionReads):
         """Move runs' progress scores forward to activity found in their calls (never back)."""
         if not scores:
             return
-        mapping = {run_member(s, r): ms for (s, r), ms in scores.items()}
+        buckets: dict[int, dict[str, int]] = {}
+        for (session_key, run_id), ms in scores.items():
+            member = run_member(session_key, run_id)
+            buckets.setdefault(member_bucket(member), {})[member] = ms
         with store_errors():
-            self.client.zadd(self.index.by_progress, mapping, xx=True, gt=True)
+            pipe = self.client.pipeline(transaction=False)
+            for bucket, mapping in buckets.items():
+                pipe.zadd(index_keys(self.prefix, bucket).by_progress, mapping, xx=True, gt=True)
+            pipe.execute()
 
     def release_lane(self, session_key: str, run_id: str, token: int | None = None) -> bool:
         """Free the lane if ``run_id`` (with ``token``, if given) holds it."""
@@ -205,12 +210,12 @@ class SessionStore(SessionReads):
             )
 
     def _unindex(self, session_key: str, run_id: str, now_ms: int, *, ended: bool) -> None:
-        member = run_member(session_key, run_id)
+        member, index = run_member(session_key, run_id), self.run_keys(session_key, run_id).index
         pipe = self.client.pipeline(transaction=True)
-        pipe.zrem(self.index.by_deadline, member)
-        pipe.zrem(self.index.by_progress, member)
+        pipe.zrem(index.by_deadline, member)
+        pipe.zrem(index.by_progress, member)
         if ended:
-            pipe.zadd(self.index.ended, {member: now_ms})
-        pipe.zremrangebyscore(self.index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
-        pipe.expire(self.index.ended, self.ledger.ttl_s)
+            pipe.zadd(index.ended, {member: now_ms})
+        pipe.zremrangebyscore(index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
+        pipe.expire(index.ended, self.ledger.ttl_s)
         pipe.execute()

@@ -1,21 +1,23 @@
 """The sweep's pipelined probe of due calls: cluster-safe, the same rules as ``sweep_calls.lua``.
 
 Used when the sweep cannot run :class:`~workers.store.sweep_scripts.SweepScripts` (a Redis
-Cluster client, or ``server_side=False``): candidates come by score from the due and lease
-indexes, then each one's record and lease are read in one pipeline and stale index members
+Cluster client, or ``server_side=False``): candidates come by score from every bucket's due
+and lease indexes, then each one's record and lease are read in one pipeline and stale index members
 are fixed in another.
 """
 
 from __future__ import annotations
 
+import redis
+
 from workers.core.models import CallState
 from workers.core.reaper import DueVerdict
-from workers.store.keys import RunKeys, due_index_key, lease_index_key, parse_due_member
+from workers.store.keys import RunKeys, all_index_keys, parse_due_member
 from workers.store.ledger import Ledger, store_errors
 from workers.store.records import CALL, CallField
 from workers.store.rows import Row
 
-__all__ = ["PROBED_FIELDS", "probe_due_calls"]
+__all__ = ["PROBED_FIELDS", "bucket_ranges", "probe_due_calls"]
 
 PROBED_FIELDS = (CallField.STATE, CallField.DEADLINE_MS, CallField.SUBMITTED_MS, CallField.DISPATCHED)
 
@@ -38,13 +40,22 @@ def _probe_verdict(row: Row[CallField], lease_left_ms: int, *, now_ms: int, leas
     return DueVerdict.REAP if row.integer(CallField.SUBMITTED_MS) <= now_ms - lease_ms else DueVerdict.KEEP
 
 
-def _candidates(ledger: Ledger, now_ms: int, limit: int) -> list[str]:
-    """Members past their deadline or their recorded lease, by score: O(due)."""
-    pipe = ledger.client.pipeline(transaction=False)
-    for index in (due_index_key(ledger.prefix), lease_index_key(ledger.prefix)):
-        pipe.zrangebyscore(index, float("-inf"), now_ms, start=0, num=limit)
-    overdue, lapsed = pipe.execute()
-    return [str(m) for m in dict.fromkeys([*overdue, *lapsed])]
+def bucket_ranges(
+    client: redis.Redis, pairs: list[tuple[str, str]], high_first: int, high_second: int, limit: int
+) -> list[list[str]]:
+    """Per (first, second) index pair of a bucket, the members scored up to each one's bound.
+
+    One round trip for every bucket; each range is O(log n + limit). Members of the first
+    index come first, each member once.
+    """
+    pipe = client.pipeline(transaction=False)
+    for first, second in pairs:
+        pipe.zrangebyscore(first, float("-inf"), high_first, start=0, num=limit)
+        pipe.zrangebyscore(second, float("-inf"), high_second, start=0, num=limit)
+    replies = pipe.execute()
+    return [
+        [str(m) for m in dict.fromkeys([*replies[2 * n], *replies[2 * n + 1]])] for n in range(len(pairs))
+    ]
 
 
 def probe_due_calls(ledger: Ledger, *, now_ms: int, lease_ms: int, limit: int) -> list[tuple[RunKeys, str]]:
@@ -53,9 +64,10 @@ def probe_due_calls(ledger: Ledger, *, now_ms: int, lease_ms: int, limit: int) -
     Raises:
         StoreError: when Redis fails.
     """
-    due, leases = due_index_key(ledger.prefix), lease_index_key(ledger.prefix)
+    buckets = all_index_keys(ledger.prefix)
     with store_errors():
-        members = _candidates(ledger, now_ms, limit)
+        pairs = [(b.due, b.leases) for b in buckets]
+        members = [m for found in bucket_ranges(ledger.client, pairs, now_ms, now_ms, limit) for m in found]
         parsed = [parse_due_member(ledger.prefix, m) for m in members]
         pipe = ledger.client.pipeline(transaction=False)
         for keys, call_id in parsed:
@@ -68,6 +80,7 @@ def probe_due_calls(ledger: Ledger, *, now_ms: int, lease_ms: int, limit: int) -
             left = int(probes[2 * n + 1])
             row = Row.zip(CALL, PROBED_FIELDS, probes[2 * n])
             verdict = _probe_verdict(row, left, now_ms=now_ms, lease_ms=lease_ms)
+            due, leases = keys.index.due, keys.index.leases
             if verdict is DueVerdict.REAP:
                 found.append((keys, call_id))
             elif verdict is DueVerdict.DROP:

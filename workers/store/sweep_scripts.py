@@ -1,33 +1,44 @@
-"""The sweep's server-side phases: one script per phase over every due item (single Redis node).
+"""The sweep's server-side phases: scripts over pages of each index bucket (single Redis node).
 
 The pipelined path (:func:`workers.store.sweep_probe.probe_due_calls` and :class:`SessionStore`
 reads) reads each due item's record and parses every reply in Python; with 10 000 due runs
-that is over a second (``BENCH_PATH=pipelined python -m bench.watchdog``). These scripts
-do the same reads inside Redis and return only what needs the client: calls to reap, and
-runs that need an alert, an action or a drop. They read keys of many runs, which Redis
-Cluster refuses, so :func:`server_side_ok` keeps cluster clients on the pipelined path. The
-key grammar they rebuild from index members is documented in :mod:`workers.store.keys`.
+that is over a second (``BENCH_PATH=pipelined python -m bench.watchdog``). Here the due
+members of every bucket are read by score in one round trip, then scripts read their
+records inside Redis, at most :data:`SWEEP_PAGE` members per script call (so no call holds
+Redis for long), all pages in one more round trip, and return only what needs the client:
+calls to reap, and runs that need an alert, an action or a drop. Each script call declares
+every key it reads, but those keys span many slots, which Redis Cluster refuses, so
+:func:`server_side_ok` keeps cluster clients on the pipelined path. The key grammar is
+documented in :mod:`workers.store.keys`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from workers.store.keys import (
     RunKeys,
-    due_index_key,
-    lease_index_key,
+    all_index_keys,
+    member_call_keys,
+    member_run_key,
     parse_due_member,
     parse_run_member,
-    run_index_keys,
 )
 from workers.store.ledger import Ledger, store_errors
 from workers.store.lua import load_script
+from workers.store.sweep_probe import bucket_ranges
 
-__all__ = ["RunSweep", "SweepScripts", "server_side_ok"]
+__all__ = ["SWEEP_PAGE", "RunSweep", "SweepScripts", "server_side_ok"]
+
+#: Members per script call, so one call holds Redis a few ms at most: 10 000 due runs took
+#: 80 ms of script time on a loaded 2-core machine (bench.watchdog), 500 about 4 ms.
+SWEEP_PAGE = 500
 
 
 def server_side_ok(ledger: Ledger) -> bool:
@@ -43,34 +54,74 @@ class RunSweep:
     rest: list[tuple[str, str]]
 
 
+def _pages(members: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(members), SWEEP_PAGE):
+        yield members[start : start + SWEEP_PAGE]
+
+
 class SweepScripts:
     """Runs the sweep's phases as scripts; raises ``StoreError`` on Redis failure."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        self.client = ledger.client
         self._calls = load_script(ledger.client, "sweep_calls.lua")
         self._runs = load_script(ledger.client, "sweep_runs.lua")
 
+    def _evaluate(self, script: Script, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run ``script`` once per (keys, args) in one pipeline; loads it once if Redis lost it."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            try:
+                return pipe.execute() if calls else []
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                self.client.script_load(script.script)
+        return []
+
     def due_calls(self, *, now_ms: int, lease_ms: int, limit: int) -> list[tuple[RunKeys, str]]:
-        """Calls to reap (overdue, lost, never dispatched); fixes or drops stale index members."""
+        """Calls to reap (overdue, lost, never dispatched); fixes or drops stale index members.
+
+        ``limit`` bounds each bucket's range of each index.
+        """
         prefix = self.ledger.prefix
+        buckets = all_index_keys(prefix)
         with store_errors():
-            members: Any = self._calls(
-                keys=[due_index_key(prefix), lease_index_key(prefix)], args=[prefix, now_ms, lease_ms, limit]
-            )
-        return [parse_due_member(prefix, str(m)) for m in members]
+            found = bucket_ranges(self.client, [(b.due, b.leases) for b in buckets], now_ms, now_ms, limit)
+            calls: list[tuple[list[str], list[Any]]] = []
+            for index, members in zip(buckets, found, strict=True):
+                for page in _pages(members):
+                    keys = [index.due, index.leases]
+                    for member in page:
+                        keys.extend(member_call_keys(prefix, member))
+                    calls.append((keys, [now_ms, lease_ms]))
+            replies = self._evaluate(self._calls, calls)
+        return [parse_due_member(prefix, str(m)) for reap in replies for m in reap]
 
     def runs(self, *, now_ms: int, stalled_after_ms: int, auto_recover: bool, limit: int) -> RunSweep:
-        """Classify the due runs; settle the steady ones in Redis, return the others."""
-        index = run_index_keys(self.ledger.prefix)
-        args: list[str | int] = [
-            self.ledger.prefix,
-            now_ms,
-            stalled_after_ms,
-            int(auto_recover),
-            limit,
-        ]
+        """Classify the due runs; settle the steady ones in Redis, return the others.
+
+        ``limit`` bounds each bucket's range of each index.
+        """
+        prefix = self.ledger.prefix
+        buckets = all_index_keys(prefix)
+        quiet_before = now_ms - stalled_after_ms
         with store_errors():
-            counts, rest = self._runs(keys=[index.by_deadline, index.by_progress], args=args)
-        settled = {str(counts[n]): int(counts[n + 1]) for n in range(0, len(counts), 2)}
-        return RunSweep(settled, [parse_run_member(str(m)) for m in rest])
+            pairs = [(b.by_deadline, b.by_progress) for b in buckets]
+            found = bucket_ranges(self.client, pairs, now_ms, quiet_before, limit)
+            calls: list[tuple[list[str], list[Any]]] = []
+            for index, members in zip(buckets, found, strict=True):
+                for page in _pages(members):
+                    keys = [index.by_progress, *(member_run_key(prefix, m) for m in page)]
+                    calls.append((keys, [now_ms, stalled_after_ms, int(auto_recover), prefix]))
+            replies = self._evaluate(self._runs, calls)
+        settled: dict[str, int] = {}
+        rest: list[tuple[str, str]] = []
+        for counts, left in replies:
+            for n in range(0, len(counts), 2):
+                settled[str(counts[n])] = settled.get(str(counts[n]), 0) + int(counts[n + 1])
+            rest.extend(parse_run_member(str(m)) for m in left)
+        return RunSweep(settled, rest)

@@ -17,10 +17,12 @@ One sweep, under a sweep lock so two beats never act twice:
    expires at its run's deadline plus a margin.
 
 Cost: O(due), never O(sessions) (see ``bench/watchdog.py``): calls are found by deadline
-and by lease expiry, runs by deadline and by progress, each read once. On a single Redis
-node two scripts (:mod:`workers.store.sweep_scripts`) probe the due calls and settle steady runs
-inside Redis, returning only what needs an alert, an action or a drop; on a cluster the
-same reads are pipelined. ``SweepReport.phases_ms`` times ``calls``, ``runs`` (script, or index
+and by lease expiry, runs by deadline and by progress, each read once. The indexes are split
+into buckets (:mod:`workers.store.keys`) and read bucket by bucket, every bucket in one round
+trip. On a single Redis node two scripts (:mod:`workers.store.sweep_scripts`) probe the due
+calls and settle steady runs inside Redis, a bounded page of one bucket per script call,
+returning only what needs an alert, an action or a drop; on a cluster the same reads are
+pipelined. ``SweepReport.phases_ms`` times ``calls``, ``runs`` (script, or index
 reads), ``judge`` (reading and judging returned runs) and ``apply``.
 """
 

@@ -7,9 +7,13 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
+
+from tests.harness import CLUSTER_LEG, LocalCluster
 
 
 def _free_port() -> int:
@@ -53,9 +57,14 @@ def loop_redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def loop_redis(loop_redis_url: str) -> Iterator[redis.Redis]:
-    """A client on a flushed database of the private server."""
-    client = redis.Redis.from_url(loop_redis_url)
-    client.flushdb()
+def loop_redis(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """A client on a flushed database of the private server; on the cluster leg, on the cluster."""
+    if CLUSTER_LEG:
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        cluster.flush()
+        client: redis.Redis = cast(redis.Redis, RedisCluster.from_url(cluster.url))
+    else:
+        client = redis.Redis.from_url(request.getfixturevalue("loop_redis_url"))
+        client.flushdb()
     yield client
     client.close()

@@ -1,10 +1,13 @@
--- The run phase of one sweep. KEYS: by_deadline, by_progress.
--- ARGV: prefix, now_ms, stalled_after_ms, auto_recover ('1'|'0'), limit.
--- Single Redis node only: it reads the run records of many runs (many hash slots) without
--- declaring them (see workers/store/keys.py); the cluster-safe path is pipelined.
+-- The run phase of one sweep, for one page of one index bucket.
+-- KEYS: the bucket's by_progress index, then the run record of each due run (see
+-- workers/store/keys.py: member_run_key). ARGV: now_ms, stalled_after_ms, auto_recover
+-- ('1'|'0'), the key prefix. A run's index member is its record key's hash tag content,
+-- taken from the key (not passed: half the arguments). The run records span many slots:
+-- single Redis node only; the cluster-safe path is pipelined.
 --
--- Reads the runs past their deadline and the runs quiet for stalled_after_ms in the index
--- (as the pipelined path does) and classifies each from its record's summary exactly as
+-- The members are the bucket's runs past their deadline and the runs quiet for
+-- stalled_after_ms in the index (read by score by the caller, as the pipelined path reads
+-- them). Each is classified from its record's summary exactly as
 -- workers.core.run_health.judge does: the later of started_ms and progress_ms (latest
 -- activity of any call), open_n (calls without a result) and claimed_n (calls a worker
 -- holds), kept by the ledger scripts. One hash read per run. A running run that needs no
@@ -14,23 +17,12 @@
 -- confirm and act on. tests/integration/test_sweep_parity_runs.py holds this to judge()
 -- on every generated row of the decision table.
 -- Returns {{class, count, ...}, {member, ...}}.
-local prefix, now, stalled = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local recover, limit = ARGV[4] == '1', tonumber(ARGV[5])
+local now, stalled = tonumber(ARGV[1]), tonumber(ARGV[2])
+local recover = ARGV[3] == '1'
+local tag_from = #ARGV[4] + 3 -- '<prefix>:{' .. member .. '}:run'
 
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, limit)
-local quiet = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now - stalled), 'LIMIT', 0, limit)
-if #members == 0 then
-  members = quiet -- the usual case: no run past its deadline, nothing to merge
-else
-  local seen = {}
-  for _, m in ipairs(members) do
-    seen[m] = true
-  end
-  for _, m in ipairs(quiet) do
-    if not seen[m] then
-      members[#members + 1] = m
-    end
-  end
+local function member_of(run_key)
+  return string.sub(run_key, tag_from, -6)
 end
 
 local moved = {} -- score, member, ...: progress found in the records, one ZADD per batch
@@ -38,7 +30,7 @@ local moved = {} -- score, member, ...: progress found in the records, one ZADD 
 -- Returns the class of a running run, or nil when the caller must judge it. Written for
 -- speed (it runs once per due run): one HMGET, no helper calls, a stored time string
 -- reused as the new index score.
-local function settle(member, run_key)
+local function settle(run_key)
   local run = redis.call('HMGET', run_key, 'status', 'progress_ms', 'deadline_ms', 'class', 'open_n',
                          'claimed_n', 'started_ms')
   if run[1] ~= 'running' then
@@ -73,29 +65,25 @@ local function settle(member, run_key)
   end
   if klass == 'active' or klass == 'long_running' then
     moved[#moved + 1] = last_text
-    moved[#moved + 1] = member
+    moved[#moved + 1] = member_of(run_key)
   end
   return klass
 end
 
 local function flush()
   if #moved > 0 then
-    redis.call('ZADD', KEYS[2], 'XX', 'GT', unpack(moved))
+    redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(moved))
     moved = {}
   end
 end
 
 local counts, rest = {}, {}
-for _, member in ipairs(members) do
-  -- A member is the run's quoted "session/run", exactly its hash tag's content.
-  local klass = settle(member, prefix .. ':{' .. member .. '}:run')
+for i = 2, #KEYS do
+  local klass = settle(KEYS[i])
   if klass then
     counts[klass] = (counts[klass] or 0) + 1
   else
-    rest[#rest + 1] = member
-  end
-  if #moved >= 1000 then
-    flush()
+    rest[#rest + 1] = member_of(KEYS[i])
   end
 end
 flush()
