@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-__all__ = ["SUMMARY_LIBRARY", "load_script", "script_text"]
+__all__ = ["SUMMARY_LIBRARY", "load_script", "script_source", "script_text"]
 
 SUMMARY_LIBRARY = "lib_run_summary.lua"
 
@@ -23,9 +23,12 @@ def script_text(name: str) -> str:
     return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
 
 
+def script_source(name: str, *, with_summary: bool = False) -> str:
+    """What is registered for ``scripts/<name>``: the script, after the summary helpers if asked."""
+    text = script_text(name)
+    return script_text(SUMMARY_LIBRARY) + text if with_summary else text
+
+
 def load_script(client: redis.Redis, name: str, *, with_summary: bool = False) -> Any:
     """Register ``scripts/<name>`` on ``client`` (EVALSHA, falling back to EVAL once)."""
-    text = script_text(name)
-    if with_summary:
-        text = script_text(SUMMARY_LIBRARY) + text
-    return client.register_script(text)
+    return client.register_script(script_source(name, with_summary=with_summary))
