@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,12 @@ __all__ = ["AsyncWaiter", "Offload"]
 
 log = logging.getLogger(__name__)
 
+# Checks (lease, deadline, progress: three round trips) one event loop makes per second at
+# most, before each batch's check interval stretches: with thousands of batches waiting, a
+# fixed interval would keep the loop busy with checks and make every answer late. Deadlines
+# do not depend on checks: each batch also wakes at its soonest deadline plus half the grace.
+_CHECKS_PER_S = 100
+
 Offload = Callable[..., Awaitable[Any]]
 """Runs a blocking ``function(*args)`` off the event loop: ``await offload(function, *args)``."""
 
@@ -43,12 +50,25 @@ class AsyncWaiter:
     redispatch: Callable[[RunKeys, str], None]
     offload: Offload
     store_later: Callable[[RunKeys, ToolResult], None] | None = None
+    waiting_batches: int = 0
 
     async def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> None:
         """Return once ``batch.waiting`` is empty; each call by its deadline plus grace."""
+        self.waiting_batches += 1
+        try:
+            await self._wait(batch, undispatched_after_ms)
+        finally:
+            self.waiting_batches -= 1
+
+    def _check_interval_ms(self) -> int:
+        configured_ms = int(self.settings.gateway.check_interval_s * 1000)
+        return max(configured_ms, self.waiting_batches * 1000 // _CHECKS_PER_S)
+
+    async def _wait(self, batch: Batch, undispatched_after_ms: int | None) -> None:
         margin_ms = int(self.settings.gateway.grace_s * 1000) // 2
-        check_ms = int(self.settings.gateway.check_interval_s * 1000)
-        next_check = self.now_ms() + check_ms
+        check_ms = self._check_interval_ms()
+        # Spread the first check: batches submitted together would otherwise check together.
+        next_check = self.now_ms() + check_ms // 2 + random.randrange(check_ms // 2 + 1)
         while batch.waiting:
             await self._store_fallbacks(batch)
             await self._answer_locally_past(batch, self.now_ms(), margin_ms)
@@ -64,7 +84,7 @@ class AsyncWaiter:
                     batch.answers.update(await self.ledger.results(batch.keys, batch.waiting))
                 if batch.waiting and self.now_ms() >= next_check:
                     await self._check(batch, undispatched_after_ms)
-                    next_check = self.now_ms() + check_ms
+                    next_check = self.now_ms() + self._check_interval_ms()
             except StoreError as exc:
                 log.warning("store unavailable while waiting: %s", exc)
                 await asyncio.sleep(min(0.2, max(0.0, (soonest - self.now_ms()) / 1000)))

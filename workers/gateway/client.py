@@ -35,9 +35,8 @@ from workers.gateway.loop_gate import LoopGate
 from workers.gateway.persister import Persister
 from workers.gateway.provider_turns import aanswer_message, answer_message
 from workers.gateway.waiting import Batch, Waiter
-from workers.runtime import Runtime, build_runtime, worker_id
+from workers.runtime import Runtime, build_runtime, open_async_ledger, worker_id
 from workers.settings import Settings, load_settings
-from workers.store.aledger import AsyncLedger, aconnect
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.loop_history import RedisLoopHistory
@@ -52,8 +51,6 @@ log = logging.getLogger(__name__)
 
 _RUN_CACHE_SIZE = 4096
 _SUBMIT_THREADS = 8
-# One connection per batch waiting at once in an event loop (Redis accepts 10000 clients).
-_ASYNC_CONNECTIONS = 4096
 
 T = TypeVar("T")
 
@@ -208,14 +205,7 @@ class ToolGateway:
         if waiter is None:
             for gone in [other for other in self._async_waiters if other.is_closed()]:
                 del self._async_waiters[gone]  # nothing left to close its connections on
-            redis = self.settings.redis
-            client = aconnect(
-                redis.url,
-                socket_timeout_s=redis.socket_timeout_s,
-                socket_connect_timeout_s=redis.socket_connect_timeout_s,
-                max_connections=_ASYNC_CONNECTIONS,
-            )
-            ledger = AsyncLedger(client, prefix=redis.key_prefix, ttl_s=self.settings.ledger.ttl_s)
+            ledger = open_async_ledger(self.settings)
             waiter = AsyncWaiter(
                 ledger,
                 self.settings,

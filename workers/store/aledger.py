@@ -5,8 +5,8 @@ The async twin of the waiting half of :class:`workers.store.ledger.Ledger`: the 
 either is read the same through the other. A waiter blocked here holds a connection, not a
 thread. Times come in as arguments; nothing here reads the clock.
 
-A client belongs to the event loop it was first used on: :func:`aconnect` one per loop, and
-``await aclose()`` it before that loop ends.
+A client belongs to the event loop it was first used on: open one per loop
+(``workers.runtime.open_async_ledger``), and ``await aclose()`` it before that loop ends.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ from redis.exceptions import NoScriptError
 from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
 from workers.errors import StoreError
+from workers.store.done_listener import DoneListener
 from workers.store.keys import RunKeys, due_index_key, events_stream_key, lease_index_key, run_index_keys
 from workers.store.keys import run_member as run_index_member
-from workers.store.ledger import _HANDED_BACK, _OPEN_FIELDS, _open_call
+from workers.store.ledger import _OPEN_FIELDS, _open_call
 from workers.store.lua import script_source
 from workers.store.records import CALL, CallField, EventField
 from workers.store.rows import Row
 
-__all__ = ["AsyncLedger", "aconnect", "astore_errors"]
+__all__ = ["AsyncLedger", "DoneListener", "aconnect", "astore_errors"]
 
 
 @asynccontextmanager
@@ -50,19 +51,22 @@ def aconnect(
 ) -> aredis.Redis:
     """An asyncio client for ``url`` with bounded timeouts (like :func:`~workers.store.ledger.connect`).
 
-    Each waiting batch holds one connection while it blocks, so ``max_connections`` bounds
-    how many batches may wait at once (redis-py's default of 100 is far too few).
+    Its pool holds at most ``max_connections``; a command finding them all busy waits for one
+    (up to the socket timeout) instead of connecting again: under load, connecting is what
+    costs the event loop most.
     """
     if not url:
         raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
-    return aredis.Redis.from_url(
+    pool = aredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=socket_timeout_s,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=socket_connect_timeout_s,
         health_check_interval=5,
         decode_responses=True,
-        max_connections=max_connections,
     )
+    return aredis.Redis.from_pool(pool)
 
 
 _PipeStep = Callable[[Pipeline], None]
@@ -82,8 +86,9 @@ class _Script:
 class AsyncLedger:
     """Async Redis access for waiting on call results. All methods raise ``StoreError``."""
 
-    def __init__(self, client: aredis.Redis, *, prefix: str, ttl_s: int) -> None:
+    def __init__(self, client: aredis.Redis, *, prefix: str, ttl_s: int, listener: DoneListener) -> None:
         self.client = client
+        self._listener = listener
         self.prefix = prefix
         self.ttl_s = ttl_s
         self._finish = _Script.named("ledger_finish.lua", with_summary=True)
@@ -96,7 +101,8 @@ class AsyncLedger:
         return RunKeys(self.prefix, session_key, run_id)
 
     async def aclose(self) -> None:
-        """Close the client's connections (on the loop they belong to)."""
+        """Close the client's connections and the listener's (on the loop they belong to)."""
+        await self._listener.aclose()
         await self.client.aclose()
 
     async def _script(
@@ -134,17 +140,10 @@ class AsyncLedger:
     async def wait_for_done(self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
         """Wait up to ``timeout_s`` for the next "a call of this run was answered" signal.
 
-        The same protocol as :meth:`Ledger.wait_for_done` (one signal per wake; a signal for
-        another waiter's call handed back once, marked).
+        The protocol of :meth:`Ledger.wait_for_done`, on the loop's one listening connection
+        (:class:`DoneListener`) instead of a connection per waiter.
         """
-        async with astore_errors():
-            popped = await self.client.blpop([keys.done], timeout=max(0.01, timeout_s))
-            if popped is None:
-                return False
-            signal = str(popped[1])
-            if mine and not signal.startswith(_HANDED_BACK) and signal not in mine:
-                await self.client.rpush(keys.done, _HANDED_BACK + signal)
-            return True
+        return await self._listener.wait(keys.done, timeout_s, mine=mine)
 
     async def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
         """Store ``result`` if it is the first; otherwise keep it as late. True when it won."""
@@ -219,10 +218,13 @@ class AsyncLedger:
 
     async def touch_progress(self, keys: RunKeys, now_ms: int) -> bool:
         """Record progress of a run (as ``SessionStore.touch_progress``); False once it stopped running."""
+        by_progress = run_index_keys(self.prefix).by_progress
+        member = run_index_member(keys.session_key, keys.run_id)
+
+        def index(pipe: Pipeline) -> None:
+            # In the same round trip even if the run stopped: XX GT never adds a member nor
+            # moves one back, so an ended run's index entry is left as it was or moved forward.
+            pipe.zadd(by_progress, {member: now_ms}, xx=True, gt=True)
+
         async with astore_errors():
-            if not await self._script(self._touch, [keys.run], [now_ms]):
-                return False
-            by_progress = run_index_keys(self.prefix).by_progress
-            member = run_index_member(keys.session_key, keys.run_id)
-            await self.client.zadd(by_progress, {member: now_ms}, xx=True, gt=True)
-        return True
+            return bool(await self._script(self._touch, [keys.run], [now_ms], index))
