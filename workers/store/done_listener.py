@@ -62,6 +62,7 @@ class DoneListener:
         self._waiters: dict[str, list[_Waiting]] = {}
         self._kept: dict[str, _Kept] = {}
         self._listening: frozenset[str] = frozenset()
+        self._poked = False  # a poke is on its way: the next BLPOP takes every new run at once
         self._task: asyncio.Task[None] | None = None
 
     async def wait(self, done_key: str, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
@@ -90,7 +91,8 @@ class DoneListener:
     async def _listen_to(self, done_key: str) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._listen())
-        elif done_key not in self._listening:
+        elif done_key not in self._listening and not self._poked:
+            self._poked = True
             try:
                 pipe = self._quick.pipeline(transaction=False)
                 pipe.rpush(self._poke_key, "1")
@@ -102,6 +104,7 @@ class DoneListener:
     async def _listen(self) -> None:
         while self._waiters:
             self._forget_old_kept()
+            self._poked = False
             keys = [self._poke_key, *self._waiters]
             self._listening = frozenset(keys)
             try:
