@@ -144,8 +144,9 @@ class AsyncWaiter:
                 call, submitted_ms=submitted_ms, deadline_ms=deadline_ms
             )
             try:
-                await self.ledger.finish(batch.keys, result, now_ms=now_ms, writer=self.writer)
-                result = (await self.ledger.results(batch.keys, [call_id])).get(call_id, result)
+                if not await self.ledger.finish(batch.keys, result, now_ms=now_ms, writer=self.writer):
+                    # Another writer won just now: deliver what the ledger holds.
+                    result = (await self.ledger.results(batch.keys, [call_id])).get(call_id, result)
             except StoreError:
                 if self.store_later is not None:
                     self.store_later(batch.keys, result)

@@ -107,6 +107,7 @@ path (see :mod:`workers.store.sweep_scripts`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 from urllib.parse import quote, unquote
 
@@ -145,9 +146,9 @@ class RunKeys:
     session_key: str
     run_id: str
 
-    @property
+    @cached_property
     def tag(self) -> str:
-        """The cluster hash tag shared by every key of the run."""
+        """The cluster hash tag shared by every key of the run (quoted once per instance)."""
         return "{" + quote_part(self.session_key) + "/" + quote_part(self.run_id) + "}"
 
     def _key(self, *parts: str) -> str:
