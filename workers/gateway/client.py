@@ -50,7 +50,7 @@ __all__ = ["ToolGateway"]
 log = logging.getLogger(__name__)
 
 _RUN_CACHE_SIZE = 4096
-_SUBMIT_THREADS = 8
+_SUBMIT_THREADS = 4
 
 T = TypeVar("T")
 
