@@ -206,6 +206,7 @@ class ToolGateway:
             for gone in [other for other in self._async_waiters if other.is_closed()]:
                 del self._async_waiters[gone]  # nothing left to close its connections on
             ledger = open_async_ledger(self.settings)
+            ledger.on_answered.append(self._task_events.answered)  # as for the sync ledger
             waiter = AsyncWaiter(
                 ledger,
                 self.settings,

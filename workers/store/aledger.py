@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from workers.store.records import CALL, CallField, EventField
 from workers.store.rows import Row
 
 __all__ = ["AsyncLedger", "DoneListener", "aconnect", "astore_errors"]
+
+log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
@@ -89,6 +92,9 @@ class AsyncLedger:
     def __init__(self, client: aredis.Redis, *, prefix: str, ttl_s: int, listener: DoneListener) -> None:
         self.client = client
         self._listener = listener
+        # As ``Ledger.on_answered``: called with every result this client stored first (best
+        # effort, never failing a write); the gateway closes the call's task in Flower from here.
+        self.on_answered: list[Callable[[RunKeys, ToolResult], None]] = []
         self.prefix = prefix
         self.ttl_s = ttl_s
         self._finish = _Script.named("ledger_finish.lua", with_summary=True)
@@ -174,7 +180,16 @@ class AsyncLedger:
                 writer=writer,
                 elapsed_s=elapsed_s,
             )
+        if won:
+            self._announce(keys, result)
         return bool(won)
+
+    def _announce(self, keys: RunKeys, result: ToolResult) -> None:
+        for listener in self.on_answered:
+            try:
+                listener(keys, result)
+            except Exception as exc:  # noqa: BLE001 - a listener never makes a stored answer fail
+                log.warning("answer listener failed for call %s: %s", result.tool_call_id, exc)
 
     async def publish_event(self, kind: str, **fields: Any) -> None:
         """Append an event to the capped events stream; best effort, as in the sync ledger."""
