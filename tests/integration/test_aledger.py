@@ -26,7 +26,7 @@ async def ledgers(settings: Settings) -> AsyncIterator[tuple[Ledger, AsyncLedger
 
 
 def _register(ledger: Ledger, keys: RunKeys, call_id: str) -> None:
-    fields = {CallField.TOOL: "echo", CallField.DISPATCHED: "1"}
+    fields: dict[str, str] = {CallField.TOOL: "echo", CallField.DISPATCHED: "1"}
     assert ledger.register(keys, call_id, now_ms=1_000, deadline_ms=5_000, fields=fields)
 
 
