@@ -122,6 +122,7 @@ __all__ = [
     "lease_index_key",
     "ledger_key_kind",
     "ledger_scan_pattern",
+    "listener_poke_key",
     "parse_due_member",
     "parse_lane_key",
     "parse_run_member",
