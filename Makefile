@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.watchdog
 	$(BIN)/python -m bench.http_door
 	$(BIN)/python -m bench.cancel_breaker
+	$(BIN)/python -m bench.async_sessions
 
 MINUTES ?= 5
 chaos: $(STAMP)
