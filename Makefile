@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.cluster
 	$(BIN)/python -m bench.http_door
 	$(BIN)/python -m bench.cancel_breaker
+	$(BIN)/python -m bench.async_sessions
 
 MINUTES ?= 5
 chaos: $(STAMP)

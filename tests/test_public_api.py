@@ -20,6 +20,8 @@ EXPECTED = {
         "load_settings",
         "tool",
     ],
+    "workers.adapters.langgraph": ["UnstuckTool", "unstuck_tool_node", "unstuck_tools"],
+    "workers.adapters.openai_agents": ["unstuck_function_tools", "unstuck_run_config"],
     "workers.core": [
         "CallState",
         "SyntheticReason",

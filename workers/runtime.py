@@ -10,11 +10,16 @@ from functools import cache
 
 from workers.core.failure_policy import NO_RULES, FailureRules
 from workers.settings import Settings, load_settings
+from workers.store.aledger import AsyncLedger, DoneListener, aconnect
 from workers.store.ledger import Ledger, connect
 from workers.tools.loader import load_tools
 from workers.tools.registry import ToolSpec
 
-__all__ = ["Runtime", "build_runtime", "now_ms", "open_ledger", "runtime", "worker_id"]
+__all__ = ["Runtime", "build_runtime", "now_ms", "open_async_ledger", "open_ledger", "runtime", "worker_id"]
+
+# Connections of an async ledger for short commands (the waiting itself takes one more):
+# enough to keep Redis busy, few enough that connecting never dominates the event loop.
+_ASYNC_CONNECTIONS = 32
 
 
 def now_ms() -> int:
@@ -51,6 +56,27 @@ def open_ledger(settings: Settings) -> Ledger:
         prefix=settings.redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
+        fallbacks=settings.tools.failure_rules().fallbacks,
+    )
+
+
+def open_async_ledger(settings: Settings) -> AsyncLedger:
+    """The asyncio ledger for the running event loop (close it with ``await aclose()`` there)."""
+    redis = settings.redis
+    timeouts = {
+        "socket_timeout_s": redis.socket_timeout_s,
+        "socket_connect_timeout_s": redis.socket_connect_timeout_s,
+    }
+    quick = aconnect(redis.url, **timeouts, max_connections=_ASYNC_CONNECTIONS)
+    blocking = aconnect(redis.url, **timeouts, max_connections=1)
+    # The listener's BLPOP must return before its socket times out.
+    listen_s = min(1.0, redis.socket_timeout_s / 2)
+    listener = DoneListener(blocking, quick, prefix=redis.key_prefix, listen_s=listen_s)
+    return AsyncLedger(
+        quick,
+        prefix=redis.key_prefix,
+        ttl_s=settings.ledger.ttl_s,
+        listener=listener,
         fallbacks=settings.tools.failure_rules().fallbacks,
     )
 

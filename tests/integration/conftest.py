@@ -7,7 +7,7 @@ redis-server (kombu cannot use a cluster): ``redis_url`` is then the cluster's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
@@ -85,3 +85,11 @@ def gateway(settings: Settings) -> Iterator[ToolGateway]:
     gw = ToolGateway(settings)
     yield gw
     gw.close()
+
+
+@pytest.fixture
+async def agateway(settings: Settings) -> AsyncIterator[ToolGateway]:
+    """A gateway for async tests: its asyncio client is closed on the test's own loop."""
+    gw = ToolGateway(settings)
+    yield gw
+    await gw.aclose()

@@ -219,9 +219,9 @@ def test_resubmitting_the_same_call_id_returns_the_stored_result(worker: Proc, g
 
 
 @pytest.mark.timeout(60)
-async def test_async_api_returns_results_in_call_order(worker: Proc, gateway: ToolGateway) -> None:
+async def test_async_api_returns_results_in_call_order(worker: Proc, agateway: ToolGateway) -> None:
     calls = [ToolCall(id=f"a{i}", name="echo", arguments={"text": str(i)}) for i in range(5)]
-    results = await gateway.acall_tools(session_key="s-async", run_id="r", calls=calls)
+    results = await agateway.acall_tools(session_key="s-async", run_id="r", calls=calls)
     assert [r.text for r in results] == ["0", "1", "2", "3", "4"]
 
 

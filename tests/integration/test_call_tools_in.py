@@ -118,12 +118,12 @@ def test_each_format_gets_one_result_per_call_and_the_exact_append(
 
 
 @pytest.mark.timeout(60)
-async def test_the_async_twin_answers_the_same(worker: Proc, gateway: ToolGateway) -> None:
+async def test_the_async_twin_answers_the_same(worker: Proc, agateway: ToolGateway) -> None:
     message = {
         "role": "assistant",
         "content": [{"type": "tool_use", "id": "a1", "name": "echo", "input": {"text": "hi"}}],
     }
-    answer = await gateway.acall_tools_in("anthropic", message, session_key="async", run_id="r1")
+    answer = await agateway.acall_tools_in("anthropic", message, session_key="async", run_id="r1")
     assert answer.append == {
         "role": "user",
         "content": [

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psutil
@@ -54,6 +54,14 @@ def gw(cancel_settings: Settings) -> Iterator[ToolGateway]:
     gateway = ToolGateway(cancel_settings)
     yield gateway
     gateway.close()
+
+
+@pytest.fixture
+async def agw(cancel_settings: Settings) -> AsyncIterator[ToolGateway]:
+    """For async tests: the gateway's asyncio client is closed on the test's own loop."""
+    gateway = ToolGateway(cancel_settings)
+    yield gateway
+    await gateway.aclose()
 
 
 @pytest.fixture
@@ -223,10 +231,10 @@ def test_session_kill_let_finish_leaves_running_tools_alone(
 
 
 async def test_cancelling_an_acall_tools_task_cancels_its_calls(
-    exec_worker: Proc, gw: ToolGateway, ledger: Ledger
+    exec_worker: Proc, agw: ToolGateway, ledger: Ledger
 ) -> None:
     # Given an awaited acall_tools whose exec call is running
-    task = asyncio.create_task(gw.acall_tools(session_key="s-async", run_id="r1", calls=[exec_call("c1")]))
+    task = asyncio.create_task(agw.acall_tools(session_key="s-async", run_id="r1", calls=[exec_call("c1")]))
     pgid = await asyncio.to_thread(running_group, ledger, "s-async", "c1")
     # When the task is cancelled
     task.cancel()
@@ -246,10 +254,10 @@ async def test_cancelling_an_acall_tools_task_cancels_its_calls(
 
 
 async def test_an_acall_tools_task_cancelled_before_its_calls_are_registered_still_cancels_them(
-    exec_worker: Proc, gw: ToolGateway, ledger: Ledger
+    exec_worker: Proc, agw: ToolGateway, ledger: Ledger
 ) -> None:
     # Given an acall_tools task cancelled as soon as its worker thread started
-    task = asyncio.create_task(gw.acall_tools(session_key="s-early", run_id="r1", calls=[exec_call("c1")]))
+    task = asyncio.create_task(agw.acall_tools(session_key="s-early", run_id="r1", calls=[exec_call("c1")]))
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

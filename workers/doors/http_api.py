@@ -18,8 +18,9 @@ fit the schema or an unknown format, 401 a missing or wrong bearer token, 413 a 
 later than the latest deadline plus ``gateway.grace_s``; a client that disconnects loses
 nothing (the calls finish in the ledger and ``results`` returns them later).
 
-Waiting runs in a pool of threads sized for many concurrent requests (``api.max_waiting``):
-one thread per waiting request, until the gateway waits natively on asyncio.
+Tool-calls and results requests wait on the gateway's asyncio path: a waiting request holds
+a Redis connection, not a thread (at most ``api.max_waiting`` wait at once; more queue). Short
+store calls (heartbeat, end, sessions, ...) run on a small thread pool.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
-from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from workers.doors.auth import bearer_ok
 from workers.doors.http_calls import CallsDoor
@@ -45,6 +45,8 @@ from workers.settings import Settings
 __all__ = ["Format", "create_api"]
 
 T = TypeVar("T")
+
+_SHORT_CALL_THREADS = 16  # heartbeat, end, sessions, health: a few store round trips each
 
 Format = Literal["neutral", "anthropic", "openai-chat", "openai-responses", "gemini"]
 
@@ -107,36 +109,88 @@ class CallsAnswer(BaseModel):
     aborted: Abort | None = None
 
 
+def _answer(answer: dict[str, Any]) -> JSONResponse:
+    """A ``CallsAnswer`` already in JSON form (the hot path: no second validation of the results)."""
+    aborted = answer["aborted"]
+    if aborted is not None:
+        aborted = {"reason": aborted["reason"], "detector": aborted.get("detector")}
+    return JSONResponse({"results": answer["results"], "append": answer["append"], "aborted": aborted})
+
+
 def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
 
 
-class _Guard(BaseHTTPMiddleware):
-    """Bearer tokens on /v1 and a cap on request bodies, before any route runs."""
+class _Guard:
+    """Bearer tokens on /v1 and a cap on request bodies, before any route runs.
 
-    def __init__(self, app: Any, settings: Settings) -> None:
-        super().__init__(app)
+    Plain ASGI (Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request):
+    the body is read here, counted, and handed to the route as one message.
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self._app = app
         self._tokens = settings.api.tokens
         self._cap = settings.api.max_body_bytes
 
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if request.url.path.startswith("/v1") and not bearer_ok(
-            request.headers.get("authorization"), self._tokens
-        ):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        headers = {name: value.decode("latin-1") for name, value in scope["headers"]}
+        refusal = self._refusal(scope["path"], headers)
+        if refusal is None:
+            body, complete = await self._read_body(receive)
+            if complete:
+                await self._app(scope, _replay(body, receive), send)
+                return
+            refusal = _error(413, "body_too_large", f"the body is over {self._cap} bytes")
+        await refusal(scope, receive, send)
+
+    def _refusal(self, path: str, headers: dict[bytes, str]) -> JSONResponse | None:
+        if path.startswith("/v1") and not bearer_ok(headers.get(b"authorization"), self._tokens):
             return _error(401, "unauthorized", "a valid bearer token is required")
-        declared = request.headers.get("content-length")
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._cap:
             return _error(413, "body_too_large", f"the body is over {self._cap} bytes")
-        body = await request.body()  # cached by Starlette for the route
-        if len(body) > self._cap:
-            return _error(413, "body_too_large", f"the body is over {self._cap} bytes")
-        return await call_next(request)
+        return None
+
+    async def _read_body(self, receive: Receive) -> tuple[bytes, bool]:
+        """The whole body, and False once it grew over the cap (the rest is not read)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(chunks), True  # disconnected: the route sees an empty body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._cap:
+                return b"", False
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), True
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the body already read, then whatever the client sends next."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()  # e.g. http.disconnect
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
 
 
 def create_api(settings: Settings, door: CallsDoor | None = None) -> FastAPI:
     """The ASGI app of ``unstuck serve`` (``door`` default: one on a fresh gateway)."""
     calls = door or CallsDoor(settings)
-    pool = ThreadPoolExecutor(max_workers=settings.api.max_waiting, thread_name_prefix="unstuck-serve")
+    pool = ThreadPoolExecutor(max_workers=_SHORT_CALL_THREADS, thread_name_prefix="unstuck-serve")
+    waiting = asyncio.Semaphore(settings.api.max_waiting)
     api = FastAPI(
         title="unstuck",
         version="1",
@@ -149,12 +203,12 @@ def create_api(settings: Settings, door: CallsDoor | None = None) -> FastAPI:
         return await loop.run_in_executor(pool, functools.partial(function, *args, **kwargs))
 
     _errors(api)
-    _routes(api, calls, blocking)
+    _routes(api, calls, blocking, waiting)
 
     @api.on_event("shutdown")
     async def _close() -> None:  # pragma: no cover - exercised by process exit
         pool.shutdown(wait=False, cancel_futures=True)
-        calls.close()
+        await calls.aclose()
 
     return api
 
@@ -175,20 +229,23 @@ def _errors(api: FastAPI) -> None:
         return _error(422, type(exc).__name__, str(exc))
 
 
-def _routes(api: FastAPI, calls: CallsDoor, blocking: Callable[..., Awaitable[Any]]) -> None:
+def _routes(
+    api: FastAPI, calls: CallsDoor, blocking: Callable[..., Awaitable[Any]], waiting: asyncio.Semaphore
+) -> None:
     run_path = "/v1/sessions/{session_key}/runs/{run_id}"
 
-    @api.post(f"{run_path}/tool-calls")
-    async def tool_calls(session_key: str, run_id: str, body: ToolCallsBody) -> CallsAnswer:
+    @api.post(f"{run_path}/tool-calls", response_model=CallsAnswer)
+    async def tool_calls(session_key: str, run_id: str, body: ToolCallsBody) -> JSONResponse:
         """Run the message's tool calls; answers when each has its one result."""
-        return CallsAnswer(
-            **await blocking(calls.run, session_key, run_id, body.agent_id, body.format, body.message)
-        )
+        async with waiting:
+            answer = await calls.arun(session_key, run_id, body.agent_id, body.format, body.message)
+        return _answer(answer)
 
-    @api.get(f"{run_path}/results")
-    async def results(session_key: str, run_id: str, format: Format = "neutral") -> CallsAnswer:
+    @api.get(f"{run_path}/results", response_model=CallsAnswer)
+    async def results(session_key: str, run_id: str, format: Format = "neutral") -> JSONResponse:
         """Every call's result of the run (after a restart), waiting for live ones."""
-        return CallsAnswer(**await blocking(calls.collect, session_key, run_id, format))
+        async with waiting:
+            return _answer(await calls.acollect(session_key, run_id, format))
 
     @api.post(f"{run_path}/compaction")
     async def compaction(session_key: str, run_id: str, body: CompactionBody) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""What the HTTP door does for each route, in plain (blocking) Python: easy to test without HTTP."""
+"""What the HTTP door does for each route, in plain Python: easy to test without HTTP.
+
+Waiting routes (``arun``, ``acollect``) are awaited on the gateway's asyncio path, so a
+waiting request holds no thread; the others are short blocking store calls.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,20 @@ class CallsDoor:
             fmt, message, session_key=session_key, run_id=run_id, agent_id=agent_id
         )
         return _shape(answer.results, answer.append, answer.aborted)
+
+    async def arun(
+        self, session_key: str, run_id: str, agent_id: str, fmt: str, message: Any
+    ) -> dict[str, Any]:
+        """``run``, awaited: no thread is held while the calls run."""
+        answer = await self.gateway.acall_tools_in(
+            fmt, message, session_key=session_key, run_id=run_id, agent_id=agent_id
+        )
+        return _shape(answer.results, answer.append, answer.aborted)
+
+    async def acollect(self, session_key: str, run_id: str, fmt: str) -> dict[str, Any]:
+        """``collect``, awaited."""
+        results = await self.gateway.acollect(session_key, run_id)
+        return _shape(results, self.gateway.results_in(fmt, results), None)
 
     def collect(self, session_key: str, run_id: str, fmt: str) -> dict[str, Any]:
         """Every call's result of a run, waiting for live ones, in the same shape as ``run``."""
@@ -68,6 +86,11 @@ class CallsDoor:
     def close(self) -> None:
         """Release the gateway's connections."""
         self.gateway.close()
+        self._sessions.ledger.close()
+
+    async def aclose(self) -> None:
+        """Release the gateway's connections, its asyncio client's included (on the server's loop)."""
+        await self.gateway.aclose()
         self._sessions.ledger.close()
 
 

@@ -10,7 +10,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
 
 from celery import Celery
 
@@ -18,11 +20,13 @@ from workers.celery_config import client_app
 from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer, encode_results
+from workers.core.reaper import OpenCall
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.core.transcript import RepairedTranscript
 from workers.errors import StoreError
 from workers.gateway.agent_liveness import AgentLiveness
+from workers.gateway.awaiting import AsyncWaiter
 from workers.gateway.breaker_gate import BreakerGate
 from workers.gateway.cancelling import Canceller
 from workers.gateway.dispatching import Dispatcher
@@ -30,9 +34,9 @@ from workers.gateway.ledger_repair import repair_with_ledger
 from workers.gateway.loop_abort import abort_run
 from workers.gateway.loop_gate import LoopGate
 from workers.gateway.persister import Persister
-from workers.gateway.provider_turns import answer_message
+from workers.gateway.provider_turns import aanswer_message, answer_message
 from workers.gateway.waiting import Batch, Waiter
-from workers.runtime import Runtime, build_runtime, worker_id
+from workers.runtime import Runtime, build_runtime, open_async_ledger, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
@@ -47,6 +51,9 @@ __all__ = ["ToolGateway"]
 log = logging.getLogger(__name__)
 
 _RUN_CACHE_SIZE = 4096
+_SUBMIT_THREADS = 4
+
+T = TypeVar("T")
 
 
 class ToolGateway:
@@ -84,6 +91,9 @@ class ToolGateway:
         self._liveness = AgentLiveness(
             AgentBeats(self._sessions), self._rt.ledger, now_ms=self._now_ms, ensure_run=self._ensure_run
         )
+        # Submission for asyncio callers: short blocking steps, never a wait.
+        self._pool = ThreadPoolExecutor(max_workers=_SUBMIT_THREADS, thread_name_prefix="unstuck-submit")
+        self._async_waiters: dict[asyncio.AbstractEventLoop, AsyncWaiter] = {}
         history = RedisLoopHistory.on_ledger(self._rt.ledger)
         self._loops = LoopGate(self.settings, history, emit=self._emit_event)
         self._canceller = Canceller(self._rt.ledger, writer=self._writer, now_ms=self._now_ms)
@@ -104,6 +114,44 @@ class ToolGateway:
                 for a loop that survived compaction); ``error.results`` still holds one
                 result per call.
         """
+        batch, aborted = self._submit_all(session_key, run_id, agent_id, calls)
+        self._waiter.wait(batch)
+        return self._conclude(batch, calls, aborted)
+
+    async def acall_tools(
+        self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
+    ) -> list[ToolResult]:
+        """``call_tools`` for asyncio callers: the wait holds no thread.
+
+        Submission (short, bounded: a few store round trips and the publish per call) runs
+        on the gateway's small submission pool; the wait for answers is awaited on an asyncio
+        Redis client of the running loop (``await aclose()`` before that loop ends).
+        Cancelling it cancels the calls (see :mod:`workers.gateway.cancelling`).
+        """
+        keys = self._rt.ledger.keys(session_key, run_id)
+        answering = self._acall_tools(session_key, run_id, agent_id, calls)
+        return await self._canceller.cancel_if_cancelled(answering, keys, [call.id for call in calls])
+
+    async def _acall_tools(
+        self, session_key: str, run_id: str, agent_id: str, calls: Sequence[ToolCall]
+    ) -> list[ToolResult]:
+        if self.settings.redis.cluster:
+            # The asyncio listener waits on many runs' keys in one BLPOP: one node only. On a
+            # cluster each waiting call holds a thread instead (asyncio's default executor).
+            call = partial(self.call_tools, session_key=session_key, run_id=run_id, agent_id=agent_id)
+            return await asyncio.to_thread(call, calls=calls)
+        waiter = self._async_waiter()
+        batch, aborted = await self._offload(self._submit_all, session_key, run_id, agent_id, calls)
+        await waiter.wait(batch)
+        if self._concluding_needs_store(batch, aborted):
+            results: list[ToolResult] = await self._offload(self._conclude, batch, calls, aborted)
+            return results
+        return self._conclude(batch, calls, aborted)
+
+    def _submit_all(
+        self, session_key: str, run_id: str, agent_id: str, calls: Sequence[ToolCall]
+    ) -> tuple[Batch, RunAbort | None]:
+        """Open the run and submit every call (or answer it at once); the batch to wait on."""
         batch = Batch(self._rt.ledger.keys(session_key, run_id), agent_id)
         aborted = self._open_run(batch)
         for call in calls:
@@ -117,7 +165,22 @@ class ToolGateway:
                 self._answer_now(batch, call, result)
             else:
                 self._submit(batch, agent_id, call)
-        self._waiter.wait(batch)
+        return batch, aborted
+
+    def _concluding_needs_store(self, batch: Batch, aborted: RunAbort | None) -> bool:
+        """Whether ``_conclude`` writes to the store (loop or breaker outcomes, an abort) or only reads."""
+        if aborted is not None or batch.known_abort is not None or batch.abort is not None:
+            return True
+        if self.settings.tools.breakers:
+            return True
+        return bool(batch.pending_loops) and self._loops.needs_outcomes(
+            batch.agent_id, guard_armed=batch.guard_armed
+        )
+
+    def _conclude(
+        self, batch: Batch, calls: Sequence[ToolCall], aborted: RunAbort | None
+    ) -> list[ToolResult]:
+        """Record loop outcomes; the results in call order, or the abort raised with them."""
         self._record_outcomes(batch)
         self._breakers.record(batch.keys, batch.answers)
         results = [batch.answers[call.id] for call in calls]
@@ -128,18 +191,6 @@ class ToolGateway:
             )
         return results
 
-    async def acall_tools(
-        self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
-    ) -> list[ToolResult]:
-        """``call_tools`` for asyncio callers (runs in a worker thread); cancelling it cancels the calls."""
-        run = self._rt.ledger.keys(session_key, run_id), [call.id for call in calls]
-        return await self._canceller.cancel_if_cancelled(
-            asyncio.to_thread(
-                self.call_tools, session_key=session_key, run_id=run_id, agent_id=agent_id, calls=calls
-            ),
-            *run,
-        )
-
     def cancel(self, session_key: str, run_id: str, call_id: str | None = None) -> int:
         """Cancel a call of a run, or all of them; returns how many were unanswered.
 
@@ -148,6 +199,31 @@ class ToolGateway:
         return self._canceller.cancel(
             self._rt.ledger.keys(session_key, run_id), None if call_id is None else [call_id]
         )
+
+    async def _offload(self, function: Callable[..., T], *args: Any) -> T:
+        """Run a short blocking step on the submission pool, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, function, *args)
+
+    def _async_waiter(self) -> AsyncWaiter:
+        """The async waiter of the running loop (an asyncio client belongs to one loop)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._async_waiters.get(loop)
+        if waiter is None:
+            for gone in [other for other in self._async_waiters if other.is_closed()]:
+                del self._async_waiters[gone]  # nothing left to close its connections on
+            ledger = open_async_ledger(self.settings)
+            ledger.on_answered.append(self._task_events.answered)  # as for the sync ledger
+            waiter = AsyncWaiter(
+                ledger,
+                self.settings,
+                self._writer,
+                self._now_ms,
+                self._dispatcher.redispatch,
+                self._offload,
+                store_later=self._persister.store_later,
+            )
+            self._async_waiters[loop] = waiter
+        return waiter
 
     def call_tools_in(
         self,
@@ -180,9 +256,8 @@ class ToolGateway:
         agent_id: str = "main",
         turn: int | None = None,
     ) -> ProviderAnswer:
-        """``call_tools_in`` for asyncio callers (runs in a worker thread)."""
-        run = (session_key, run_id, agent_id, turn)
-        return await asyncio.to_thread(answer_message, self.call_tools, format, message, *run)
+        """``call_tools_in`` for asyncio callers (waits like ``acall_tools``: no thread held)."""
+        return await aanswer_message(self.acall_tools, format, message, session_key, run_id, agent_id, turn)
 
     def results_in(self, format: str, results: Sequence[ToolResult]) -> Any:
         """What to append for ``results`` (e.g. from ``collect``) in a provider's ``format``."""
@@ -206,21 +281,28 @@ class ToolGateway:
         their synthetic result; the rest are awaited up to their deadline plus grace.
         """
         ledger = self._rt.ledger
-        batch = Batch(ledger.keys(session_key, run_id))
-        call_ids = ledger.run_call_ids(batch.keys)
-        batch.answers.update(ledger.results(batch.keys, call_ids))
-        for call in ledger.open_calls(batch.keys, call_ids):
-            batch.deadlines[call.call_id] = call.deadline_ms
-            batch.submitted[call.call_id] = call.submitted_ms
-            batch.tools[call.call_id] = call.tool
-        for call_id in call_ids:
-            batch.deadlines.setdefault(call_id, 0)
-        self._waiter.wait(batch, undispatched_after_ms=int(self.settings.broker.publish_timeout_s * 3000))
+        keys = ledger.keys(session_key, run_id)
+        call_ids = ledger.run_call_ids(keys)
+        batch = _collected(keys, call_ids, ledger.results(keys, call_ids), ledger.open_calls(keys, call_ids))
+        self._waiter.wait(batch, undispatched_after_ms=self._undispatched_after_ms())
         return [batch.answers[cid] for cid in call_ids if cid in batch.answers]
 
     async def acollect(self, session_key: str, run_id: str) -> list[ToolResult]:
-        """``collect`` for asyncio callers."""
-        return await asyncio.to_thread(self.collect, session_key, run_id)
+        """``collect`` for asyncio callers: every store access awaited, no thread held."""
+        if self.settings.redis.cluster:  # as in ``_acall_tools``: a thread per waiting collect
+            return await asyncio.to_thread(self.collect, session_key, run_id)
+        waiter = self._async_waiter()
+        ledger = waiter.ledger
+        keys = ledger.keys(session_key, run_id)
+        call_ids = await ledger.run_call_ids(keys)
+        answers = await ledger.results(keys, call_ids)
+        batch = _collected(keys, call_ids, answers, await ledger.open_calls(keys, call_ids))
+        await waiter.wait(batch, undispatched_after_ms=self._undispatched_after_ms())
+        return [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+
+    def _undispatched_after_ms(self) -> int:
+        # A call never marked dispatched this long after submission was lost with its gateway.
+        return int(self.settings.broker.publish_timeout_s * 3000)
 
     def end_run(self, session_key: str, run_id: str, status: RunStatus | str = RunStatus.COMPLETED) -> bool:
         """Mark a run finished and free its session's lane; False if it had ended already.
@@ -293,9 +375,20 @@ class ToolGateway:
         ledger.on_answered.append(self._task_events.answered)
 
     def close(self) -> None:
-        """Release connections (after up to 1 s to send the last answers' events to Flower)."""
+        """Release connections (after up to 1 s to send the last answers' events to Flower).
+
+        Asyncio callers: ``await aclose()`` instead, on the loop they called from.
+        """
         self._task_events.close(timeout_s=1.0)
+        self._pool.shutdown(wait=False)
         self._rt.ledger.close()
+
+    async def aclose(self) -> None:
+        """Release connections, those of the running loop's asyncio client included."""
+        waiter = self._async_waiters.pop(asyncio.get_running_loop(), None)
+        if waiter is not None:
+            await waiter.ledger.aclose()
+        self.close()
 
     # -- submission -------------------------------------------------------------------------
 
@@ -442,3 +535,18 @@ class ToolGateway:
                 dispatcher.send(event_type, **fields)
         except Exception as exc:  # noqa: BLE001 - events are best effort, never a failure path
             log.debug("could not emit %s: %s", event_type, exc)
+
+
+def _collected(
+    keys: RunKeys, call_ids: Sequence[str], answers: dict[str, ToolResult], open_calls: Sequence[OpenCall]
+) -> Batch:
+    """The batch ``collect`` waits on: every call of the run, answered or still open."""
+    batch = Batch(keys)
+    batch.answers.update(answers)
+    for call in open_calls:
+        batch.deadlines[call.call_id] = call.deadline_ms
+        batch.submitted[call.call_id] = call.submitted_ms
+        batch.tools[call.call_id] = call.tool
+    for call_id in call_ids:
+        batch.deadlines.setdefault(call_id, 0)
+    return batch

@@ -10,17 +10,20 @@ see every call of the message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer, decode_calls, provider_answer
 from workers.errors import LoopDetected
 
-__all__ = ["CallTools", "answer_message"]
+__all__ = ["ACallTools", "CallTools", "aanswer_message", "answer_message"]
 
 CallTools = Callable[..., list[ToolResult]]
 """``ToolGateway.call_tools``: ``(*, session_key, run_id, agent_id, calls) -> results``."""
+
+ACallTools = Callable[..., Awaitable[list[ToolResult]]]
+"""``ToolGateway.acall_tools``: the same, awaited."""
 
 
 def answer_message(
@@ -49,6 +52,27 @@ def answer_message(
     calls: Sequence[ToolCall] = [p.call for p in parsed]
     try:
         results = call_tools(session_key=session_key, run_id=run_id, agent_id=agent_id, calls=calls)
+    except LoopDetected as exc:
+        return provider_answer(fmt, parsed, exc.results, exc)
+    return provider_answer(fmt, parsed, results)
+
+
+async def aanswer_message(
+    acall_tools: ACallTools,
+    fmt: str,
+    message: Any,
+    session_key: str,
+    run_id: str,
+    agent_id: str = "main",
+    turn: int | None = None,
+) -> ProviderAnswer:
+    """:func:`answer_message` with the calls run by an awaited ``acall_tools``."""
+    parsed = decode_calls(fmt, message, turn=turn)
+    if not parsed:
+        return provider_answer(fmt, parsed, [])
+    calls: Sequence[ToolCall] = [p.call for p in parsed]
+    try:
+        results = await acall_tools(session_key=session_key, run_id=run_id, agent_id=agent_id, calls=calls)
     except LoopDetected as exc:
         return provider_answer(fmt, parsed, exc.results, exc)
     return provider_answer(fmt, parsed, results)

@@ -52,6 +52,9 @@ key                                type    TTL              written by          
                                            end              trimmed)
 ``P:{runs}:sweep_lock``            STRING  PX (3 sweep      watchdog sweep      watchdog sweep
                                            intervals)       (SET NX)
+``P:listener:<id>``                LIST    60 s, refreshed  async gateway       the same process's
+                                           on every poke    (pokes its own      done listener
+                                                            listener)           (BLPOP)
 ``P:{runs}:watchdog``              HASH    7 days,          watchdog (each      metrics, CLI,
                                            refreshed on     completed sweep)    chaos soak
                                            every sweep
@@ -142,6 +145,7 @@ __all__ = [
     "lane_pattern",
     "ledger_key_kind",
     "ledger_scan_pattern",
+    "listener_poke_key",
     "member_bucket",
     "member_call_keys",
     "member_run_key",
@@ -315,6 +319,11 @@ class RunKeys:
 def events_stream_key(prefix: str) -> str:
     """Capped stream of significant events (synthetic answers, loop verdicts, alerts)."""
     return f"{prefix}:events"
+
+
+def listener_poke_key(prefix: str, listener_id: str) -> str:
+    """Pokes to an async gateway's done listener: added to its BLPOP so new runs join at once."""
+    return f"{prefix}:listener:{quote_part(listener_id)}"
 
 
 def ledger_scan_pattern(prefix: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-__all__ = ["LOOP_STATE_LIBRARY", "SUMMARY_LIBRARY", "load_script", "script_text"]
+__all__ = ["LOOP_STATE_LIBRARY", "SUMMARY_LIBRARY", "load_script", "script_source", "script_text"]
 
 SUMMARY_LIBRARY = "lib_run_summary.lua"
 LOOP_STATE_LIBRARY = "lib_loop_state.lua"
@@ -25,16 +25,19 @@ def script_text(name: str) -> str:
     return resources.files("workers.store").joinpath("scripts", name).read_text(encoding="utf-8")
 
 
-def load_script(
-    client: redis.Redis, name: str, *, with_summary: bool = False, library: str | None = None
-) -> Any:
-    """Register ``scripts/<name>`` on ``client`` (EVALSHA, falling back to EVAL once).
+def script_source(name: str, *, with_summary: bool = False, library: str | None = None) -> str:
+    """What is registered for ``scripts/<name>``: the script after the helpers asked for.
 
     ``with_summary`` prepends the run-summary helpers; ``library`` names another helper file.
     """
     text = script_text(name)
     if library is not None:
         text = script_text(library) + text
-    if with_summary:
-        text = script_text(SUMMARY_LIBRARY) + text
-    return client.register_script(text)
+    return script_text(SUMMARY_LIBRARY) + text if with_summary else text
+
+
+def load_script(
+    client: redis.Redis, name: str, *, with_summary: bool = False, library: str | None = None
+) -> Any:
+    """Register ``scripts/<name>`` on ``client`` (EVALSHA, falling back to EVAL once)."""
+    return client.register_script(script_source(name, with_summary=with_summary, library=library))

@@ -434,6 +434,8 @@ KEY_RECORDS: Final = (
               "member 'S/R/C', score the lease's expiry ms as last written"),
     KeyRecord("events", "events_stream_key", "STREAM", _REFRESHED + "; MAXLEN ~10000",
               "entries: kind (EventField.KIND) plus that kind's fields, str or JSON"),
+    KeyRecord("listener", "listener_poke_key", "LIST", "60 s, refreshed on every poke",
+              "pokes ('1') to one async gateway's done listener: each re-issues its BLPOP"),
     KeyRecord("fence", "SessionKeys.fence", "STRING", _LEDGER_TTL,
               "the session's fencing counter (INCR per run begun)"),
     KeyRecord("by_deadline", "index_keys.by_deadline", "ZSET", _ON_BEGIN,

@@ -1,0 +1,69 @@
+"""The asyncio ledger reads and writes the records the sync ledger does (same keys, same Lua)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
+from workers.core.results import success_result, synthetic_result
+from workers.runtime import open_async_ledger, open_ledger
+from workers.settings import Settings
+from workers.store.aledger import AsyncLedger
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
+from workers.store.records import CallField
+
+
+@pytest.fixture
+async def ledgers(settings: Settings) -> AsyncIterator[tuple[Ledger, AsyncLedger]]:
+    sync, aio = open_ledger(settings), open_async_ledger(settings)
+    yield sync, aio
+    await aio.aclose()
+    sync.close()
+
+
+def _register(ledger: Ledger, keys: RunKeys, call_id: str) -> None:
+    fields: dict[str, str] = {CallField.TOOL: "echo", CallField.DISPATCHED: "1"}
+    assert ledger.register(keys, call_id, now_ms=1_000, deadline_ms=5_000, fields=fields)
+
+
+async def test_first_writer_wins_across_both_clients(ledgers: tuple[Ledger, AsyncLedger]) -> None:
+    sync, aio = ledgers
+    keys = sync.keys("s", "r")
+    _register(sync, keys, "c1")
+    heard: list[str] = []
+    aio.on_answered.append(lambda _keys, result: heard.append(result.tool_call_id))
+    call = ToolCall(id="c1", name="echo")
+    late = synthetic_result(call, SyntheticReason.DEADLINE_EXCEEDED, elapsed_ms=4_000, attempt=0)
+
+    assert await aio.finish(keys, late, now_ms=5_000, writer="async")
+    too_late = success_result(call, "too late", elapsed_ms=4_100, attempt=1)
+    assert not sync.finish(keys, too_late, now_ms=5_100, writer="w")
+
+    record = sync.record(keys, "c1")
+    assert record is not None
+    assert record.state is CallState.DONE
+    assert record.result == late
+    assert await aio.results(keys, ["c1"]) == {"c1": late}
+    assert await aio.open_calls(keys, ["c1"]) == []
+    assert await aio.run_call_ids(keys) == sync.run_call_ids(keys) == ["c1"]
+    assert heard == ["c1"]
+
+
+async def test_open_calls_and_a_wake_up_match_the_sync_ledger(ledgers: tuple[Ledger, AsyncLedger]) -> None:
+    sync, aio = ledgers
+    keys = sync.keys("s", "r2")
+    _register(sync, keys, "c2")
+    assert await aio.open_calls(keys, ["c2"]) == sync.open_calls(keys, ["c2"])
+    assert not await aio.wait_for_done(keys, 0.05, mine={"c2"})
+
+    waiting = asyncio.create_task(aio.wait_for_done(keys, 5.0, mine={"c2"}))
+    # Whether the finish lands before or after the listener blocks, the signal stays in the
+    # run's list until popped, so the wait returns either way.
+    result: ToolResult = success_result(ToolCall(id="c2", name="echo"), "ok", elapsed_ms=5, attempt=1)
+    await asyncio.to_thread(sync.finish, keys, result, now_ms=2_000, writer="worker")
+    assert await asyncio.wait_for(waiting, 2.0)
+    assert await aio.results(keys, ["c2"]) == {"c2": result}

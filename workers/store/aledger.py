@@ -1,0 +1,264 @@
+"""The ledger for asyncio callers: what waiting for answers needs, on ``redis.asyncio``.
+
+The async twin of the waiting half of :class:`workers.store.ledger.Ledger`: the same keys
+(:class:`RunKeys`), the same Lua scripts and the same replies, so a record written through
+either is read the same through the other. A waiter blocked here holds a connection, not a
+thread. Times come in as arguments; nothing here reads the clock.
+
+A client belongs to the event loop it was first used on: open one per loop
+(``workers.runtime.open_async_ledger``), and ``await aclose()`` it before that loop ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
+
+from workers.core.failure_policy import FallbackRule, apply_fallback
+from workers.core.models import CallState, ToolResult
+from workers.core.reaper import OpenCall
+from workers.errors import StoreError
+from workers.store.done_listener import DoneListener
+from workers.store.keys import RunKeys, events_stream_key
+from workers.store.keys import run_member as run_index_member
+from workers.store.ledger import _OPEN_FIELDS, _open_call
+from workers.store.lua import script_source
+from workers.store.records import CALL, CallField, EventField
+from workers.store.rows import Row
+
+__all__ = ["AsyncLedger", "DoneListener", "aconnect", "astore_errors"]
+
+log = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def astore_errors() -> AsyncIterator[None]:
+    """Turn redis-py connection and protocol errors into ``StoreError``."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+
+
+def aconnect(
+    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, max_connections: int
+) -> aredis.Redis:
+    """An asyncio client for ``url`` with bounded timeouts (like :func:`~workers.store.ledger.connect`).
+
+    Its pool holds at most ``max_connections``; a command finding them all busy waits for one
+    (up to the socket timeout) instead of connecting again: under load, connecting is what
+    costs the event loop most.
+    """
+    if not url:
+        raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
+    pool = aredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=socket_timeout_s,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_connect_timeout_s,
+        health_check_interval=5,
+        decode_responses=True,
+    )
+    return aredis.Redis.from_pool(pool)
+
+
+_PipeStep = Callable[[Pipeline], None]
+
+
+@dataclass(frozen=True)
+class _Script:
+    text: str
+    sha: str
+
+    @classmethod
+    def named(cls, name: str, *, with_summary: bool = False) -> _Script:
+        text = script_source(name, with_summary=with_summary)
+        return cls(text, hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest())
+
+
+class AsyncLedger:
+    """Async Redis access for waiting on call results. All methods raise ``StoreError``."""
+
+    def __init__(
+        self,
+        client: aredis.Redis,
+        *,
+        prefix: str,
+        ttl_s: int,
+        listener: DoneListener,
+        fallbacks: Mapping[str, FallbackRule] | None = None,
+    ) -> None:
+        self.client = client
+        # tools.fallbacks, applied where every result enters the ledger (as ``Ledger.finish``).
+        self.fallbacks: Mapping[str, FallbackRule] = dict(fallbacks or {})
+        self._listener = listener
+        # As ``Ledger.on_answered``: called with every result this client stored first (best
+        # effort, never failing a write); the gateway closes the call's task in Flower from here.
+        self.on_answered: list[Callable[[RunKeys, ToolResult], None]] = []
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self._finish = _Script.named("ledger_finish.lua", with_summary=True)
+        self._requeue = _Script.named("ledger_requeue.lua", with_summary=True)
+        self._open = _Script.named("ledger_open.lua")
+        self._touch = _Script.named("session_touch.lua")
+
+    def keys(self, session_key: str, run_id: str) -> RunKeys:
+        """The key builder for one run."""
+        return RunKeys(self.prefix, session_key, run_id)
+
+    async def aclose(self) -> None:
+        """Close the client's connections and the listener's (on the loop they belong to)."""
+        await self._listener.aclose()
+        await self.client.aclose()
+
+    async def _script(
+        self, script: _Script, keys: list[str], args: list[Any], then: _PipeStep | None = None
+    ) -> Any:
+        """Run ``script`` (and ``then``'s commands) in one round trip; returns the script's reply.
+
+        As in the sync ledger: ``EVALSHA`` straight away, and after a Redis restart that lost
+        its scripts, load and retry once.
+        """
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if then is not None:
+                then(pipe)
+            try:
+                return (await pipe.execute())[0]
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                await self.client.script_load(script.text)
+        return None
+
+    async def results(self, keys: RunKeys, call_ids: Sequence[str]) -> dict[str, ToolResult]:
+        """The delivered results among ``call_ids``."""
+        if not call_ids:
+            return {}
+        async with astore_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for call_id in call_ids:
+                pipe.hget(keys.call(call_id), CallField.RESULT)
+            raw = await pipe.execute()
+        return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
+
+    async def wait_for_done(self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
+        """Wait up to ``timeout_s`` for the next "a call of this run was answered" signal.
+
+        The protocol of :meth:`Ledger.wait_for_done`, on the loop's one listening connection
+        (:class:`DoneListener`) instead of a connection per waiter.
+        """
+        return await self._listener.wait(keys.done, timeout_s, mine=mine)
+
+    def with_fallback(self, result: ToolResult) -> ToolResult:
+        """``result``, or its tool's configured fallback (as ``Ledger.with_fallback``)."""
+        return apply_fallback(result, self.fallbacks.get(result.tool_name))
+
+    async def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
+        """Store ``result`` (or its configured fallback) if it is the first, else keep it as late.
+
+        True when it won; the twin of ``Ledger.finish``.
+        """
+        result = self.with_fallback(result)
+        call_id = result.tool_call_id
+        member = keys.due_member(call_id)
+
+        def unindex(pipe: Pipeline) -> None:
+            pipe.zrem(keys.index.due, member)
+            pipe.expire(keys.index.due, self.ttl_s)
+            pipe.zrem(keys.index.leases, member)
+
+        async with astore_errors():
+            won = await self._script(
+                self._finish,
+                [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id), keys.run],
+                [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
+                unindex,
+            )
+        if won and result.synthetic:
+            elapsed_s = round(int(result.details.get("elapsed_ms", 0)) / 1000, 2)
+            await self.publish_event(
+                "synthetic",
+                session=keys.session_key,
+                run=keys.run_id,
+                call=call_id,
+                tool=result.tool_name,
+                reason=result.reason or "",
+                writer=writer,
+                elapsed_s=elapsed_s,
+            )
+        if won:
+            self._announce(keys, result)
+        return bool(won)
+
+    def _announce(self, keys: RunKeys, result: ToolResult) -> None:
+        for listener in self.on_answered:
+            try:
+                listener(keys, result)
+            except Exception as exc:  # noqa: BLE001 - a listener never makes a stored answer fail
+                log.warning("answer listener failed for call %s: %s", result.tool_call_id, exc)
+
+    async def publish_event(self, kind: str, **fields: Any) -> None:
+        """Append an event to the capped events stream; best effort, as in the sync ledger."""
+        entry = {
+            EventField.KIND: kind,
+            **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in fields.items()},
+        }
+        key = events_stream_key(self.prefix)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(key, entry, maxlen=10_000, approximate=True)  # type: ignore[arg-type]
+            pipe.expire(key, self.ttl_s)
+            await pipe.execute()
+        except redis.RedisError:
+            pass  # an event is a convenience for operators, never a reason to fail a call
+
+    async def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int) -> bool:
+        """Make a lost idempotent call pending again; True when this caller should re-dispatch."""
+        async with astore_errors():
+            script_keys = [keys.call(call_id), keys.lease(call_id), keys.run]
+            return bool(await self._script(self._requeue, script_keys, [expected_attempt]))
+
+    async def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
+        """Snapshot of the given calls that have no result yet (one round trip)."""
+        if not call_ids:
+            return []
+        script_keys = [k for cid in call_ids for k in (keys.call(cid), keys.lease(cid))]
+        async with astore_errors():
+            replies = await self._script(self._open, script_keys, list(_OPEN_FIELDS))
+        calls = []
+        for call_id, (lease_alive, reply) in zip(call_ids, replies, strict=True):
+            row = Row.zip(CALL, _OPEN_FIELDS, reply, where=keys.call(call_id))
+            if CallField.CALL_ID in row:  # registered (not expired, not a stray write)
+                calls.append(_open_call(row, bool(lease_alive)))
+        return [call for call in calls if call.state is not CallState.DONE]
+
+    async def run_call_ids(self, keys: RunKeys) -> list[str]:
+        """Every call id of a run in submission order."""
+        async with astore_errors():
+            return [str(member) for member in await self.client.zrange(keys.calls, 0, -1)]
+
+    async def touch_progress(self, keys: RunKeys, now_ms: int) -> bool:
+        """Record progress of a run (as ``SessionStore.touch_progress``); False once it stopped running."""
+        by_progress = keys.index.by_progress
+        member = run_index_member(keys.session_key, keys.run_id)
+
+        def index(pipe: Pipeline) -> None:
+            # In the same round trip even if the run stopped: XX GT never adds a member nor
+            # moves one back, so an ended run's index entry is left as it was or moved forward.
+            pipe.zadd(by_progress, {member: now_ms}, xx=True, gt=True)
+
+        async with astore_errors():
+            return bool(await self._script(self._touch, [keys.run], [now_ms], index))

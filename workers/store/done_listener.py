@@ -1,0 +1,163 @@
+"""One blocking connection per event loop that waits for the answer signals of every waiting run.
+
+A waiter per connection does not scale: a thousand waiting batches would open a thousand
+connections (each connect costs the event loop about a millisecond) and re-issue a
+thousand ``BLPOP`` s per check. Here one task issues one ``BLPOP`` over the ``done`` lists of
+all runs waited on in this loop, plus a poke list of its own (``listener_poke_key``) that a
+new run's first waiter pushes to, so the ``BLPOP`` is re-issued with that run's list at once.
+
+The signals follow the protocol of :meth:`workers.store.ledger.Ledger.wait_for_done`, shared
+with sync waiters in other processes: a signal for a call no local waiter owns is handed back
+once, marked; a marked signal is never handed back again. A signal popped while its run's
+waiter is between two waits is kept for that waiter's next wait.
+
+Multi-key ``BLPOP`` needs the ``done`` lists on one node: a single Redis, as the ledger's
+client (``redis.Redis``) is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import redis
+import redis.asyncio as aredis
+
+from workers.errors import StoreError
+from workers.store.keys import listener_poke_key
+from workers.store.ledger import _HANDED_BACK
+
+__all__ = ["DoneListener"]
+
+log = logging.getLogger(__name__)
+
+_POKE_TTL_S = 60
+_KEEP_UNCLAIMED_S = 10.0  # a signal popped between two waits of its run's waiter
+
+
+@dataclass
+class _Waiting:
+    mine: frozenset[str]
+    woken: asyncio.Future[bool]
+
+
+@dataclass
+class _Kept:
+    signals: list[str] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)
+
+
+class DoneListener:
+    """Waits for answer signals of many runs on one connection (see the module docstring)."""
+
+    def __init__(self, blocking: aredis.Redis, quick: aredis.Redis, *, prefix: str, listen_s: float) -> None:
+        self._blocking = blocking  # only ever used by the listening task
+        self._quick = quick
+        self._poke_key = listener_poke_key(prefix, uuid.uuid4().hex)
+        self._listen_s = listen_s
+        self._waiters: dict[str, list[_Waiting]] = {}
+        self._kept: dict[str, _Kept] = {}
+        self._listening: frozenset[str] = frozenset()
+        self._poked = False  # a poke is on its way: the next BLPOP takes every new run at once
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(self, done_key: str, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
+        """Wait up to ``timeout_s`` for a signal on ``done_key``; True when one came."""
+        if await self._claim_kept(done_key, frozenset(mine)):
+            return True
+        waiting = _Waiting(frozenset(mine), asyncio.get_running_loop().create_future())
+        self._waiters.setdefault(done_key, []).append(waiting)
+        try:
+            await self._listen_to(done_key)
+            return await asyncio.wait_for(waiting.woken, timeout=max(0.01, timeout_s))
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters[done_key].remove(waiting)
+            if not self._waiters[done_key]:
+                del self._waiters[done_key]
+
+    async def aclose(self) -> None:
+        """Stop listening and close the blocking connection."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._blocking.aclose()
+
+    async def _listen_to(self, done_key: str) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._listen())
+        elif done_key not in self._listening and not self._poked:
+            self._poked = True
+            try:
+                pipe = self._quick.pipeline(transaction=False)
+                pipe.rpush(self._poke_key, "1")
+                pipe.expire(self._poke_key, _POKE_TTL_S)
+                await pipe.execute()
+            except redis.RedisError as exc:
+                raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    async def _listen(self) -> None:
+        while self._waiters:
+            self._forget_old_kept()
+            self._poked = False
+            keys = [self._poke_key, *self._waiters]
+            self._listening = frozenset(keys)
+            try:
+                popped = await self._blocking.blpop(keys, timeout=self._listen_s)
+            except redis.RedisError as exc:
+                self._fail_all(StoreError(f"redis: {type(exc).__name__}: {exc}"))
+                return
+            finally:
+                self._listening = frozenset()
+            if popped is not None and popped[0] != self._poke_key:
+                await self._deliver(str(popped[0]), str(popped[1]))
+
+    async def _deliver(self, done_key: str, signal: str) -> None:
+        waiters = self._waiters.get(done_key, [])
+        if not waiters:
+            self._kept.setdefault(done_key, _Kept()).signals.append(signal)
+            return
+        call_id = signal.removeprefix(_HANDED_BACK)
+        owners = [w for w in waiters if call_id in w.mine or not w.mine]
+        if owners or signal.startswith(_HANDED_BACK):
+            for waiting in owners or waiters:  # a marked signal of nobody here: let them all look
+                _wake(waiting)
+            return
+        await self._hand_back(done_key, signal)
+
+    async def _claim_kept(self, done_key: str, mine: frozenset[str]) -> bool:
+        kept = self._kept.pop(done_key, None)
+        if kept is None:
+            return False
+        for signal in kept.signals:
+            if mine and not signal.startswith(_HANDED_BACK) and signal not in mine:
+                await self._hand_back(done_key, signal)
+        return True
+
+    async def _hand_back(self, done_key: str, signal: str) -> None:
+        try:
+            await self._quick.rpush(done_key, _HANDED_BACK + signal)
+        except redis.RedisError as exc:
+            log.debug("could not hand back a signal on %s: %s", done_key, exc)  # its owner checks anyway
+
+    def _forget_old_kept(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, kept in self._kept.items() if now - kept.since > _KEEP_UNCLAIMED_S]:
+            del self._kept[key]
+
+    def _fail_all(self, failure: StoreError) -> None:
+        """The connection failed: every waiter gets the error now; the next wait starts over."""
+        for waiters in self._waiters.values():
+            for waiting in waiters:
+                if not waiting.woken.done():
+                    waiting.woken.set_exception(failure)
+
+
+def _wake(waiting: _Waiting) -> None:
+    if not waiting.woken.done():
+        waiting.woken.set_result(True)
