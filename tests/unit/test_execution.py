@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from workers.core.limits import RetryPolicy
 from workers.core.models import CallJob, SyntheticReason, ToolCall
 from workers.errors import HeartbeatInterrupt, ToolExecutionError
-from workers.tools import registry
 from workers.tools.context import ToolContext
 from workers.tools.registry import get_tool, tool
 from workers.worker.execution import interrupted_result, run_tool
@@ -20,12 +18,7 @@ from workers.worker.execution import interrupted_result, run_tool
 SUBMITTED_MS = 1_000_000
 
 
-@pytest.fixture(autouse=True)
-def _isolated_registry() -> Iterator[None]:
-    saved = dict(registry._REGISTRY)
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved)
+pytestmark = pytest.mark.usefixtures("isolated_registry")  # tests register tools of their own
 
 
 class FakeClock:

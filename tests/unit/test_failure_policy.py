@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 
-from tests.unit.test_execution import FakeClock, _ctx, _job
+from tests.unit.test_execution import FakeClock, _ctx, _job, _register
 from workers.core.failure_policy import (
     FALLBACK_REASONS,
     BranchRule,
@@ -23,7 +21,6 @@ from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import deadline_result, success_result, synthetic_result, tool_error_result
 from workers.errors import ConfigError
 from workers.settings import RetrySettings
-from workers.tools import registry
 from workers.tools.registry import tool
 from workers.worker.execution import run_tool, soft_timeout_result
 
@@ -31,18 +28,7 @@ CALL = ToolCall(id="c1", name="web_fetch")
 _R = SyntheticReason
 
 
-@pytest.fixture(autouse=True)
-def _isolated_registry() -> Iterator[None]:
-    saved = dict(registry._REGISTRY)
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved)
-
-
-def _register(func: Any, **options: Any) -> str:
-    name = f"{func.__name__}_{uuid.uuid4().hex[:8]}"
-    tool(name=name, **options)(func)
-    return name
+pytestmark = pytest.mark.usefixtures("isolated_registry")  # tests register tools of their own
 
 
 # --- the pure rules --------------------------------------------------------------------------

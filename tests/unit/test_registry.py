@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,13 +19,7 @@ from workers.tools.registry import NO_FALLBACK, get_tool, registered_tools, tool
 assert builtins.MAX_OUTPUT_BYTES > 0
 
 
-@pytest.fixture(autouse=True)
-def _isolated_registry() -> Iterator[None]:
-    # The registry is process-global: put it back exactly as it was after each test.
-    saved = dict(registry._REGISTRY)
-    yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(saved)
+pytestmark = pytest.mark.usefixtures("isolated_registry")  # tests register tools of their own
 
 
 def _unique(stem: str) -> str:
