@@ -32,6 +32,8 @@ from workers.store.ledger import connect
 if TYPE_CHECKING:
     import pytest
 
+    from workers.gateway.client import ToolGateway
+
 REPO = Path(__file__).resolve().parent.parent
 UNSTUCK = str(Path(sys.executable).parent / "unstuck")
 
@@ -102,6 +104,11 @@ def task_outcome(log: str, task_id: str) -> str | None:
             return "unreadable" if refusal.startswith("not a call") else refusal
         return "ignored" if " ignored" in line else "reported"
     return None
+
+
+def recorded_runs(runs_file: Path) -> list[str]:
+    """The tags ``record_run`` wrote to ``runs_file``, one per execution (none if it never ran)."""
+    return runs_file.read_text().splitlines() if runs_file.exists() else []
 
 
 def settings_of(env: dict[str, str]) -> Settings:
@@ -182,6 +189,12 @@ def start_worker(env: dict[str, str], *, concurrency: int = 2, name: str = "w1")
     )
     proc.wait_for_log(" ready.", timeout_s=60)
     return proc
+
+
+# What the integration fixtures ``worker_on`` and ``gateway_on`` hand a test: a worker
+# (``start_worker``'s options) or a gateway on the env given, stopped or closed after the test.
+WorkerOn = Callable[..., "Proc"]
+GatewayOn = Callable[[dict[str, str]], "ToolGateway"]
 
 
 def start_watchdog(env: dict[str, str], *, name: str = "wd") -> Proc:

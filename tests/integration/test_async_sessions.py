@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.harness import Proc, base_env, settings_in_env, start_worker, wait_until
+from tests.harness import Proc, wait_until
 from workers.core.models import ToolCall, ToolResult
 from workers.gateway.client import ToolGateway
 from workers.settings import Settings
@@ -28,31 +27,8 @@ SLACK_MS = 5000  # scheduling noise on a loaded shared machine; the promise itse
 
 
 @pytest.fixture
-def short_env(redis_url: str) -> dict[str, str]:
-    return base_env(
-        redis_url,
-        UNSTUCK_LIMITS__QUEUE_ALLOWANCE_S="1",
-        UNSTUCK_TOOLS__TIMEOUTS_S='{"sleepy": 0.5}',
-    )
-
-
-@pytest.fixture
-def short_settings(short_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    return settings_in_env(short_env, monkeypatch)
-
-
-@pytest.fixture
-def short_worker(short_env: dict[str, str]) -> Iterator[Proc]:
-    proc = start_worker(short_env, concurrency=2, name="w-async")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-async def short_gateway(short_settings: Settings) -> AsyncIterator[ToolGateway]:
-    gateway = ToolGateway(short_settings)
-    yield gateway
-    await gateway.aclose()
+def env(env: dict[str, str]) -> dict[str, str]:
+    return {**env, "UNSTUCK_LIMITS__QUEUE_ALLOWANCE_S": "1", "UNSTUCK_TOOLS__TIMEOUTS_S": '{"sleepy": 0.5}'}
 
 
 async def _session(gateway: ToolGateway, n: int) -> tuple[int, ToolResult, int]:
@@ -67,13 +43,13 @@ async def _session(gateway: ToolGateway, n: int) -> tuple[int, ToolResult, int]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_hundreds_of_sessions_in_one_loop_each_answered_by_deadline_plus_grace(
-    short_worker: Proc, short_gateway: ToolGateway
+    worker: Proc, agateway: ToolGateway
 ) -> None:
-    answers = await asyncio.gather(*(_session(short_gateway, n) for n in range(SESSIONS)))
+    answers = await asyncio.gather(*(_session(agateway, n) for n in range(SESSIONS)))
 
     assert len(answers) == SESSIONS
-    ledger = short_gateway._rt.ledger
-    grace_ms = int(short_gateway.settings.gateway.grace_s * 1000)
+    ledger = agateway._rt.ledger
+    grace_ms = int(agateway.settings.gateway.grace_s * 1000)
     late, worst_ms = [], -(10**9)
     for n, result, received_ms in answers:
         record = ledger.record(ledger.keys(f"many-{n}", "r1"), "c")
@@ -94,13 +70,11 @@ async def test_hundreds_of_sessions_in_one_loop_each_answered_by_deadline_plus_g
 
 @pytest.mark.timeout(60)
 async def test_acollect_waits_on_the_loop_for_a_live_call(
-    short_worker: Proc, short_gateway: ToolGateway, short_settings: Settings
+    worker: Proc, agateway: ToolGateway, settings: Settings
 ) -> None:
     call = ToolCall(id="live", name="sleepy", arguments={"seconds": 0.2})
-    submitted = asyncio.create_task(
-        short_gateway.acall_tools(session_key="collect", run_id="r1", calls=[call])
-    )
-    other = ToolGateway(short_settings)  # another process's view: it only knows the run
+    submitted = asyncio.create_task(agateway.acall_tools(session_key="collect", run_id="r1", calls=[call]))
+    other = ToolGateway(settings)  # another process's view: it only knows the run
     try:
         ledger = other._rt.ledger
         keys = ledger.keys("collect", "r1")

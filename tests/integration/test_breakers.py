@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness import UNSTUCK, Proc, settings_in_env, start_worker, wait_until
+from tests.harness import UNSTUCK, Proc, wait_until
 from workers.core.models import ToolCall, ToolResult
 from workers.gateway.client import ToolGateway
 from workers.ops.breaker_metrics import BreakerCollector
-from workers.runtime import open_ledger
-from workers.settings import Settings
 from workers.store.events import recent_events
 from workers.store.ledger import Ledger
 
@@ -26,34 +23,8 @@ POLICY = {"fragile": {"failures": 2, "window_s": 60, "cooldown_s": COOLDOWN_S, "
 
 
 @pytest.fixture
-def breaker_env(env: dict[str, str]) -> dict[str, str]:
+def env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "UNSTUCK_TOOLS__BREAKERS": json.dumps(POLICY)}
-
-
-@pytest.fixture
-def breaker_worker(breaker_env: dict[str, str]) -> Iterator[Proc]:
-    proc = start_worker(breaker_env)
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def breaker_settings(breaker_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    return settings_in_env(breaker_env, monkeypatch)
-
-
-@pytest.fixture
-def gw(breaker_settings: Settings) -> Iterator[ToolGateway]:
-    gateway = ToolGateway(breaker_settings)
-    yield gateway
-    gateway.close()
-
-
-@pytest.fixture
-def ledger(breaker_settings: Settings) -> Iterator[Ledger]:
-    store = open_ledger(breaker_settings)
-    yield store
-    store.close()
 
 
 @pytest.fixture
@@ -63,8 +34,8 @@ def down_flag(tmp_path: Path) -> Path:
     return flag
 
 
-def call(gw: ToolGateway, session: str, call_id: str, flag: Path) -> ToolResult:
-    (result,) = gw.call_tools(
+def call(gateway: ToolGateway, session: str, call_id: str, flag: Path) -> ToolResult:
+    (result,) = gateway.call_tools(
         session_key=session,
         run_id="r1",
         calls=[ToolCall(id=call_id, name="fragile", arguments={"down_flag": str(flag)})],
@@ -87,14 +58,14 @@ def breaker_events(ledger: Ledger) -> list[str]:
 
 
 def test_the_breaker_opens_across_sessions_answers_at_once_and_a_probe_closes_it(
-    breaker_worker: Proc, gw: ToolGateway, ledger: Ledger, down_flag: Path, breaker_env: dict[str, str]
+    worker: Proc, gateway: ToolGateway, ledger: Ledger, down_flag: Path, env: dict[str, str]
 ) -> None:
     # Given the tool's upstream is down: two sessions each see one failure
-    assert call(gw, "s1", "c1", down_flag).reason == "tool_error"
-    assert call(gw, "s2", "c1", down_flag).reason == "tool_error"
+    assert call(gateway, "s1", "c1", down_flag).reason == "tool_error"
+    assert call(gateway, "s2", "c1", down_flag).reason == "tool_error"
     # Then the circuit is open for every session: the next call is answered at once, never run
     began = time.monotonic()
-    refused = call(gw, "s1", "c2", down_flag)
+    refused = call(gateway, "s1", "c2", down_flag)
     assert refused.reason == "circuit_open"
     assert refused.details["attempt"] == 0
     assert time.monotonic() - began < 0.5
@@ -102,46 +73,42 @@ def test_the_breaker_opens_across_sessions_answers_at_once_and_a_probe_closes_it
     assert record is not None
     assert record.fields.get("worker") is None  # no worker ever claimed it
     # And the state is visible: CLI, metrics, events
-    row = breakers_cli(breaker_env)
+    row = breakers_cli(env)
     assert row["state"] == "open"
     assert row["recent_failures"] == 2
-    metrics = {f.name: f for f in BreakerCollector(ledger, gw.settings.tools.breakers).collect()}
+    metrics = {f.name: f for f in BreakerCollector(ledger, gateway.settings.tools.breakers).collect()}
     assert metrics["unstuck_breaker_open"].samples[0].value == 1
     assert breaker_events(ledger) == ["open"]
     # When the upstream recovers and the cooldown is over
     down_flag.unlink()
-    wait_until(
-        lambda: breakers_cli(breaker_env)["retry_after_s"] == 0, timeout_s=COOLDOWN_S + 10, what="cooldown"
-    )
+    wait_until(lambda: breakers_cli(env)["retry_after_s"] == 0, timeout_s=COOLDOWN_S + 10, what="cooldown")
     # Then one probe runs, succeeds, and closes the circuit for everyone
-    assert call(gw, "s2", "c2", down_flag).text == "up"
-    assert breakers_cli(breaker_env)["state"] == "closed"
-    assert call(gw, "s1", "c3", down_flag).text == "up"
+    assert call(gateway, "s2", "c2", down_flag).text == "up"
+    assert breakers_cli(env)["state"] == "closed"
+    assert call(gateway, "s1", "c3", down_flag).text == "up"
     assert breaker_events(ledger) == ["open", "half_open", "closed"]
 
 
 def test_a_failed_probe_opens_the_circuit_again(
-    breaker_worker: Proc, gw: ToolGateway, ledger: Ledger, down_flag: Path, breaker_env: dict[str, str]
+    worker: Proc, gateway: ToolGateway, ledger: Ledger, down_flag: Path, env: dict[str, str]
 ) -> None:
     # Given an open circuit whose cooldown is over, the upstream still down
-    call(gw, "s1", "c1", down_flag)
-    call(gw, "s2", "c1", down_flag)
-    wait_until(
-        lambda: breakers_cli(breaker_env)["retry_after_s"] == 0, timeout_s=COOLDOWN_S + 10, what="cooldown"
-    )
+    call(gateway, "s1", "c1", down_flag)
+    call(gateway, "s2", "c1", down_flag)
+    wait_until(lambda: breakers_cli(env)["retry_after_s"] == 0, timeout_s=COOLDOWN_S + 10, what="cooldown")
     # When the probe fails
-    assert call(gw, "s1", "c2", down_flag).reason == "tool_error"
+    assert call(gateway, "s1", "c2", down_flag).reason == "tool_error"
     # Then the circuit is open again for a new cooldown
-    assert call(gw, "s2", "c2", down_flag).reason == "circuit_open"
-    assert breakers_cli(breaker_env)["state"] == "open"
+    assert call(gateway, "s2", "c2", down_flag).reason == "circuit_open"
+    assert breakers_cli(env)["state"] == "open"
     assert breaker_events(ledger) == ["open", "half_open", "open"]
 
 
 def test_tools_without_a_breaker_are_never_refused(
-    breaker_worker: Proc, gw: ToolGateway, ledger: Ledger
+    worker: Proc, gateway: ToolGateway, ledger: Ledger
 ) -> None:
     for index in range(4):
-        (result,) = gw.call_tools(
+        (result,) = gateway.call_tools(
             session_key="s1", run_id="r1", calls=[ToolCall(id=f"b{index}", name="boom", arguments={})]
         )
         assert result.reason == "tool_error"

@@ -12,17 +12,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import psutil
 import pytest
 
-from tests.harness import UNSTUCK, Proc, settings_in_env, start_worker, wait_until
+from tests.harness import UNSTUCK, Proc, wait_until
 from workers.core.models import ToolCall, ToolResult
 from workers.gateway.client import ToolGateway
-from workers.runtime import open_ledger
-from workers.settings import Settings
 from workers.store.ledger import Ledger
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
@@ -33,56 +29,22 @@ SLEEPER = "echo started; sleep 60 & sleep 60; wait"
 
 
 @pytest.fixture
-def cancel_env(env: dict[str, str]) -> dict[str, str]:
+def env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "UNSTUCK_TOOLS__BUILTINS": "exec", "UNSTUCK_LIMITS__CANCEL_GRACE_S": str(GRACE_S)}
-
-
-@pytest.fixture
-def exec_worker(cancel_env: dict[str, str]) -> Iterator[Proc]:
-    proc = start_worker(cancel_env)
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def cancel_settings(cancel_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    return settings_in_env(cancel_env, monkeypatch)
-
-
-@pytest.fixture
-def gw(cancel_settings: Settings) -> Iterator[ToolGateway]:
-    gateway = ToolGateway(cancel_settings)
-    yield gateway
-    gateway.close()
-
-
-@pytest.fixture
-async def agw(cancel_settings: Settings) -> AsyncIterator[ToolGateway]:
-    """For async tests: the gateway's asyncio client is closed on the test's own loop."""
-    gateway = ToolGateway(cancel_settings)
-    yield gateway
-    await gateway.aclose()
-
-
-@pytest.fixture
-def ledger(cancel_settings: Settings) -> Iterator[Ledger]:
-    store = open_ledger(cancel_settings)
-    yield store
-    store.close()
 
 
 class Background:
     """``call_tools`` in a thread; its results (or error) once it returns."""
 
-    def __init__(self, gw: ToolGateway, session: str, calls: list[ToolCall]) -> None:
+    def __init__(self, gateway: ToolGateway, session: str, calls: list[ToolCall]) -> None:
         self.results: list[ToolResult] = []
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(gw, session, calls), daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(gateway, session, calls), daemon=True)
         self.thread.start()
 
-    def _run(self, gw: ToolGateway, session: str, calls: list[ToolCall]) -> None:
+    def _run(self, gateway: ToolGateway, session: str, calls: list[ToolCall]) -> None:
         try:
-            self.results = gw.call_tools(session_key=session, run_id="r1", calls=calls)
+            self.results = gateway.call_tools(session_key=session, run_id="r1", calls=calls)
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             self.error = exc
 
@@ -117,19 +79,34 @@ def running_group(ledger: Ledger, session: str, call_id: str, size: int = 2) -> 
     return found[0]
 
 
+async def answered_cancelled(ledger: Ledger, session: str, call_id: str, *, timeout_s: float) -> None:
+    """Await the call's one answer in the ledger (off the loop) and check it says cancelled."""
+    keys = ledger.keys(session, "r1")
+
+    def answered() -> bool:
+        record = ledger.record(keys, call_id)
+        return record is not None and record.result is not None
+
+    await asyncio.to_thread(wait_until, answered, timeout_s=timeout_s, what=f"{call_id}'s answer")
+    record = ledger.record(keys, call_id)
+    assert record is not None
+    assert record.result is not None
+    assert record.result.reason == "cancelled"
+
+
 def exec_call(call_id: str, command: str = SLEEPER) -> ToolCall:
     return ToolCall(id=call_id, name="exec", arguments={"command": command})
 
 
 def test_a_cancelled_exec_answers_cancelled_with_its_output_and_leaves_no_process(
-    exec_worker: Proc, gw: ToolGateway, ledger: Ledger
+    worker: Proc, gateway: ToolGateway, ledger: Ledger
 ) -> None:
     # Given an exec call whose shell and backgrounded child are running
-    background = Background(gw, "s-exec", [exec_call("c1")])
+    background = Background(gateway, "s-exec", [exec_call("c1")])
     pgid = running_group(ledger, "s-exec", "c1")  # the sleeps run, so "echo started" has run
     # When the agent cancels it
     began = time.monotonic()
-    assert gw.cancel("s-exec", "r1", "c1") == 1
+    assert gateway.cancel("s-exec", "r1", "c1") == 1
     (result,) = background.join()
     # Then it is answered cancelled, with the output so far, before the grace (SIGTERM was enough)
     assert result.reason == "cancelled"
@@ -144,14 +121,14 @@ def test_a_cancelled_exec_answers_cancelled_with_its_output_and_leaves_no_proces
 
 
 def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(
-    exec_worker: Proc, gw: ToolGateway, ledger: Ledger
+    worker: Proc, gateway: ToolGateway, ledger: Ledger
 ) -> None:
     # Given a command whose shell and child ignore SIGTERM
-    background = Background(gw, "s-trap", [exec_call("c1", "trap '' TERM; sleep 60 & sleep 60; wait")])
+    background = Background(gateway, "s-trap", [exec_call("c1", "trap '' TERM; sleep 60 & sleep 60; wait")])
     pgid = running_group(ledger, "s-trap", "c1")
     # When it is cancelled
     began = time.monotonic()
-    gw.cancel("s-trap", "r1")
+    gateway.cancel("s-trap", "r1")
     (result,) = background.join()
     # Then SIGKILL after the grace ends it: answered cancelled, no process left
     assert result.reason == "cancelled"
@@ -160,11 +137,11 @@ def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(
 
 
 def test_a_tool_that_never_looks_is_answered_by_the_worker_after_the_grace(
-    exec_worker: Proc, gw: ToolGateway
+    worker: Proc, gateway: ToolGateway
 ) -> None:
     # Given a Python tool that ignores ctx.cancelled (it sleeps 30 s)
-    background = Background(gw, "s-slow", [ToolCall(id="c1", name="slow", arguments={"seconds": 30})])
-    wait_until(lambda: gw.cancel("s-slow", "r1") == 1, timeout_s=10, what="the call to be registered")
+    background = Background(gateway, "s-slow", [ToolCall(id="c1", name="slow", arguments={"seconds": 30})])
+    wait_until(lambda: gateway.cancel("s-slow", "r1") == 1, timeout_s=10, what="the call to be registered")
     # Then the worker's main process answers cancelled once the grace and one tick are over
     began = time.monotonic()
     (result,) = background.join()
@@ -172,20 +149,20 @@ def test_a_tool_that_never_looks_is_answered_by_the_worker_after_the_grace(
     assert time.monotonic() - began < GRACE_S + 4
 
 
-def test_a_call_no_worker_holds_is_answered_at_once(gw: ToolGateway, ledger: Ledger) -> None:
+def test_a_call_no_worker_holds_is_answered_at_once(gateway: ToolGateway, ledger: Ledger) -> None:
     # Given a call registered while no worker runs
-    background = Background(gw, "s-idle", [ToolCall(id="c1", name="echo", arguments={"text": "x"})])
+    background = Background(gateway, "s-idle", [ToolCall(id="c1", name="echo", arguments={"text": "x"})])
     keys = ledger.keys("s-idle", "r1")
     wait_until(lambda: ledger.record(keys, "c1") is not None, timeout_s=10, what="registration")
     # When it is cancelled
     began = time.monotonic()
-    assert gw.cancel("s-idle", "r1") == 1
+    assert gateway.cancel("s-idle", "r1") == 1
     # Then it is answered at once, and a second cancel finds nothing left to cancel
     (result,) = background.join()
     assert result.reason == "cancelled"
     assert "before it started" in result.text
     assert time.monotonic() - began < 2
-    assert gw.cancel("s-idle", "r1") == 0
+    assert gateway.cancel("s-idle", "r1") == 0
 
 
 def _kill(env: dict[str, str], session: str, *extra: str) -> str:
@@ -197,13 +174,13 @@ def _kill(env: dict[str, str], session: str, *extra: str) -> str:
 
 
 def test_session_kill_terminates_running_tools(
-    exec_worker: Proc, gw: ToolGateway, ledger: Ledger, cancel_env: dict[str, str]
+    worker: Proc, gateway: ToolGateway, ledger: Ledger, env: dict[str, str]
 ) -> None:
     # Given a session running an exec call
-    background = Background(gw, "s-kill", [exec_call("c1")])
+    background = Background(gateway, "s-kill", [exec_call("c1")])
     pgid = running_group(ledger, "s-kill", "c1")
     # When the operator kills the session
-    assert "running tools stopped" in _kill(cancel_env, "s-kill")
+    assert "running tools stopped" in _kill(env, "s-kill")
     # Then the call is answered cancelled at once and the tool's processes are gone after the grace
     (result,) = background.join()
     assert result.reason == "cancelled"
@@ -211,14 +188,14 @@ def test_session_kill_terminates_running_tools(
 
 
 def test_session_kill_let_finish_leaves_running_tools_alone(
-    exec_worker: Proc, gw: ToolGateway, ledger: Ledger, cancel_env: dict[str, str]
+    worker: Proc, gateway: ToolGateway, ledger: Ledger, env: dict[str, str]
 ) -> None:
     # Given a session running an exec call
-    background = Background(gw, "s-let", [exec_call("c1")])
+    background = Background(gateway, "s-let", [exec_call("c1")])
     pgid = running_group(ledger, "s-let", "c1")
     try:
         # When the operator kills the session but lets running tools finish
-        assert "running tools left running" in _kill(cancel_env, "s-let", "--let-finish")
+        assert "running tools left running" in _kill(env, "s-let", "--let-finish")
         (result,) = background.join()
         # Then the agent has its answer, and the tool still runs well past the grace (the old behaviour)
         assert result.reason == "cancelled"
@@ -231,51 +208,39 @@ def test_session_kill_let_finish_leaves_running_tools_alone(
 
 
 async def test_cancelling_an_acall_tools_task_cancels_its_calls(
-    exec_worker: Proc, agw: ToolGateway, ledger: Ledger
+    worker: Proc, agateway: ToolGateway, ledger: Ledger
 ) -> None:
     # Given an awaited acall_tools whose exec call is running
-    task = asyncio.create_task(agw.acall_tools(session_key="s-async", run_id="r1", calls=[exec_call("c1")]))
+    task = asyncio.create_task(
+        agateway.acall_tools(session_key="s-async", run_id="r1", calls=[exec_call("c1")])
+    )
     pgid = await asyncio.to_thread(running_group, ledger, "s-async", "c1")
     # When the task is cancelled
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # Then the call is answered cancelled in the ledger and its processes are gone
-    keys = ledger.keys("s-async", "r1")
-
-    def answered() -> Any:
-        record = ledger.record(keys, "c1")
-        return record is not None and record.result is not None and record.result.reason == "cancelled"
-
-    await asyncio.to_thread(wait_until, answered, timeout_s=GRACE_S + 5, what="the cancelled answer")
+    await answered_cancelled(ledger, "s-async", "c1", timeout_s=GRACE_S + 5)
     await asyncio.to_thread(
         wait_until, lambda: not group_members(pgid), timeout_s=5, what=f"group {pgid} to be gone"
     )
 
 
 async def test_an_acall_tools_task_cancelled_before_its_calls_are_registered_still_cancels_them(
-    exec_worker: Proc, agw: ToolGateway, ledger: Ledger
+    worker: Proc, agateway: ToolGateway, ledger: Ledger
 ) -> None:
     # Given an acall_tools task cancelled as soon as its worker thread started
-    task = asyncio.create_task(agw.acall_tools(session_key="s-early", run_id="r1", calls=[exec_call("c1")]))
+    task = asyncio.create_task(
+        agateway.acall_tools(session_key="s-early", run_id="r1", calls=[exec_call("c1")])
+    )
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # Then the call, registered after the cancel, is answered cancelled all the same
-    keys = ledger.keys("s-early", "r1")
-
-    def answered() -> bool:
-        record = ledger.record(keys, "c1")
-        return record is not None and record.result is not None
-
-    await asyncio.to_thread(wait_until, answered, timeout_s=GRACE_S + 8, what="an answer")
-    record = ledger.record(keys, "c1")
-    assert record is not None
-    assert record.result is not None
-    assert record.result.reason == "cancelled"
+    await answered_cancelled(ledger, "s-early", "c1", timeout_s=GRACE_S + 8)
     # And if it had started, its process group is gone
-    groups = ledger.process_groups(keys, "c1")
+    groups = ledger.process_groups(ledger.keys("s-early", "r1"), "c1")
 
     def gone() -> bool:
         return not any(group_members(pgid) for pgid in groups)

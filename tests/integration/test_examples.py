@@ -4,34 +4,26 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
-from tests.harness import REPO, Proc, base_env, start_worker
+from tests.harness import REPO, Proc
 
 pytest.importorskip("langgraph")
 pytest.importorskip("agents")
 
 
 @pytest.fixture
-def exec_env(redis_url: str) -> dict[str, str]:
-    return base_env(redis_url, UNSTUCK_TOOLS__BUILTINS="exec", UNSTUCK_TOOL_MODULES="")
-
-
-@pytest.fixture
-def exec_worker(exec_env: dict[str, str]) -> Iterator[Proc]:
-    proc = start_worker(exec_env, name="w-examples")
-    yield proc
-    proc.stop()
+def env(env: dict[str, str]) -> dict[str, str]:
+    return {**env, "UNSTUCK_TOOLS__BUILTINS": "exec", "UNSTUCK_TOOL_MODULES": ""}
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("example", ["langgraph_agent.py", "openai_agents_agent.py"])
-def test_the_example_runs(example: str, exec_env: dict[str, str], exec_worker: Proc) -> None:
+def test_the_example_runs(example: str, env: dict[str, str], worker: Proc) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "examples" / example)],
-        env=exec_env,
+        env=env,
         capture_output=True,
         text=True,
         timeout=90,

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness import Proc, base_env, settings_in_env, start_worker
+from tests.harness import GatewayOn, Proc, WorkerOn, base_env
 from workers import ToolCall, ToolGateway
 from workers.answering import reap
 from workers.core.failure_policy import FallbackRule
@@ -43,19 +42,13 @@ def configured_env(redis_url: str, tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def configured_gateway(
-    configured_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[ToolGateway]:
-    gateway = ToolGateway(settings_in_env(configured_env, monkeypatch))
-    yield gateway
-    gateway.close()
+def configured_gateway(configured_env: dict[str, str], gateway_on: GatewayOn) -> ToolGateway:
+    return gateway_on(configured_env)
 
 
 @pytest.fixture
-def configured_worker(configured_env: dict[str, str]) -> Iterator[Proc]:
-    proc = start_worker(configured_env)
-    yield proc
-    proc.stop()
+def configured_worker(configured_env: dict[str, str], worker_on: WorkerOn) -> Proc:
+    return worker_on(configured_env)
 
 
 def _call(gateway: ToolGateway, name: str, session: str, **arguments: object) -> ToolResult:
@@ -132,16 +125,12 @@ def test_config_fallback_answers_a_deadline_no_worker_reached(configured_gateway
 
 
 def test_decorator_fallback_does_not_reach_answers_written_outside_the_worker(
-    configured_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    configured_env: dict[str, str], gateway_on: GatewayOn
 ) -> None:
     # optional_lookup's decorator fallback is known where tools run; a deadline the gateway
     # answers (no worker) stays an error unless tools.fallbacks sets one (README, "Fallbacks").
     env = {**configured_env, "UNSTUCK_TOOLS__TIMEOUTS_S": '{"optional_lookup": 0.2}'}
-    gateway = ToolGateway(settings_in_env(env, monkeypatch))
-    try:
-        result = _call(gateway, "optional_lookup", "decorator-outside", seconds=1)
-    finally:
-        gateway.close()
+    result = _call(gateway_on(env), "optional_lookup", "decorator-outside", seconds=1)
     assert result.is_error is True
     assert result.reason == "deadline_exceeded"
 
@@ -173,7 +162,7 @@ def test_watchdog_and_reaper_answers_carry_the_config_fallback(redis_url: str) -
 
 
 def test_an_open_circuit_is_answered_at_once_with_the_fallback(
-    worker: Proc, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    worker: Proc, env: dict[str, str], gateway_on: GatewayOn, tmp_path: Path
 ) -> None:
     # Given a shared breaker on fragile (opens after one failure) and a fallback for circuit_open only
     fallback = {"value": "served from cache", "reasons": ["circuit_open"]}
@@ -181,16 +170,13 @@ def test_an_open_circuit_is_answered_at_once_with_the_fallback(
         "UNSTUCK_TOOLS__BREAKERS": '{"fragile": {"failures": 1}}',
         "UNSTUCK_TOOLS__FALLBACKS": json.dumps({"fragile": fallback}),
     }
-    gateway = ToolGateway(settings_in_env({**env, **extra}, monkeypatch))
+    gateway = gateway_on({**env, **extra})
     flag = tmp_path / "down"
     flag.write_text("down")
-    try:
-        # When the upstream fails once (an error: the fallback does not cover tool_error)
-        first = _call(gateway, "fragile", "breaker-1", down_flag=str(flag))
-        # and the next call finds the circuit open
-        second = _call(gateway, "fragile", "breaker-2", down_flag=str(flag))
-    finally:
-        gateway.close()
+    # When the upstream fails once (an error: the fallback does not cover tool_error)
+    first = _call(gateway, "fragile", "breaker-1", down_flag=str(flag))
+    # and the next call finds the circuit open
+    second = _call(gateway, "fragile", "breaker-2", down_flag=str(flag))
     # Then the first is the tool's error and the second the default, still saying circuit_open
     assert (first.is_error, first.reason) == (True, "tool_error")
     assert (second.is_error, second.text, second.reason) == (False, "served from cache", "circuit_open")

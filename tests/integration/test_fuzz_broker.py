@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,14 @@ from hypothesis import strategies as st
 
 from tests.harness import (
     Proc,
-    base_env,
+    recorded_runs,
     registration_fields,
-    settings_in_env,
-    start_worker,
     task_outcome,
     wait_until,
 )
 from tests.signing import (
     SigningFiles,
     invoke_body,
-    kombu_registry_restored,
     make_signing_files,
     publish_raw,
     sign,
@@ -67,38 +63,9 @@ class Forgery:
 
 
 @pytest.fixture
-def files(tmp_path: Path) -> SigningFiles:
-    return make_signing_files(tmp_path / "signing")
-
-
-@pytest.fixture
-def runs_file(tmp_path: Path) -> Path:
-    return tmp_path / "runs"
-
-
-@pytest.fixture
-def fuzz_env(redis_url: str, files: SigningFiles, runs_file: Path) -> dict[str, str]:
-    env = base_env(redis_url, RECORD_RUN_FILE=str(runs_file), **files.env())
-    return env | {"UNSTUCK_TOOLS__BUILTINS": "exec"}  # a shell to reach for: it must stay out of reach
-
-
-@pytest.fixture
-def fuzz_worker(fuzz_env: dict[str, str]) -> Iterator[Proc]:
-    proc = start_worker(fuzz_env, name="fuzz")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def fuzz_gateway(fuzz_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[ToolGateway]:
-    with kombu_registry_restored():
-        gw = ToolGateway(settings_in_env(fuzz_env, monkeypatch))
-        yield gw
-        gw.close()
-
-
-def _runs(runs_file: Path) -> list[str]:
-    return runs_file.read_text().splitlines() if runs_file.exists() else []
+def env(env: dict[str, str], signing: SigningFiles, runs_file: Path) -> dict[str, str]:
+    # A shell to reach for: it must stay out of reach.
+    return {**env, "RECORD_RUN_FILE": str(runs_file), **signing.env(), "UNSTUCK_TOOLS__BUILTINS": "exec"}
 
 
 def _open_jobs(gateway: ToolGateway) -> list[CallJob]:
@@ -176,14 +143,14 @@ def _forgery(data: st.DataObject, open_jobs: list[CallJob], finished: list[CallJ
 
 
 def _payload(
-    forgery: Forgery, body: bytes, files: SigningFiles, stranger: SigningFiles, junk: bytes
+    forgery: Forgery, body: bytes, signing: SigningFiles, stranger: SigningFiles, junk: bytes
 ) -> bytes:
     if forgery.signing == "trusted":
-        return sign(files, body)
+        return sign(signing, body)
     if forgery.signing == "stranger":
         return sign(stranger, body)
     if forgery.signing == "tampered":
-        return tamper(sign(files, body.replace(b'"tag"', b'"tga"')), body)
+        return tamper(sign(signing, body.replace(b'"tag"', b'"tga"')), body)
     return junk if forgery.signing == "garbage" else body
 
 
@@ -196,13 +163,13 @@ EXPECTED = {
 
 
 def test_no_forged_message_runs_anything(
-    fuzz_worker: Proc, fuzz_gateway: ToolGateway, runs_file: Path, files: SigningFiles, tmp_path: Path
+    worker: Proc, gateway: ToolGateway, runs_file: Path, signing: SigningFiles, tmp_path: Path
 ) -> None:
-    app, queue = fuzz_gateway._app, fuzz_gateway.settings.broker.queue
+    app, queue = gateway._app, gateway.settings.broker.queue
     stranger = make_signing_files(tmp_path / "stranger", name="stranger")
-    finished, open_jobs = _finished_jobs(fuzz_gateway), _open_jobs(fuzz_gateway)
+    finished, open_jobs = _finished_jobs(gateway), _open_jobs(gateway)
     authorised = sorted(f"fin-{n}" for n in range(FINISHED))
-    assert sorted(_runs(runs_file)) == authorised
+    assert sorted(recorded_runs(runs_file)) == authorised
     sent: dict[str, Forgery] = {}
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -211,13 +178,13 @@ def test_no_forged_message_runs_anything(
         forgery = _forgery(data, open_jobs, finished)
         task_id = f"fz-{len(sent)}"
         headers, properties, body = invoke_body(app, forgery.body, task_id)
-        payload = _payload(forgery, body, files, stranger, junk)
+        payload = _payload(forgery, body, signing, stranger, junk)
         publish_raw(app, queue, headers, properties, payload, signed=forgery.signing != "unsigned")
         sent[task_id] = forgery
 
     publish_one()
     # When a genuine call follows every forgery through the queue
-    (last,) = fuzz_gateway.call_tools(
+    (last,) = gateway.call_tools(
         session_key="fuzz-ok",
         run_id="r",
         calls=[ToolCall(id="ok", name="record_run", arguments={"tag": "ok"})],
@@ -225,22 +192,22 @@ def test_no_forged_message_runs_anything(
     assert last.text == "recorded ok"
     signed = [task_id for task_id, f in sent.items() if f.signing == "trusted"]
     wait_until(
-        lambda: all(task_outcome(fuzz_worker.log(), task_id) for task_id in signed),
+        lambda: all(task_outcome(worker.log(), task_id) for task_id in signed),
         timeout_s=120,
         what="every validly signed forgery handled",
     )
     # Then the runs file holds the authorised calls only: no forgery executed anything
-    runs = _runs(runs_file)
+    runs = recorded_runs(runs_file)
     assert sorted(runs) == sorted([*authorised, "ok"]), runs
     # And each forgery met the refusal its kind calls for
-    log = fuzz_worker.log()
+    log = worker.log()
     outcomes = {task_id: str(task_outcome(log, task_id)) for task_id in signed}
     wrong = {t: (sent[t].kind, o) for t, o in outcomes.items() if o not in EXPECTED[sent[t].kind]}
     assert wrong == {}
     rejected = log.count("] Can't decode message body")
     rejected += log.count("invalid task message: Refusing to deserialize")
     assert rejected == len(sent) - len(signed)
-    ledger = fuzz_gateway._rt.ledger
+    ledger = gateway._rt.ledger
     answered = ledger.results(ledger.keys("fuzz", "r"), [job.call.id for job in open_jobs])
     mismatched = {sent[t].body["call"]["id"] for t in signed if sent[t].kind == "mismatch"}
     assert {call_id for call_id, r in answered.items() if r.reason == "call_mismatch"} == mismatched

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from tests.harness import Proc
+from tests.harness import GatewayOn, Proc
 from workers import ToolCall, ToolGateway
 from workers.errors import CompactionLoopPersisted
-from workers.settings import Settings
 
 LOOPS = {"enabled": True, "historySize": 30, "warningThreshold": 3, "criticalThreshold": 5}
 
 
 @pytest.fixture
-def loop_gateway(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[ToolGateway]:
-    monkeypatch.setenv("UNSTUCK_TOOLS__LOOP_DETECTION", json.dumps(LOOPS))
-    gateway = ToolGateway(Settings())
-    yield gateway
-    gateway.close()
+def loop_gateway(env: dict[str, str], gateway_on: GatewayOn) -> ToolGateway:
+    return gateway_on({**env, "UNSTUCK_TOOLS__LOOP_DETECTION": json.dumps(LOOPS)})
 
 
 @pytest.mark.timeout(90)
@@ -89,30 +84,26 @@ def test_loop_that_survives_compaction_aborts_the_run(worker: Proc, loop_gateway
     ids=["invalid_arguments", "unknown_tool"],
 )
 def test_a_call_answered_at_submission_that_repeats_after_compaction_aborts_the_run_with_detection_off(
-    settings: Settings, call: ToolCall
+    gateway: ToolGateway, call: ToolCall
 ) -> None:
     # Given the default config (loop detection off), a run that has seen calls, then compacted
-    gateway = ToolGateway(settings)
-    try:
-        assert not gateway.settings.tools.loop_detection
-        gateway.call_tools(session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": "before"})])
-        assert gateway.note_compaction("bad", "r1")
+    assert not gateway.settings.tools.loop_detection
+    gateway.call_tools(session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": "before"})])
+    assert gateway.note_compaction("bad", "r1")
 
-        # When the model repeats the same call that is answered without running, again and again
-        def repeat_until_aborted() -> None:
-            for i in range(1, 10):
-                gateway.call_tools(
-                    session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": f"k{i}"})]
-                )
+    # When the model repeats the same call that is answered without running, again and again
+    def repeat_until_aborted() -> None:
+        for i in range(1, 10):
+            gateway.call_tools(
+                session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": f"k{i}"})]
+            )
 
-        # Then the post-compaction guard stops the run, as it would for a call that ran
-        with pytest.raises(CompactionLoopPersisted) as caught:
-            repeat_until_aborted()
-        assert caught.value.detector == "compaction_loop_persisted"
-        assert caught.value.results[0].reason in {"invalid_arguments", "unknown_tool"}
-        # And the aborted run refuses even a call that would be answered at submission
-        with pytest.raises(CompactionLoopPersisted) as again:
-            gateway.call_tools(session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": "late"})])
-        assert again.value.results[0].reason == "run_aborted"
-    finally:
-        gateway.close()
+    # Then the post-compaction guard stops the run, as it would for a call that ran
+    with pytest.raises(CompactionLoopPersisted) as caught:
+        repeat_until_aborted()
+    assert caught.value.detector == "compaction_loop_persisted"
+    assert caught.value.results[0].reason in {"invalid_arguments", "unknown_tool"}
+    # And the aborted run refuses even a call that would be answered at submission
+    with pytest.raises(CompactionLoopPersisted) as again:
+        gateway.call_tools(session_key="bad", run_id="r1", calls=[call.model_copy(update={"id": "late"})])
+    assert again.value.results[0].reason == "run_aborted"

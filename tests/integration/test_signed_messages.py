@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.harness import (
     Proc,
-    base_env,
+    recorded_runs,
     registration_fields,
-    settings_in_env,
     start_beat,
     start_watchdog,
-    start_worker,
     task_outcome,
     wait_until,
 )
 from tests.signing import (
     SigningFiles,
     invoke_body,
-    kombu_registry_restored,
     make_signing_files,
     publish_raw,
     sign,
@@ -37,37 +33,8 @@ pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture
-def signing(tmp_path: Path) -> SigningFiles:
-    return make_signing_files(tmp_path / "signing")
-
-
-@pytest.fixture
-def runs_file(tmp_path: Path) -> Path:
-    return tmp_path / "runs"
-
-
-@pytest.fixture
-def signed_env(redis_url: str, signing: SigningFiles, runs_file: Path) -> dict[str, str]:
-    return base_env(redis_url, RECORD_RUN_FILE=str(runs_file), **signing.env())
-
-
-@pytest.fixture
-def signed_worker(signed_env: dict[str, str]) -> Iterator[Proc]:
-    proc = start_worker(signed_env, name="signed")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def signed_gateway(signed_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[ToolGateway]:
-    with kombu_registry_restored():
-        gw = ToolGateway(settings_in_env(signed_env, monkeypatch))
-        yield gw
-        gw.close()
-
-
-def _runs(runs_file: Path) -> list[str]:
-    return runs_file.read_text().splitlines() if runs_file.exists() else []
+def env(env: dict[str, str], signing: SigningFiles, runs_file: Path) -> dict[str, str]:
+    return {**env, "RECORD_RUN_FILE": str(runs_file), **signing.env()}
 
 
 def _registered_job(gateway: ToolGateway, call_id: str, tag: str) -> CallJob:
@@ -95,16 +62,16 @@ def _outcome_logged(worker: Proc, task_id: str) -> bool:
 
 
 def test_signed_calls_run_and_unsigned_or_tampered_messages_run_nothing(
-    signed_worker: Proc, signed_gateway: ToolGateway, runs_file: Path, tmp_path: Path, signing: SigningFiles
+    worker: Proc, gateway: ToolGateway, runs_file: Path, tmp_path: Path, signing: SigningFiles
 ) -> None:
-    app, queue = signed_gateway._app, signed_gateway.settings.broker.queue
+    app, queue = gateway._app, gateway.settings.broker.queue
     assert app.conf.task_serializer == "auth"
     stranger = make_signing_files(tmp_path / "stranger", name="stranger")  # a key the worker does not trust
     # Given registered calls whose messages reach the queue by hand: unsigned, signed by an untrusted
     # key, signed and then changed, and (the control) signed with the trusted key
     sent = {}
     for call_id in ("unsigned", "stranger", "tampered", "trusted"):
-        job = _registered_job(signed_gateway, call_id, call_id).model_dump(mode="json")
+        job = _registered_job(gateway, call_id, call_id).model_dump(mode="json")
         sent[call_id] = invoke_body(app, job, f"{call_id}-1")
     headers, properties, body = sent["unsigned"]
     publish_raw(app, queue, headers, properties, body, signed=False)
@@ -119,15 +86,15 @@ def test_signed_calls_run_and_unsigned_or_tampered_messages_run_nothing(
     headers, properties, body = sent["trusted"]
     publish_raw(app, queue, headers, properties, sign(signing, body), signed=True)
     # When a correctly signed call follows through the gateway
-    (result,) = signed_gateway.call_tools(
+    (result,) = gateway.call_tools(
         session_key="signed-ok",
         run_id="r",
         calls=[ToolCall(id="ok", name="record_run", arguments={"tag": "ok"})],
     )
     # Then the signed ones run, and the worker refused the others before any task code ran
     assert result.text == "recorded ok"
-    wait_until(lambda: _outcome_logged(signed_worker, "trusted-1"), timeout_s=10, what="trusted message run")
-    log = signed_worker.log()
+    wait_until(lambda: _outcome_logged(worker, "trusted-1"), timeout_s=10, what="trusted message run")
+    log = worker.log()
     assert "Refusing to deserialize untrusted content of type json" in log
     assert "'id': 'stranger-1'" in log
     assert "Unknown certificate" in log
@@ -135,19 +102,19 @@ def test_signed_calls_run_and_unsigned_or_tampered_messages_run_nothing(
     assert "'id': 'empty-1'" in log
     assert log.count("] Can't decode message body") == 3
     assert "Unrecoverable error" not in log
-    assert sorted(_runs(runs_file)) == ["ok", "trusted"]
+    assert sorted(recorded_runs(runs_file)) == ["ok", "trusted"]
     for task_id in ("unsigned-1", "stranger-1", "tampered-1", "empty-1"):
-        assert not _outcome_logged(signed_worker, task_id)
+        assert not _outcome_logged(worker, task_id)
     # And each refusal is counted for the metrics
-    ledger = signed_gateway._rt.ledger
+    ledger = gateway._rt.ledger
     refused = refusal_counts(ledger.client, ledger.prefix)
     assert refused[RefusalReason.UNTRUSTED_CONTENT] == 1
     assert refused[RefusalReason.UNDECODABLE] == 3
 
 
-def test_beat_and_watchdog_exchange_signed_sweeps(signed_env: dict[str, str]) -> None:
+def test_beat_and_watchdog_exchange_signed_sweeps(env: dict[str, str]) -> None:
     # Given beat and the watchdog, both signing (the control role and its sender)
-    env = signed_env | {"UNSTUCK_WATCHDOG__INTERVAL_S": "1"}
+    env = env | {"UNSTUCK_WATCHDOG__INTERVAL_S": "1"}
     watchdog = start_watchdog(env, name="signed")
     beat = start_beat(env)
     try:

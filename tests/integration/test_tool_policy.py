@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness import Proc, base_env, registration_fields, settings_in_env, start_worker, wait_until
+from tests.harness import GatewayOn, Proc, WorkerOn, base_env, registration_fields, wait_until
 from workers import ToolCall, ToolGateway
 from workers.core.models import CallJob
-from workers.settings import Settings
 from workers.task_names import INVOKE_TASK
 
 pytestmark = pytest.mark.timeout(90)
@@ -56,29 +54,25 @@ def _answer_of(gateway: ToolGateway, session: str, call_id: str) -> str | None:
     return ledger.results(keys, [call_id])[call_id].reason
 
 
-def test_a_default_worker_and_gateway_refuse_exec(worker: Proc, settings: Settings, tmp_path: Path) -> None:
+def test_a_default_worker_and_gateway_refuse_exec(worker: Proc, gateway: ToolGateway, tmp_path: Path) -> None:
     # Given no configuration at all: exec is not enabled
     marker = tmp_path / "ran"
-    gateway = ToolGateway(settings)
-    try:
-        # When an agent calls it through the gateway
-        [result] = gateway.call_tools(
-            session_key="default",
-            run_id="r1",
-            calls=[ToolCall(id="d1", name="exec", arguments={"command": f"touch {marker}"})],
-        )
-        # Then it is answered at once as an unknown tool
-        assert result.reason == "unknown_tool"
-        assert "exec" not in [d["name"] for d in gateway.tool_definitions()]
-        # And a message for it that skipped the gateway is answered by the worker, and runs nothing
-        _forge(
-            gateway,
-            "default-forged",
-            {"id": "d2", "name": "exec", "arguments": {"command": f"touch {marker}"}},
-        )
-        assert _answer_of(gateway, "default-forged", "d2") == "unknown_tool"
-    finally:
-        gateway.close()
+    # When an agent calls it through the gateway
+    [result] = gateway.call_tools(
+        session_key="default",
+        run_id="r1",
+        calls=[ToolCall(id="d1", name="exec", arguments={"command": f"touch {marker}"})],
+    )
+    # Then it is answered at once as an unknown tool
+    assert result.reason == "unknown_tool"
+    assert "exec" not in [d["name"] for d in gateway.tool_definitions()]
+    # And a message for it that skipped the gateway is answered by the worker, and runs nothing
+    _forge(
+        gateway,
+        "default-forged",
+        {"id": "d2", "name": "exec", "arguments": {"command": f"touch {marker}"}},
+    )
+    assert _answer_of(gateway, "default-forged", "d2") == "unknown_tool"
     assert not marker.exists()
     assert "d1#" not in worker.log()
 
@@ -95,17 +89,13 @@ def policy_env(redis_url: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def policy_worker(policy_env: dict[str, str]) -> Iterator[Proc]:
-    proc = start_worker(policy_env, name="policy")
-    yield proc
-    proc.stop()
+def policy_worker(policy_env: dict[str, str], worker_on: WorkerOn) -> Proc:
+    return worker_on(policy_env, name="policy")
 
 
 @pytest.fixture
-def policy_gateway(policy_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[ToolGateway]:
-    gw = ToolGateway(settings_in_env(policy_env, monkeypatch))
-    yield gw
-    gw.close()
+def policy_gateway(policy_env: dict[str, str], gateway_on: GatewayOn) -> ToolGateway:
+    return gateway_on(policy_env)
 
 
 def test_a_tool_outside_the_allowlist_is_answered_at_submission_and_never_reaches_a_worker(
