@@ -53,6 +53,10 @@ Stage = Callable[[Batch, InFlight], bool]
 class CallPath:
     """Admits, registers and dispatches a batch's calls, then concludes it."""
 
+    # The order a call meets the stages in. The loop gate sees a call before validation, so
+    # a model repeating a rejected call is caught like any other repetition.
+    STAGES = ("skip_known", "refuse_aborted_run", "check_loops", "admit", "register_and_dispatch")
+
     def __init__(
         self,
         settings: Settings,
@@ -74,13 +78,7 @@ class CallPath:
         self._writer = writer
         self._now_ms = now_ms
         self._run_deadlines: dict[tuple[str, str], int] = {}
-        self.stages: tuple[Stage, ...] = (
-            self.skip_known,
-            self.refuse_aborted_run,
-            self.check_loops,
-            self.admit,
-            self.register_and_dispatch,
-        )
+        self.stages: tuple[Stage, ...] = tuple(getattr(self, name) for name in self.STAGES)
 
     # -- the batch ---------------------------------------------------------------------------
 
