@@ -1,7 +1,8 @@
 """The client the agent loop uses: submit tool calls, get exactly one result per call, on time.
 
 Whatever fails underneath — broker, workers, Redis — every call is answered no later than
-its deadline plus ``gateway.grace_s``.
+its deadline plus ``gateway.grace_s``. A call's path (its stages, in order) is
+:mod:`workers.gateway.call_path`; the asyncio methods are :mod:`workers.gateway.async_calls`.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ class ToolGateway(AsyncCalls):
         self._pool.shutdown(wait=False)
         self._rt.ledger.close()
 
-    # -- submission -------------------------------------------------------------------------
+    # -- loops and events ---------------------------------------------------------------------
 
     def note_compaction(self, session_key: str, run_id: str, agent_id: str = "main") -> bool:
         """Arm the post-compaction guard after the agent compacted its context.
