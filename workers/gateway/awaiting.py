@@ -20,7 +20,7 @@ from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.reaper import ActionKind, answer_open_call, decide
 from workers.core.results import deadline_result
 from workers.errors import StoreError
-from workers.gateway.waiting import Batch
+from workers.gateway.waiting import Batch, Outstanding
 from workers.settings import Settings
 from workers.store.aledger import AsyncLedger
 from workers.store.keys import RunKeys
@@ -52,51 +52,55 @@ class AsyncWaiter:
     store_later: Callable[[RunKeys, ToolResult], None] | None = None
     waiting_batches: int = 0
 
-    async def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> None:
-        """Return once ``batch.waiting`` is empty; each call by its deadline plus grace."""
+    async def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> dict[str, ToolResult]:
+        """The answers to ``batch.waiting``, each by its deadline plus grace (``batch`` is only read)."""
+        out = Outstanding(batch)
         self.waiting_batches += 1
         try:
-            await self._wait(batch, undispatched_after_ms)
+            await self._wait(out, undispatched_after_ms)
         finally:
             self.waiting_batches -= 1
+        return out.answers
 
     def _check_interval_ms(self) -> int:
         configured_ms = int(self.settings.gateway.check_interval_s * 1000)
         return max(configured_ms, self.waiting_batches * 1000 // _CHECKS_PER_S)
 
-    async def _wait(self, batch: Batch, undispatched_after_ms: int | None) -> None:
+    async def _wait(self, out: Outstanding, undispatched_after_ms: int | None) -> None:
+        batch = out.batch
         margin_ms = int(self.settings.gateway.grace_s * 1000) // 2
         check_ms = self._check_interval_ms()
         # Spread the first check: batches submitted together would otherwise check together.
         next_check = self.now_ms() + check_ms // 2 + random.randrange(check_ms // 2 + 1)
-        while batch.waiting:
-            await self._store_fallbacks(batch)
-            await self._answer_locally_past(batch, self.now_ms(), margin_ms)
-            if not batch.waiting:
+        while out.waiting:
+            await self._store_fallbacks(out)
+            await self._answer_locally_past(out, self.now_ms(), margin_ms)
+            if not out.waiting:
                 return
-            soonest = min(batch.deadlines[cid] for cid in batch.waiting) + margin_ms
+            soonest = min(batch.deadlines[cid] for cid in out.waiting) + margin_ms
             timeout_ms = max(10, min(next_check, soonest) - self.now_ms())
             try:
                 woke = await self.ledger.wait_for_done(
-                    batch.keys, timeout_ms / 1000, mine=frozenset(batch.waiting)
+                    batch.keys, timeout_ms / 1000, mine=frozenset(out.waiting)
                 )
                 if woke:
-                    batch.answers.update(await self.ledger.results(batch.keys, batch.waiting))
-                if batch.waiting and self.now_ms() >= next_check:
-                    await self._check(batch, undispatched_after_ms)
+                    out.learn(await self.ledger.results(batch.keys, out.waiting))
+                if out.waiting and self.now_ms() >= next_check:
+                    await self._check(out, undispatched_after_ms)
                     next_check = self.now_ms() + self._check_interval_ms()
             except StoreError as exc:
                 log.warning("store unavailable while waiting: %s", exc)
                 await asyncio.sleep(min(0.2, max(0.0, (soonest - self.now_ms()) / 1000)))
 
-    async def _check(self, batch: Batch, undispatched_after_ms: int | None) -> None:
+    async def _check(self, out: Outstanding, undispatched_after_ms: int | None) -> None:
         """Lease and deadline checks, then pick up whatever got answered."""
+        batch = out.batch
         try:
             await self.ledger.touch_progress(batch.keys, self.now_ms())  # the run is visibly alive
         except StoreError as exc:
             log.warning("progress of %s/%s not recorded: %s", batch.keys.session_key, batch.keys.run_id, exc)
-        await self._reap(batch.keys, batch.waiting, undispatched_after_ms)
-        batch.answers.update(await self.ledger.results(batch.keys, batch.waiting))
+        await self._reap(batch.keys, out.waiting, undispatched_after_ms)
+        out.learn(await self.ledger.results(batch.keys, out.waiting))
 
     async def _reap(self, keys: RunKeys, call_ids: Sequence[str], undispatched_after_ms: int | None) -> None:
         """:func:`workers.answering.reap`, awaited: answer lost or overdue calls, re-run idempotent ones."""
@@ -118,9 +122,10 @@ class AsyncWaiter:
             result = answer_open_call(call, action.reason or SyntheticReason.WORKER_LOST, now_ms=now_ms)
             await self.ledger.finish(keys, result, now_ms=now_ms, writer=self.writer)
 
-    async def _store_fallbacks(self, batch: Batch) -> None:
+    async def _store_fallbacks(self, out: Outstanding) -> None:
         """Store answers prepared without a store, then deliver what the ledger holds."""
-        pending = [call_id for call_id in batch.waiting if call_id in batch.fallbacks]
+        batch = out.batch
+        pending = [call_id for call_id in out.waiting if call_id in batch.fallbacks]
         if not pending:
             return
         try:
@@ -128,13 +133,14 @@ class AsyncWaiter:
                 await self.ledger.finish(
                     batch.keys, batch.fallbacks[call_id], now_ms=self.now_ms(), writer=self.writer
                 )
-            batch.answers.update(await self.ledger.results(batch.keys, pending))
+            out.learn(await self.ledger.results(batch.keys, pending))
         except StoreError:
             pass  # still unreachable: answered locally once the margin passes
 
-    async def _answer_locally_past(self, batch: Batch, now_ms: int, margin_ms: int) -> None:
+    async def _answer_locally_past(self, out: Outstanding, now_ms: int, margin_ms: int) -> None:
         """Last resort when the store cannot answer: never let a call go past deadline + grace."""
-        for call_id in batch.waiting:
+        batch = out.batch
+        for call_id in out.waiting:
             deadline_ms = batch.deadlines[call_id]
             if now_ms < deadline_ms + margin_ms:
                 continue
@@ -151,4 +157,4 @@ class AsyncWaiter:
             except StoreError:
                 if self.store_later is not None:
                     self.store_later(batch.keys, result)
-            batch.answers[call_id] = result
+            out.answers[call_id] = result

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from workers.core.models import SyntheticReason, ToolResult
 from workers.core.run_health import RunStatus
 from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
-from workers.gateway.waiting import Batch
+from workers.gateway.waiting import Abort
+from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
-from workers.store.runs import RunAbort, mark_run_aborted
+from workers.store.runs import mark_run_aborted
 from workers.store.sessions import SessionStore
 
 __all__ = ["abort_run"]
@@ -21,27 +22,22 @@ log = logging.getLogger(__name__)
 def abort_run(
     sessions: SessionStore,
     ledger: Ledger,
-    batch: Batch,
-    known: RunAbort | None,
+    keys: RunKeys,
+    abort: Abort,
     results: list[ToolResult],
     now_ms: Callable[[], int],
     writer: str,
 ) -> LoopDetected:
-    """Record a loop abort decided in this batch (unless ``known``), answer the run's open calls.
+    """Record an abort decided in this batch (one already recorded is not), answer the run's open calls.
 
     Returns the exception to raise, carrying one result per call.
     """
-    abort = known
-    if abort is None:
-        assert batch.abort is not None
-        verdict = batch.abort
-        detector = verdict.detector.value if verdict.detector else "loop"
-        abort = RunAbort(detector, verdict.count, verdict.message)
-        session, run = batch.keys.session_key, batch.keys.run_id
+    if not abort.recorded:
+        session, run = keys.session_key, keys.run_id
         try:
             now = now_ms()
-            sessions.end_run(session, run, RunStatus.ABORTED, now, reason=detector, release=False)
-            mark_run_aborted(ledger, batch.keys, abort, now_ms=now)
+            sessions.end_run(session, run, RunStatus.ABORTED, now, reason=abort.detector, release=False)
+            mark_run_aborted(ledger, keys, abort.record, now_ms=now)
             sessions.answer_open_calls(
                 session,
                 run,
@@ -52,7 +48,7 @@ def abort_run(
             )
             sessions.close_run(session, run, now_ms())
         except StoreError as exc:
-            log.warning("could not record the abort of run %s: %s", batch.keys.run_id, exc)
+            log.warning("could not record the abort of run %s: %s", keys.run_id, exc)
     cls = CompactionLoopPersisted if abort.detector == "compaction_loop_persisted" else LoopDetected
     error = cls(abort.detector, abort.count, abort.message)
     error.results = results

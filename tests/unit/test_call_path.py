@@ -1,0 +1,77 @@
+"""The gateway's call path: the stages' order, the first answering stage ends it, one abort value."""
+
+from __future__ import annotations
+
+from workers.core.loops import Detector, LoopVerdict
+from workers.core.models import ToolCall, ToolResult
+from workers.core.results import success_result
+from workers.gateway.call_path import CallPath, InFlight, Stage
+from workers.gateway.waiting import Abort, Batch, Outstanding
+from workers.store.keys import RunKeys
+from workers.store.runs import RunAbort
+
+
+def _batch() -> Batch:
+    return Batch(RunKeys("t", "s", "r1"))
+
+
+def test_stages_run_in_the_declared_order() -> None:
+    assert CallPath.STAGES == (
+        "skip_known",
+        "refuse_aborted_run",
+        "check_loops",
+        "admit",
+        "register_and_dispatch",
+    )
+    assert all(callable(getattr(CallPath, name)) for name in CallPath.STAGES)
+
+
+def test_the_first_stage_that_answers_ends_the_call_path() -> None:
+    # Given a path whose second stage answers every call
+    seen: list[str] = []
+
+    def stage(name: str, answers: bool) -> Stage:
+        def run(batch: Batch, in_flight: InFlight) -> bool:
+            seen.append(f"{name}:{in_flight.call.id}")
+            return answers
+
+        return run
+
+    path = CallPath.__new__(CallPath)
+    path.stages = (stage("a", False), stage("b", True), stage("c", False))
+    # When a call is submitted
+    path.submit(_batch(), ToolCall(id="c1", name="echo"))
+    # Then the later stages never see it
+    assert seen == ["a:c1", "b:c1"]
+
+
+def test_a_recorded_abort_wins_over_one_decided_in_the_batch() -> None:
+    batch = _batch()
+    decided = Abort.decided(
+        LoopVerdict(detector=Detector.PING_PONG, blocked=True, abort_run=True, count=4, message="loop")
+    )
+    batch.note_abort(decided)
+    assert batch.abort == decided
+    assert not decided.recorded
+    assert decided.detector == "ping_pong"
+    found = Abort.found(RunAbort("ping_pong", 6, "again"))
+    batch.note_abort(found)
+    assert batch.abort == found
+    # ... and, once set, a later reason does not replace the first
+    batch.note_abort(Abort.found(RunAbort("other", 1, "later")))
+    batch.note_abort(None)
+    assert batch.abort == found
+    assert found.record == RunAbort("ping_pong", 6, "again")
+
+
+def test_the_waiters_view_leaves_the_batch_alone() -> None:
+    batch = _batch()
+    batch.deadlines.update({"c1": 1, "c2": 2})
+    out = Outstanding(batch)
+    out.learn({"c1": batch_result("c1")})
+    assert out.waiting == ["c2"]
+    assert batch.waiting == ["c1", "c2"]  # the gateway applies what the waiter returns
+
+
+def batch_result(call_id: str) -> ToolResult:
+    return success_result(ToolCall(id=call_id, name="echo"), "ok", elapsed_ms=1, attempt=1)

@@ -1,0 +1,281 @@
+"""A tool call's path through the gateway, as one pipeline of named stages.
+
+A batch opens its run, then each call passes through :data:`CallPath.stages` in order; a stage
+either answers the call (one result, recorded once through :meth:`CallPath.answer_now`) or
+passes it on. The batch is then waited on (the waiter returns what it learned; the gateway
+applies it) and concluded: loop and breaker outcomes recorded, the results in call order,
+or the run's abort raised with them. Whether and why the run is aborted is one value,
+``Batch.abort``, set only through ``Batch.note_abort``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from workers.core.loops import LoopVerdict
+from workers.core.models import SyntheticReason, ToolCall, ToolResult
+from workers.core.results import synthetic_result
+from workers.core.run_health import RunStatus
+from workers.errors import StoreError
+from workers.gateway.breaker_gate import BreakerGate
+from workers.gateway.dispatching import Dispatcher
+from workers.gateway.loop_abort import abort_run
+from workers.gateway.loop_gate import LoopGate
+from workers.gateway.waiting import Abort, Batch
+from workers.settings import Settings
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
+from workers.store.runs import open_run, run_abort
+from workers.store.sessions import SessionStore
+
+__all__ = ["CallPath", "InFlight", "Stage"]
+
+log = logging.getLogger(__name__)
+
+_RUN_CACHE_SIZE = 4096
+
+
+@dataclass
+class InFlight:
+    """One call on its way through the stages, and what the earlier stages learned about it."""
+
+    call: ToolCall
+    now_ms: int
+    verdict: LoopVerdict | None = None
+
+
+Stage = Callable[[Batch, InFlight], bool]
+"""A step of the path: True when it answered the call (or the batch has it already): stop."""
+
+
+class CallPath:
+    """Admits, registers and dispatches a batch's calls, then concludes it."""
+
+    # The order a call meets the stages in. The loop gate sees a call before validation, so
+    # a model repeating a rejected call is caught like any other repetition.
+    STAGES = ("skip_known", "refuse_aborted_run", "check_loops", "admit", "register_and_dispatch")
+
+    def __init__(
+        self,
+        settings: Settings,
+        ledger: Ledger,
+        sessions: SessionStore,
+        dispatcher: Dispatcher,
+        loops: LoopGate,
+        breakers: BreakerGate,
+        *,
+        writer: str,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self._ledger = ledger
+        self._sessions = sessions
+        self._dispatcher = dispatcher
+        self._loops = loops
+        self._breakers = breakers
+        self._writer = writer
+        self._now_ms = now_ms
+        self._run_deadlines: dict[tuple[str, str], int] = {}
+        self.stages: tuple[Stage, ...] = tuple(getattr(self, name) for name in self.STAGES)
+
+    # -- the batch ---------------------------------------------------------------------------
+
+    def submit_all(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> Batch:
+        """Open the run and pass every call through the stages; the batch to wait on."""
+        batch = Batch(keys, agent_id)
+        self.open_run(batch)
+        for call in calls:
+            self.submit(batch, call)
+        return batch
+
+    def submit(self, batch: Batch, call: ToolCall) -> None:
+        """Pass ``call`` through the stages until one answers it (or it is dispatched)."""
+        in_flight = InFlight(call, now_ms=0)
+        for stage in self.stages:
+            if stage(batch, in_flight):
+                return
+
+    def needs_store(self, batch: Batch) -> bool:
+        """Whether :meth:`conclude` writes to the store (loop or breaker outcomes, an abort)."""
+        if batch.abort is not None or self.settings.tools.breakers:
+            return True
+        return bool(batch.pending_loops) and self._loops.needs_outcomes(
+            batch.agent_id, guard_armed=batch.guard_armed
+        )
+
+    def conclude(self, batch: Batch, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """Record loop and breaker outcomes; the results in call order, or the abort raised with them."""
+        self._record_loop_outcomes(batch)
+        self._breakers.record(batch.keys, batch.answers)
+        results = [batch.answers[call.id] for call in calls]
+        if batch.abort is not None:
+            raise abort_run(
+                self._sessions, self._ledger, batch.keys, batch.abort, results, self._now_ms, self._writer
+            )
+        return results
+
+    # -- the stages, in order ----------------------------------------------------------------
+
+    def skip_known(self, batch: Batch, in_flight: InFlight) -> bool:
+        """A call id listed twice in a batch is answered once."""
+        return in_flight.call.id in batch.deadlines
+
+    def refuse_aborted_run(self, batch: Batch, in_flight: InFlight) -> bool:
+        """A run found aborted when opened answers its calls ``run_aborted`` at once."""
+        abort = batch.abort
+        if abort is None or not abort.recorded:
+            return False
+        detail = f" by the loop detector ({abort.detector})"
+        result = synthetic_result(
+            in_flight.call, SyntheticReason.RUN_ABORTED, elapsed_ms=0, attempt=0, detail=detail
+        )
+        self.answer_now(batch, in_flight.call, result)
+        return True
+
+    def check_loops(self, batch: Batch, in_flight: InFlight) -> bool:
+        """The loop gate: a blocked call is answered (and may abort the run)."""
+        call = in_flight.call
+        in_flight.now_ms = self._now_ms()
+        batch.tools[call.id] = call.name
+        keys = batch.keys
+        try:
+            pending = self._loops.before(
+                keys.session_key, keys.run_id, batch.agent_id, call, in_flight.now_ms
+            )
+        except StoreError as exc:
+            # Detection must never make a call unanswerable: without the store, it steps aside.
+            log.warning("loop check skipped for %s: %s", call.id, exc)
+            return False
+        in_flight.verdict = verdict = pending.verdict
+        if not verdict.blocked:
+            batch.pending_loops[call.id] = pending
+            return False
+        self.answer_now(batch, call, self._loops.blocked_result(call, verdict))
+        if verdict.abort_run:
+            batch.note_abort(Abort.decided(verdict))
+        return True
+
+    def admit(self, batch: Batch, in_flight: InFlight) -> bool:
+        """Validation (tool, policy, arguments) and the tool's circuit breaker."""
+        call = in_flight.call
+        early = self._dispatcher.reject_early(call, batch.agent_id) or self._breakers.admit(batch.keys, call)
+        if early is None:
+            return False
+        self.answer_now(batch, call, early)
+        return True
+
+    def register_and_dispatch(self, batch: Batch, in_flight: InFlight) -> bool:
+        """Register the call in the ledger and publish it; the waiter takes it from here."""
+        call, now = in_flight.call, in_flight.now_ms
+        job = self._dispatcher.job(batch.keys, batch.agent_id, call, now, batch.run_deadline_ms)
+        batch.deadlines[call.id] = job.deadline_ms
+        batch.submitted[call.id] = job.submitted_ms
+        try:
+            warning = self._loops.warning_of(in_flight.verdict)
+            registration = self._dispatcher.register_and_dispatch(batch.keys, job, loop_warning=warning)
+            batch.guard_armed = batch.guard_armed or registration.guard_armed
+            if registration.refused:
+                self._refuse(batch, call, registration.run_status)
+        except StoreError as exc:
+            log.warning("store unavailable while submitting %s: %s", call.id, exc)
+            # Stored by the waiter as soon as Redis answers (then the ledger's answer is
+            # delivered), else handed over once the grace margin passes and stored later.
+            batch.deadlines[call.id] = now
+            batch.fallbacks[call.id] = synthetic_result(
+                call,
+                SyntheticReason.DISPATCH_FAILED,
+                elapsed_ms=0,
+                attempt=0,
+                detail=" (result store unreachable)",
+            )
+        return True
+
+    # -- answering and the run ---------------------------------------------------------------
+
+    def answer_now(self, batch: Batch, call: ToolCall, result: ToolResult) -> None:
+        """Record a stage's answer once; the stored one wins for a resubmitted call id."""
+        result = self._ledger.with_fallback(result)  # what the ledger stores (circuit_open)
+        batch.tools[call.id] = call.name
+        batch.deadlines[call.id] = self._now_ms()
+        try:
+            registration = self._dispatcher.record_immediate(batch.keys, result)
+            batch.guard_armed = batch.guard_armed or registration.guard_armed
+            if registration.refused and result.reason != SyntheticReason.RUN_ABORTED.value:
+                # The run ended (a loop abort, a timeout, a newer run): that answer wins.
+                self._refuse(batch, call, registration.run_status)
+            elif registration.created:
+                batch.answers[call.id] = result
+            else:
+                batch.answers[call.id] = self._ledger.results(batch.keys, [call.id]).get(call.id, result)
+        except StoreError as exc:
+            log.warning("store unavailable while answering %s: %s", call.id, exc)
+            batch.fallbacks[call.id] = result  # answered by the waiter, stored first if it can
+
+    def _refuse(self, batch: Batch, call: ToolCall, run_status: RunStatus) -> None:
+        """Answer a call its run no longer accepts; a loop abort is raised to the caller later."""
+        self.forget_run(batch.keys)
+        try:
+            record = run_abort(self._ledger, batch.keys)
+        except StoreError:
+            record = None
+        if record is not None:
+            batch.note_abort(Abort.found(record))
+        detail = f" by the loop detector ({record.detector})" if record else f" (run {run_status})"
+        result = synthetic_result(call, SyntheticReason.RUN_ABORTED, elapsed_ms=0, attempt=0, detail=detail)
+        self.answer_now(batch, call, result)
+
+    def ensure_run(self, keys: RunKeys, agent_id: str) -> None:
+        """Create the run record on first use (a heartbeat before any call)."""
+        self.open_run(Batch(keys, agent_id))
+
+    def forget_run(self, keys: RunKeys) -> None:
+        """Drop the cached deadline: the run ended, its next call must read the record."""
+        self._run_deadlines.pop((keys.session_key, keys.run_id), None)
+
+    def open_run(self, batch: Batch) -> None:
+        """Create or read the run record: one round trip the first time this gateway sees a run.
+
+        The deadline never changes once set, so it is cached; later aborts and an armed
+        compaction guard are reported by each call's registration instead.
+        """
+        run = (batch.keys.session_key, batch.keys.run_id)
+        if run in self._run_deadlines:
+            batch.run_deadline_ms = self._run_deadlines[run]
+            return
+        now = self._now_ms()
+        deadline_ms = now + int(self.settings.agents.for_agent(batch.agent_id).run_timeout_s * 1000)
+        try:
+            # Take the session's lane (superseding an older run of the session); a run that
+            # already ended gets token 0, and its calls are then refused at registration.
+            self._sessions.begin_run(*run, batch.agent_id, now, deadline_ms, writer=self._writer)
+            state = open_run(
+                self._ledger, batch.keys, now_ms=now, deadline_ms=deadline_ms, agent_id=batch.agent_id
+            )
+        except StoreError as exc:
+            log.warning("run record unavailable: %s", exc)
+            return
+        batch.run_deadline_ms = state.deadline_ms
+        batch.guard_armed = state.guard_armed
+        if state.abort is not None:
+            batch.note_abort(Abort.found(state.abort))
+            return
+        if len(self._run_deadlines) >= _RUN_CACHE_SIZE:
+            self._run_deadlines.pop(next(iter(self._run_deadlines)))
+        self._run_deadlines[run] = state.deadline_ms
+
+    def _record_loop_outcomes(self, batch: Batch) -> None:
+        if not self._loops.needs_outcomes(batch.agent_id, guard_armed=batch.guard_armed):
+            return  # detection off and no compaction guard armed: nothing to record
+        for call_id, pending in batch.pending_loops.items():
+            result = batch.answers[call_id]
+            # The warning is for the model; the outcome is hashed without it.
+            batch.answers[call_id] = self._loops.with_warning(result, pending.verdict)
+            try:
+                verdict = self._loops.after(batch.agent_id, pending, result, self._now_ms())
+            except StoreError as exc:
+                log.warning("loop outcome of %s not recorded: %s", call_id, exc)
+                continue
+            if verdict is not None:
+                batch.note_abort(Abort.decided(verdict))
