@@ -12,6 +12,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 import psutil
 import pytest
@@ -207,13 +209,20 @@ def test_session_kill_let_finish_leaves_running_tools_alone(
         os.killpg(pgid, signal.SIGKILL)
 
 
+def _awaited_calls(agateway: ToolGateway, entry: str, call: ToolCall) -> Coroutine[Any, Any, object]:
+    """``acall_tools`` or, in the neutral provider format, ``acall_tools_in`` for one call."""
+    if entry == "acall_tools":
+        return agateway.acall_tools(session_key="s-async", run_id="r1", calls=[call])
+    message = {"calls": [{"id": call.id, "name": call.name, "arguments": call.arguments}]}
+    return agateway.acall_tools_in("neutral", message, session_key="s-async", run_id="r1")
+
+
+@pytest.mark.parametrize("entry", ["acall_tools", "acall_tools_in"])
 async def test_cancelling_an_acall_tools_task_cancels_its_calls(
-    worker: Proc, agateway: ToolGateway, ledger: Ledger
+    worker: Proc, agateway: ToolGateway, ledger: Ledger, entry: str
 ) -> None:
-    # Given an awaited acall_tools whose exec call is running
-    task = asyncio.create_task(
-        agateway.acall_tools(session_key="s-async", run_id="r1", calls=[exec_call("c1")])
-    )
+    # Given an awaited acall_tools (or acall_tools_in) whose exec call is running
+    task = asyncio.create_task(_awaited_calls(agateway, entry, exec_call("c1")))
     pgid = await asyncio.to_thread(running_group, ledger, "s-async", "c1")
     # When the task is cancelled
     task.cancel()
