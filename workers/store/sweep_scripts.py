@@ -2,12 +2,14 @@
 
 The pipelined path (:func:`workers.store.sweep_probe.probe_due_calls` and :class:`SessionStore`
 reads) reads each due item's record and parses every reply in Python; with 10 000 due runs
-that is over a second (``BENCH_PATH=pipelined python -m bench.watchdog``). Here the due
-members of every bucket are read by score in one round trip, then scripts read their
-records inside Redis, at most :data:`SWEEP_PAGE` members per script call (so no call holds
-Redis for long), all pages in one more round trip, and return only what needs the client:
-calls to reap, and runs that need an alert, an action or a drop. Each script call declares
-every key it reads, but those keys span many slots, which Redis Cluster refuses, so
+that is over a second (``BENCH_PATH=pipelined python -m bench.watchdog``). Here scripts read
+records inside Redis and return only what needs the client: calls to reap, and runs that need
+an alert, an action or a drop. The call probe gets its members from one round trip of ranges
+by score and declares every key it reads. The run phase sends only each bucket's two index
+keys: ``sweep_runs.lua`` reads the bucket's due runs by score itself, at most
+:data:`SWEEP_PAGE` of each index per call (so no call holds Redis for long), and builds each
+run's record key from its member; every bucket's first page goes in one round trip. Both
+read keys in many slots, which Redis Cluster refuses, so
 :func:`server_side_ok` keeps cluster clients on the pipelined path. The key grammar is
 documented in :mod:`workers.store.keys`.
 """
@@ -26,7 +28,6 @@ from workers.store.keys import (
     RunKeys,
     all_index_keys,
     member_call_keys,
-    member_run_key,
     parse_due_member,
     parse_run_member,
 )
@@ -36,8 +37,8 @@ from workers.store.sweep_probe import bucket_ranges
 
 __all__ = ["SWEEP_PAGE", "RunSweep", "SweepScripts", "server_side_ok"]
 
-#: Members per script call, so one call holds Redis a few ms at most: 10 000 due runs took
-#: 80 ms of script time on a loaded 2-core machine (bench.watchdog), 500 about 4 ms.
+#: Members per script call (of each index), so one call holds Redis a few ms at most: 10 000
+#: due runs took 80 ms of script time on a loaded 2-core machine (bench.watchdog), 500 about 4 ms.
 SWEEP_PAGE = 500
 
 
@@ -104,24 +105,32 @@ class SweepScripts:
     def runs(self, *, now_ms: int, stalled_after_ms: int, auto_recover: bool, limit: int) -> RunSweep:
         """Classify the due runs; settle the steady ones in Redis, return the others.
 
-        ``limit`` bounds each bucket's range of each index.
+        Every bucket's first page in one round trip; a bucket whose page came back full is
+        paged on, skipping what earlier pages left in its ranges, until ``limit`` members of
+        each index were read.
         """
         prefix = self.ledger.prefix
+        common = [now_ms, stalled_after_ms, int(auto_recover), prefix, SWEEP_PAGE]
+        todo = {n: (0, 0) for n in range(len(all_index_keys(prefix)))}  # bucket: skip (deadline, quiet)
+        read = dict.fromkeys(todo, 0)
         buckets = all_index_keys(prefix)
-        quiet_before = now_ms - stalled_after_ms
-        with store_errors():
-            pairs = [(b.by_deadline, b.by_progress) for b in buckets]
-            found = bucket_ranges(self.client, pairs, now_ms, quiet_before, limit)
-            calls: list[tuple[list[str], list[Any]]] = []
-            for index, members in zip(buckets, found, strict=True):
-                for page in _pages(members):
-                    keys = [index.by_progress, *(member_run_key(prefix, m) for m in page)]
-                    calls.append((keys, [now_ms, stalled_after_ms, int(auto_recover), prefix]))
-            replies = self._evaluate(self._runs, calls)
         settled: dict[str, int] = {}
         rest: list[tuple[str, str]] = []
-        for counts, left in replies:
-            for n in range(0, len(counts), 2):
-                settled[str(counts[n])] = settled.get(str(counts[n]), 0) + int(counts[n + 1])
-            rest.extend(parse_run_member(str(m)) for m in left)
-        return RunSweep(settled, rest)
+        with store_errors():
+            while todo:
+                calls = [
+                    ([buckets[n].by_deadline, buckets[n].by_progress], [*common, *skip])
+                    for n, skip in todo.items()
+                ]
+                replies = self._evaluate(self._runs, calls)
+                following: dict[int, tuple[int, int]] = {}
+                for (n, (skip_due, skip_quiet)), reply in zip(todo.items(), replies, strict=True):
+                    counts, left, due_n, quiet_n, stayed = reply
+                    for k in range(0, len(counts), 2):
+                        settled[str(counts[k])] = settled.get(str(counts[k]), 0) + int(counts[k + 1])
+                    rest.extend(parse_run_member(str(m)) for m in left)
+                    read[n] += max(int(due_n), int(quiet_n))
+                    if SWEEP_PAGE in (int(due_n), int(quiet_n)) and read[n] < limit:
+                        following[n] = (skip_due + int(due_n), skip_quiet + int(stayed))
+                todo = following
+        return RunSweep(settled, list(dict.fromkeys(rest)))  # a run in both ranges of two pages: once

@@ -1,38 +1,38 @@
--- The run phase of one sweep, for one page of one index bucket.
--- KEYS: the bucket's by_progress index, then the run record of each due run (see
--- workers/store/keys.py: member_run_key). ARGV: now_ms, stalled_after_ms, auto_recover
--- ('1'|'0'), the key prefix. A run's index member is its record key's hash tag content,
--- taken from the key (not passed: half the arguments). The run records span many slots:
--- single Redis node only; the cluster-safe path is pipelined.
+-- The run phase of one sweep, for one page of one index bucket (single Redis node only).
+-- KEYS: the bucket's by_deadline and by_progress indexes. ARGV: now_ms, stalled_after_ms,
+-- auto_recover ('1'|'0'), the key prefix, the page size, then how many members of each
+-- index's range to skip (what earlier pages of this sweep left in it).
+-- The script reads its due members by score itself and builds each run's record key from
+-- its member ('<prefix>:{' .. member .. '}:run', see workers/store/keys.py: member_run_key):
+-- nothing per run crosses the wire but what needs the client. The run records span many
+-- slots, so the cluster-safe path is pipelined.
 --
 -- The members are the bucket's runs past their deadline and the runs quiet for
--- stalled_after_ms in the index (read by score by the caller, as the pipelined path reads
--- them). Each is classified from its record's summary exactly as
+-- stalled_after_ms in the index. Each is classified from its record's summary exactly as
 -- workers.core.run_health.judge does: the later of started_ms and progress_ms (latest
 -- activity of any call), open_n (calls without a result) and claimed_n (calls a worker
 -- holds), kept by the ledger scripts. One hash read per run. A running run that needs no
 -- alert and no action is settled here: its class stored when it changed, its progress
--- score moved forward to its latest activity when active or long_running. Every other run
--- (record gone, not running, alert, time-out, recovery) is returned for the caller to
--- confirm and act on. tests/integration/test_sweep_parity_runs.py holds this to judge()
--- on every generated row of the decision table.
--- Returns {{class, count, ...}, {member, ...}}.
+-- score moved forward to its latest activity when active or long_running (out of the quiet
+-- range, so the next page's skip counts only what stayed). Every other run (record gone,
+-- not running, alert, time-out, recovery) is returned for the caller to confirm and act on.
+-- tests/integration/test_sweep_parity_runs.py holds this to judge() on every generated row
+-- of the decision table.
+-- Returns {{class, count, ...}, {member, ...}, deadline members read, quiet members read,
+-- quiet members that stayed in the quiet range}.
 local now, stalled = tonumber(ARGV[1]), tonumber(ARGV[2])
 local recover = ARGV[3] == '1'
-local tag_from = #ARGV[4] + 3 -- '<prefix>:{' .. member .. '}:run'
+local key_head = ARGV[4] .. ':{'
+local page = tonumber(ARGV[5])
 
-local function member_of(run_key)
-  return string.sub(run_key, tag_from, -6)
-end
+local moved = {} -- score, member, ...: progress found in the records, one ZADD per page
 
-local moved = {} -- score, member, ...: progress found in the records, one ZADD per batch
-
--- Returns the class of a running run, or nil when the caller must judge it. Written for
--- speed (it runs once per due run): one HMGET, no helper calls, a stored time string
--- reused as the new index score.
-local function settle(run_key)
-  local run = redis.call('HMGET', run_key, 'status', 'progress_ms', 'deadline_ms', 'class', 'open_n',
-                         'claimed_n', 'started_ms')
+-- Returns the class of a running run and whether it moved forward in the progress index,
+-- or nil when the caller must judge it. Written for speed (it runs once per due run): one
+-- HMGET, no helper calls, a stored time string reused as the new index score.
+local function settle(member)
+  local run = redis.call('HMGET', key_head .. member .. '}:run', 'status', 'progress_ms', 'deadline_ms',
+                         'class', 'open_n', 'claimed_n', 'started_ms')
   if run[1] ~= 'running' then
     return nil
   end
@@ -61,35 +61,44 @@ local function settle(run_key)
     return nil -- time-out or recovery
   end
   if previous ~= klass then
-    redis.call('HSET', run_key, 'class', klass)
+    redis.call('HSET', key_head .. member .. '}:run', 'class', klass)
   end
   if klass == 'active' or klass == 'long_running' then
     moved[#moved + 1] = last_text
-    moved[#moved + 1] = member_of(run_key)
+    moved[#moved + 1] = member
+    return klass, true
   end
-  return klass
+  return klass, false
 end
 
-local function flush()
-  if #moved > 0 then
-    redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(moved))
-    moved = {}
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', ARGV[6], page)
+local quiet = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - stalled, 'LIMIT', ARGV[7], page)
+local counts, rest, seen, stayed = {}, {}, {}, #quiet
+local function visit(member, in_quiet)
+  if seen[member] then
+    return
   end
-end
-
-local counts, rest = {}, {}
-for i = 2, #KEYS do
-  local klass = settle(KEYS[i])
+  seen[member] = true
+  local klass, forward = settle(member)
   if klass then
     counts[klass] = (counts[klass] or 0) + 1
+    if forward and in_quiet[member] then
+      stayed = stayed - 1
+    end
   else
-    rest[#rest + 1] = member_of(KEYS[i])
+    rest[#rest + 1] = member
   end
 end
-flush()
+local in_quiet = {}
+for _, member in ipairs(quiet) do in_quiet[member] = true end
+for _, member in ipairs(due) do visit(member, in_quiet) end
+for _, member in ipairs(quiet) do visit(member, in_quiet) end
+if #moved > 0 then
+  redis.call('ZADD', KEYS[2], 'XX', 'GT', unpack(moved))
+end
 local flat = {}
 for klass, n in pairs(counts) do
   flat[#flat + 1] = klass
   flat[#flat + 1] = n
 end
-return {flat, rest}
+return {flat, rest, #due, #quiet, stayed}
