@@ -73,26 +73,28 @@ end
 
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', ARGV[6], page)
 local quiet = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - stalled, 'LIMIT', ARGV[7], page)
-local counts, rest, seen, stayed = {}, {}, {}, #quiet
-local function visit(member, in_quiet)
-  if seen[member] then
-    return
-  end
-  seen[member] = true
+local counts, rest, stayed = {}, {}, #quiet
+local function visit(member)
   local klass, forward = settle(member)
   if klass then
     counts[klass] = (counts[klass] or 0) + 1
-    if forward and in_quiet[member] then
-      stayed = stayed - 1
-    end
   else
     rest[#rest + 1] = member
   end
+  return forward
 end
-local in_quiet = {}
-for _, member in ipairs(quiet) do in_quiet[member] = true end
-for _, member in ipairs(due) do visit(member, in_quiet) end
-for _, member in ipairs(quiet) do visit(member, in_quiet) end
+-- Past-deadline runs are few (each ends this sweep): only then a lookup table, to read a
+-- run in both ranges once, and to count it out of the quiet range when it moved forward.
+local due_moved = {}
+for _, member in ipairs(due) do due_moved[member] = visit(member) or false end
+for _, member in ipairs(quiet) do
+  local in_due = due_moved[member]
+  if in_due == nil then
+    if visit(member) then stayed = stayed - 1 end
+  elseif in_due then
+    stayed = stayed - 1
+  end
+end
 if #moved > 0 then
   redis.call('ZADD', KEYS[2], 'XX', 'GT', unpack(moved))
 end
