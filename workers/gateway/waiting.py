@@ -159,8 +159,12 @@ class Waiter:
             soonest = min(batch.deadlines[cid] for cid in out.waiting) + margin_ms
             timeout_ms = max(10, min(next_check, soonest) - self.now_ms())
             try:
-                if self.ledger.wait_for_done(batch.keys, timeout_ms / 1000, mine=frozenset(out.waiting)):
-                    out.learn(self.ledger.results(batch.keys, out.waiting))
+                waiting = out.waiting  # the wake-up and the reads of its results: one round trip
+                answers = self.ledger.wait_for_results(
+                    batch.keys, timeout_ms / 1000, mine=frozenset(waiting), read=waiting
+                )
+                if answers is not None:
+                    out.learn(answers)
                 if out.waiting and self.now_ms() >= next_check:
                     self._check(out, undispatched_after_ms)
                     next_check = self.now_ms() + check_ms

@@ -29,6 +29,7 @@ from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
 from workers.errors import StoreError
 from workers.store.done_listener import DoneListener
+from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key
 from workers.store.keys import run_member as run_index_member
 from workers.store.ledger import _OPEN_FIELDS, _open_call
@@ -108,6 +109,7 @@ class AsyncLedger:
         self.on_answered: list[Callable[[RunKeys, ToolResult], None]] = []
         self.prefix = prefix
         self.ttl_s = ttl_s
+        self._index_ttl = IndexTtl(ttl_s)
         self._finish = _Script.named("ledger_finish.lua", with_summary=True)
         self._requeue = _Script.named("ledger_requeue.lua", with_summary=True)
         self._open = _Script.named("ledger_open.lua")
@@ -141,6 +143,9 @@ class AsyncLedger:
                 if attempt == 2:
                     raise
                 await self.client.script_load(script.text)
+            except BaseException:
+                self._index_ttl.forget()  # the EXPIREs it carried may not have run
+                raise
         return None
 
     async def results(self, keys: RunKeys, call_ids: Sequence[str]) -> dict[str, ToolResult]:
@@ -177,7 +182,8 @@ class AsyncLedger:
 
         def unindex(pipe: Pipeline) -> None:
             pipe.zrem(keys.index.due, member)
-            pipe.expire(keys.index.due, self.ttl_s)
+            if self._index_ttl.due(keys.index.due):  # as Ledger._refresh_index_ttl
+                pipe.expire(keys.index.due, self._index_ttl.expire_s)
             pipe.zrem(keys.index.leases, member)
 
         async with astore_errors():

@@ -24,12 +24,15 @@ key                                type    TTL              written by          
                                                             worker (progress
                                                             on claim, beat,
                                                             finish)
-``P:{B}:due``                      ZSET    ledger.ttl_s,    register (hint),    watchdog
-                                           refreshed on     finish, watchdog
-                                           every write
-``P:{B}:leases``                   ZSET    ledger.ttl_s,    worker (claim,      watchdog
-                                           refreshed on     renew XX GT),
-                                           every write      finish (remove),
+``P:{B}:due``                      ZSET    ledger.ttl_s     register (hint),    watchdog
+                                           + 60 s, reset    finish, watchdog
+                                           at most once a
+                                           minute per
+                                           process (see
+                                           index_ttl)
+``P:{B}:leases``                   ZSET    as ``due``       worker (claim,      watchdog
+                                                            renew XX GT),
+                                                            finish (remove),
                                                             watchdog (re-score
                                                             or drop a hint)
 ``P:events``                       STREAM  ledger.ttl_s,    finish (synthetic   unstuck up

@@ -24,6 +24,7 @@ from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall
 from workers.core.run_health import RunStatus
 from workers.errors import StoreError
+from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key, index_keys
 from workers.store.lua import load_script
 from workers.store.records import CALL, CallField, EventField, pgid_field, pgid_of
@@ -152,6 +153,7 @@ class Ledger:
         # tools.fallbacks: every process builds its ledger from the same Settings, so every
         # writer (worker, gateway, watchdog, doors) stores the same bytes for the same failure.
         self.fallbacks: Mapping[str, FallbackRule] = dict(fallbacks or {})
+        self._index_ttl = IndexTtl(ttl_s)
         self._register = load_script(client, "ledger_register.lua", with_summary=True)
         self._claim = load_script(client, "ledger_claim.lua", with_summary=True)
         self._finish = load_script(client, "ledger_finish.lua", with_summary=True)
@@ -179,6 +181,9 @@ class Ledger:
                 if attempt == 2:
                     raise
                 self.client.script_load(script.script)
+            except BaseException:
+                self._index_ttl.forget()  # the EXPIREs it carried may not have run
+                raise
         return None
 
     def _route(self, key: str) -> dict[str, Any]:
@@ -191,15 +196,19 @@ class Ledger:
             return {"target_nodes": self.client.get_node_from_key(key)}
         return {}
 
+    def _refresh_index_ttl(self, pipe: Pipeline, key: str) -> None:
+        # The index expires like everything else, after its last write (see IndexTtl).
+        if self._index_ttl.due(key):
+            pipe.expire(key, self._index_ttl.expire_s)
+
     def _index_due(self, pipe: Pipeline, keys: RunKeys, members: dict[str, int]) -> None:
-        # The index expires like everything else, refreshed on every write.
         pipe.zadd(keys.index.due, members, nx=True)
-        pipe.expire(keys.index.due, self.ttl_s)
+        self._refresh_index_ttl(pipe, keys.index.due)
 
     def _unindex_call(self, pipe: Pipeline, keys: RunKeys, call_id: str) -> None:
         member = keys.due_member(call_id)
         pipe.zrem(keys.index.due, member)
-        pipe.expire(keys.index.due, self.ttl_s)
+        self._refresh_index_ttl(pipe, keys.index.due)
         pipe.zrem(keys.index.leases, member)
 
     def _index_lease(self, pipe: Pipeline, keys: RunKeys, call_id: str, until_ms: int) -> None:
@@ -207,7 +216,7 @@ class Ledger:
         # Added even when the claim found the call done or busy: the index is a hint the
         # sweep re-checks against the call record and its lease key.
         pipe.zadd(keys.index.leases, {member: until_ms})
-        pipe.expire(keys.index.leases, self.ttl_s)
+        self._refresh_index_ttl(pipe, keys.index.leases)
 
     def keys(self, session_key: str, run_id: str) -> RunKeys:
         """The key builder for one run."""
@@ -421,14 +430,28 @@ class Ledger:
         clients in order) gets it at once instead of at its next check; a marked signal is
         never handed back again, so a stale one cannot circulate.
         """
+        return self.wait_for_results(keys, timeout_s, mine=mine, read=()) is not None
+
+    def wait_for_results(
+        self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()
+    ) -> dict[str, ToolResult] | None:
+        """:meth:`wait_for_done`, then the delivered results among ``read``, in one round trip.
+
+        None when no signal came within ``timeout_s``. The reads are pipelined behind the
+        ``BLPOP`` on its connection, so Redis runs them the moment the signal is popped.
+        """
         with store_errors():
-            popped = self.client.blpop([keys.done], timeout=max(0.01, timeout_s))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.blpop([keys.done], timeout=max(0.01, timeout_s))
+            for call_id in read:
+                pipe.hget(keys.call(call_id), CallField.RESULT)
+            popped, *raw = pipe.execute()
             if popped is None:
-                return False
+                return None
             signal = str(popped[1])
             if mine and not signal.startswith(_HANDED_BACK) and signal not in mine:
                 self.client.rpush(keys.done, _HANDED_BACK + signal)
-            return True
+        return {cid: ToolResult.from_json(r) for cid, r in zip(read, raw, strict=True) if r}
 
     def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""

@@ -21,7 +21,8 @@ if tool ~= ARGV[5] or (call[4] or '') ~= ARGV[6] then
   local held = redis.call('EXISTS', KEYS[2]) == 1
   return {held and 'mismatch_held' or 'mismatch', attempt, tool}
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+-- Take the lease only if nobody holds it: one command for "is it held?" and "hold it".
+if not redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3], 'NX') then
   return {'busy', attempt, tool}
 end
 local taken_over = state == 'running' -- its lease lapsed
@@ -29,6 +30,5 @@ attempt = attempt + 1
 redis.call('HSET', KEYS[1], 'state', 'running', 'started_ms', ARGV[1], 'hb_ms', ARGV[1],
            'worker', ARGV[2], 'attempt', attempt)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 touch_run(KEYS[3], ARGV[1], 0, taken_over and 0 or 1)
 return {'claimed', attempt, tool}
