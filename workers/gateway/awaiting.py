@@ -16,9 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.core.models import SyntheticReason, ToolCall, ToolResult
+from workers.core.models import SyntheticReason, ToolResult
 from workers.core.reaper import ActionKind, answer_open_call, decide
-from workers.core.results import deadline_result
 from workers.errors import StoreError
 from workers.gateway.waiting import Batch, Outstanding
 from workers.settings import Settings
@@ -140,16 +139,8 @@ class AsyncWaiter:
     async def _answer_locally_past(self, out: Outstanding, now_ms: int, margin_ms: int) -> None:
         """Last resort when the store cannot answer: never let a call go past deadline + grace."""
         batch = out.batch
-        for call_id in out.waiting:
-            deadline_ms = batch.deadlines[call_id]
-            if now_ms < deadline_ms + margin_ms:
-                continue
-            call = ToolCall(id=call_id, name=batch.tools.get(call_id) or "unknown")
-            submitted_ms = batch.submitted.get(call_id, deadline_ms)
-            result = self.ledger.with_fallback(
-                batch.fallbacks.get(call_id)
-                or deadline_result(call, submitted_ms=submitted_ms, deadline_ms=deadline_ms)
-            )
+        for prepared in out.past_margin(now_ms, margin_ms):
+            call_id, result = prepared.tool_call_id, self.ledger.with_fallback(prepared)
             try:
                 if not await self.ledger.finish(batch.keys, result, now_ms=now_ms, writer=self.writer):
                     # Another writer won just now: deliver what the ledger holds.

@@ -131,6 +131,25 @@ class Outstanding:
         """Keep answers read from the ledger."""
         self.answers.update(answers)
 
+    def past_margin(self, now_ms: int, margin_ms: int) -> list[ToolResult]:
+        """Answers for the calls past deadline + ``margin_ms``: what any writer stores by then.
+
+        The answer prepared at submission, else the canonical deadline result (before
+        ``tools.fallbacks``, which the ledger applies).
+        """
+        batch, due = self.batch, []
+        for call_id in self.waiting:
+            deadline_ms = batch.deadlines[call_id]
+            if now_ms < deadline_ms + margin_ms:
+                continue
+            call = ToolCall(id=call_id, name=batch.tools.get(call_id) or "unknown")
+            submitted_ms = batch.submitted.get(call_id, deadline_ms)
+            due.append(
+                batch.fallbacks.get(call_id)
+                or deadline_result(call, submitted_ms=submitted_ms, deadline_ms=deadline_ms)
+            )
+        return due
+
 
 @dataclass
 class Waiter:
@@ -213,16 +232,8 @@ class Waiter:
         it, else handed over and stored as soon as Redis is back.
         """
         batch = out.batch
-        for call_id in out.waiting:
-            deadline_ms = batch.deadlines[call_id]
-            if now_ms < deadline_ms + margin_ms:
-                continue
-            call = ToolCall(id=call_id, name=batch.tools.get(call_id) or "unknown")
-            submitted_ms = batch.submitted.get(call_id, deadline_ms)
-            result = self.ledger.with_fallback(
-                batch.fallbacks.get(call_id)
-                or deadline_result(call, submitted_ms=submitted_ms, deadline_ms=deadline_ms)
-            )
+        for prepared in out.past_margin(now_ms, margin_ms):
+            call_id, result = prepared.tool_call_id, self.ledger.with_fallback(prepared)
             try:
                 self.ledger.finish(batch.keys, result, now_ms=now_ms, writer=self.writer)
                 result = self.ledger.results(batch.keys, [call_id]).get(call_id, result)

@@ -12,7 +12,6 @@ A client belongs to the event loop it was first used on: open one per loop
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -32,9 +31,9 @@ from workers.store.done_listener import DoneListener
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key
 from workers.store.keys import run_member as run_index_member
-from workers.store.ledger import _OPEN_FIELDS, _open_call
+from workers.store.ledger import _OPEN_FIELDS, _open_call, announce, event_entry, synthetic_event_fields
 from workers.store.lua import script_source
-from workers.store.records import CALL, CallField, EventField
+from workers.store.records import CALL, CallField
 from workers.store.rows import Row
 
 __all__ = ["AsyncLedger", "DoneListener", "aconnect", "astore_errors"]
@@ -194,34 +193,14 @@ class AsyncLedger:
                 unindex,
             )
         if won and result.synthetic:
-            elapsed_s = round(int(result.details.get("elapsed_ms", 0)) / 1000, 2)
-            await self.publish_event(
-                "synthetic",
-                session=keys.session_key,
-                run=keys.run_id,
-                call=call_id,
-                tool=result.tool_name,
-                reason=result.reason or "",
-                writer=writer,
-                elapsed_s=elapsed_s,
-            )
+            await self.publish_event("synthetic", **synthetic_event_fields(keys, result, writer))
         if won:
-            self._announce(keys, result)
+            announce(self.on_answered, keys, result)
         return bool(won)
-
-    def _announce(self, keys: RunKeys, result: ToolResult) -> None:
-        for listener in self.on_answered:
-            try:
-                listener(keys, result)
-            except Exception as exc:  # noqa: BLE001 - a listener never makes a stored answer fail
-                log.warning("answer listener failed for call %s: %s", result.tool_call_id, exc)
 
     async def publish_event(self, kind: str, **fields: Any) -> None:
         """Append an event to the capped events stream; best effort, as in the sync ledger."""
-        entry = {
-            EventField.KIND: kind,
-            **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in fields.items()},
-        }
+        entry = event_entry(kind, fields)
         key = events_stream_key(self.prefix)
         try:
             pipe = self.client.pipeline(transaction=False)

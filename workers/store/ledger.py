@@ -316,33 +316,14 @@ class Ledger:
                 lambda pipe: self._unindex_call(pipe, keys, call_id),
             )
         if won and result.synthetic:
-            self.publish_event(
-                "synthetic",
-                session=keys.session_key,
-                run=keys.run_id,
-                call=call_id,
-                tool=result.tool_name,
-                reason=result.reason or "",
-                writer=writer,
-                elapsed_s=round(int(result.details.get("elapsed_ms", 0)) / 1000, 2),
-            )
+            self.publish_event("synthetic", **synthetic_event_fields(keys, result, writer))
         if won:
-            self._announce(keys, result)
+            announce(self.on_answered, keys, result)
         return bool(won)
-
-    def _announce(self, keys: RunKeys, result: ToolResult) -> None:
-        for listener in self.on_answered:
-            try:
-                listener(keys, result)
-            except Exception as exc:  # noqa: BLE001 - a listener never makes a stored answer fail
-                log.warning("answer listener failed for call %s: %s", result.tool_call_id, exc)
 
     def publish_event(self, kind: str, **fields: Any) -> None:
         """Append an event to the capped events stream (read by ``unstuck up``); best effort."""
-        entry = {
-            EventField.KIND: kind,
-            **{k: json.dumps(v) if not isinstance(v, str) else v for k, v in fields.items()},
-        }
+        entry = event_entry(kind, fields)
         key = events_stream_key(self.prefix)
         try:
             pipe = self.client.pipeline(transaction=False)
@@ -504,3 +485,35 @@ def _open_call(row: Row[CallField], lease_alive: bool) -> OpenCall:
         dispatched=row.flag(CallField.DISPATCHED),
         submitted_ms=row.integer(CallField.SUBMITTED_MS),
     )
+
+
+def synthetic_event_fields(keys: RunKeys, result: ToolResult, writer: str) -> dict[str, Any]:
+    """The fields of the ``synthetic`` event a writer publishes when its synthetic answer won."""
+    return {
+        "session": keys.session_key,
+        "run": keys.run_id,
+        "call": result.tool_call_id,
+        "tool": result.tool_name,
+        "reason": result.reason or "",
+        "writer": writer,
+        "elapsed_s": round(int(result.details.get("elapsed_ms", 0)) / 1000, 2),
+    }
+
+
+def event_entry(kind: str, fields: dict[str, Any]) -> dict[str, str]:
+    """An events-stream entry: the kind, and every other field as a string (JSON when not one)."""
+    return {
+        EventField.KIND: kind,
+        **{k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()},
+    }
+
+
+def announce(
+    listeners: Sequence[Callable[[RunKeys, ToolResult], None]], keys: RunKeys, result: ToolResult
+) -> None:
+    """Tell ``listeners`` that ``result`` was stored first; a listener never fails the write."""
+    for listener in listeners:
+        try:
+            listener(keys, result)
+        except Exception as exc:  # noqa: BLE001 - a listener never makes a stored answer fail
+            log.warning("answer listener failed for call %s: %s", result.tool_call_id, exc)
