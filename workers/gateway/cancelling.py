@@ -63,8 +63,11 @@ class Canceller:
             return await awaitable
         except asyncio.CancelledError:
             # Synchronous on purpose: the cancel is recorded before the CancelledError goes on.
+            # Registration is read BEFORE the marks: a call registered between a mark and a
+            # later check would be counted as registered without ever having been marked.
+            registered = self._all_registered(keys, call_ids)
             self.cancel(keys, call_ids)
-            if not self._all_registered(keys, call_ids):
+            if not registered:
                 # The worker thread had not registered every call yet: cancel them as they come.
                 threading.Thread(target=self._cancel_late, args=(keys, call_ids), daemon=True).start()
             raise
@@ -78,8 +81,9 @@ class Canceller:
         try:
             while time.monotonic() < end:
                 time.sleep(_LATE_POLL_S)  # waiting for another thread's registration: nothing to block on
+                registered = self._all_registered(keys, call_ids)  # before the marks, as above
                 self.cancel(keys, call_ids)
-                if self._all_registered(keys, call_ids):
+                if registered:
                     return
         except StoreError as exc:
             log.warning("late cancel of %s/%s failed: %s", keys.session_key, keys.run_id, exc)
