@@ -489,15 +489,15 @@ def _open_call(row: Row[CallField], lease_alive: bool) -> OpenCall:
 
 def synthetic_event_fields(keys: RunKeys, result: ToolResult, writer: str) -> dict[str, Any]:
     """The fields of the ``synthetic`` event a writer publishes when its synthetic answer won."""
-    return {
-        "session": keys.session_key,
-        "run": keys.run_id,
-        "call": result.tool_call_id,
-        "tool": result.tool_name,
-        "reason": result.reason or "",
-        "writer": writer,
-        "elapsed_s": round(int(result.details.get("elapsed_ms", 0)) / 1000, 2),
-    }
+    return dict(  # keywords, as publish_event takes them: no field literals in the store
+        session=keys.session_key,
+        run=keys.run_id,
+        call=result.tool_call_id,
+        tool=result.tool_name,
+        reason=result.reason or "",
+        writer=writer,
+        elapsed_s=round(int(result.details.get("elapsed_ms", 0)) / 1000, 2),
+    )
 
 
 def event_entry(kind: str, fields: dict[str, Any]) -> dict[str, str]:
