@@ -71,7 +71,9 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
     blocking = aconnect(redis.url, **timeouts, max_connections=1)
     # The listener's BLPOP must return before its socket times out.
     listen_s = min(1.0, redis.socket_timeout_s / 2)
-    listener = DoneListener(blocking, quick, prefix=redis.key_prefix, listen_s=listen_s)
+    listener = DoneListener(
+        blocking, quick, prefix=redis.key_prefix, listen_s=listen_s, ttl_s=settings.ledger.ttl_s
+    )
     return AsyncLedger(
         quick,
         prefix=redis.key_prefix,

@@ -32,6 +32,7 @@ from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key
 from workers.store.keys import run_member as run_index_member
 from workers.store.ledger import _OPEN_FIELDS, _open_call, announce, event_entry, synthetic_event_fields
+from workers.store.ledger_args import finish_call
 from workers.store.lua import script_source
 from workers.store.records import CALL, CallField
 from workers.store.rows import Row
@@ -185,13 +186,9 @@ class AsyncLedger:
                 pipe.expire(keys.index.due, self._index_ttl.expire_s)
             pipe.zrem(keys.index.leases, member)
 
+        script_keys, args = finish_call(keys, result, now_ms=now_ms, ttl_s=self.ttl_s, writer=writer)
         async with astore_errors():
-            won = await self._script(
-                self._finish,
-                [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id), keys.run],
-                [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
-                unindex,
-            )
+            won = await self._script(self._finish, script_keys, args, unindex)
         if won and result.synthetic:
             await self.publish_event("synthetic", **synthetic_event_fields(keys, result, writer))
         if won:

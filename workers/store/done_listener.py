@@ -30,6 +30,7 @@ import redis.asyncio as aredis
 from workers.errors import StoreError
 from workers.store.keys import listener_poke_key
 from workers.store.ledger import _HANDED_BACK
+from workers.store.ledger_args import done_expire_s
 
 __all__ = ["DoneListener"]
 
@@ -54,9 +55,12 @@ class _Kept:
 class DoneListener:
     """Waits for answer signals of many runs on one connection (see the module docstring)."""
 
-    def __init__(self, blocking: aredis.Redis, quick: aredis.Redis, *, prefix: str, listen_s: float) -> None:
+    def __init__(
+        self, blocking: aredis.Redis, quick: aredis.Redis, *, prefix: str, listen_s: float, ttl_s: int
+    ) -> None:
         self._blocking = blocking  # only ever used by the listening task
         self._quick = quick
+        self._done_expire_s = done_expire_s(ttl_s)  # ttl_s: ledger.ttl_s
         self._poke_key = listener_poke_key(prefix, uuid.uuid4().hex)
         self._listen_s = listen_s
         self._waiters: dict[str, list[_Waiting]] = {}
@@ -141,7 +145,11 @@ class DoneListener:
 
     async def _hand_back(self, done_key: str, signal: str) -> None:
         try:
-            await self._quick.rpush(done_key, _HANDED_BACK + signal)
+            # The pop may have emptied (deleted) the list: a push that creates it sets its TTL.
+            pipe = self._quick.pipeline(transaction=False)
+            pipe.rpush(done_key, _HANDED_BACK + signal)
+            pipe.expire(done_key, self._done_expire_s)
+            await pipe.execute()
         except redis.RedisError as exc:
             log.debug("could not hand back a signal on %s: %s", done_key, exc)  # its owner checks anyway
 

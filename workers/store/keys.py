@@ -9,15 +9,19 @@ break the tag or collide.
 key                                type    TTL              written by          read by
 =================================  ======  ===============  ==================  ======================
 ``P:{tag}:call:<call>``            HASH    ledger.ttl_s     gateway (register), gateway, collect,
-                                                            worker (claim,      watchdog, CLI
-                                                            heartbeat, finish)
+                                           past its         worker (claim,      watchdog, CLI
+                                           deadline, set    heartbeat, finish)
+                                           by register (*)
 ``P:{tag}:late:<call>``            LIST    ledger.ttl_s     finish script       audit / CLI
 ``P:{tag}:lease:<call>``           STRING  lease.ttl_s      worker child        gateway, watchdog
                                                             (claim), worker
                                                             main (renew)
 ``P:{tag}:calls``                  ZSET    ledger.ttl_s     register script     collect, CLI
-``P:{tag}:open``                   ZSET    ledger.ttl_s     register / finish   gateway, watchdog
-``P:{tag}:done``                   LIST    ledger.ttl_s     finish script       gateway (BLPOP wake-up)
+                                           + 120 s (**)
+``P:{tag}:open``                   ZSET    as ``calls``     register / finish   gateway, watchdog
+``P:{tag}:done``                   LIST    as ``calls``,    finish script       gateway (BLPOP wake-up)
+                                           and set by the
+                                           push creating it
 ``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
 ``P:{tag}:loops``                  HASH    loops.ttl_s      loop-check script   loop-check script
 ``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog,  gateway, watchdog, CLI
@@ -71,6 +75,18 @@ key                                type    TTL              written by          
                                            refreshed on     task messages)
                                            every write
 =================================  ======  ===============  ==================  ======================
+
+(*) Register gives a call record ``ledger.ttl_s`` past its deadline, plus 60 s for clocks that
+disagree, so claim and finish need not extend it: a record lives at least ``ledger.ttl_s``
+after it is answered. Only a finish past the deadline sets ``ledger.ttl_s`` again.
+
+(**) A run's ``calls``, ``open`` and ``done`` keys get ``ledger.ttl_s`` + 120 s from a
+registration whose run record's ``keys_ttl_ms`` is a minute old or more (or missing: no run
+record, then every registration sets them), which then records the time: every key written
+within that minute still has ``ledger.ttl_s`` ahead of it. ``open`` keeps the member ``''``
+(score +inf) so it never empties: an emptied key is deleted, and the next call would create it
+without a TTL. ``done`` empties on every wake-up, so the push that creates it (``RPUSH``
+returns 1, in finish or in a waiter's hand-back) sets its TTL too.
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
 this table: the fields of the seven HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``,

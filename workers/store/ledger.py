@@ -26,6 +26,7 @@ from workers.core.run_health import RunStatus
 from workers.errors import StoreError
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key, index_keys
+from workers.store.ledger_args import claim_call, done_expire_s, finish_call, register_call
 from workers.store.lua import load_script
 from workers.store.records import CALL, CallField, EventField, pgid_field, pgid_of
 from workers.store.rows import Row, reply_member
@@ -258,13 +259,11 @@ class Ledger:
             if fields.get(CallField.DISPATCHED) != "1":
                 self._index_lease(pipe, keys, call_id, now_ms + self.lease_ttl_ms)
 
+        script_keys, args = register_call(
+            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, ttl_s=self.ttl_s, fields=flat
+        )
         with store_errors():
-            created, status, guard = self._pipelined(
-                self._register,
-                [keys.call(call_id), keys.calls, keys.open, keys.run],
-                [call_id, now_ms, deadline_ms, self.ttl_s, *flat],
-                index,
-            )
+            created, status, guard = self._pipelined(self._register, script_keys, args, index)
         # No status yet: the call comes before its run record (register opens no run).
         run_status = reply_member(RunStatus, status or RunStatus.RUNNING, where="ledger_register.lua")
         return Registration(created == 1, run_status, int(guard) > 0)
@@ -286,11 +285,15 @@ class Ledger:
         ``tool`` and ``job_digest`` are those of the message received: a call that was never
         registered, or registered with another tool or digest, is refused (never claimed).
         """
+        script_keys, args = claim_call(
+            keys, call_id, now_ms=now_ms, worker_id=worker_id, lease_ttl_ms=self.lease_ttl_ms,
+            tool=tool, job_digest=job_digest,
+        )  # fmt: skip
         with store_errors():
             status, attempt, registered_tool = self._pipelined(
                 self._claim,
-                [keys.call(call_id), keys.lease(call_id), keys.run],
-                [now_ms, worker_id, self.lease_ttl_ms, self.ttl_s, tool, job_digest],
+                script_keys,
+                args,
                 lambda pipe: self._index_lease(pipe, keys, call_id, now_ms + self.lease_ttl_ms),
             )
         status = reply_member(ClaimStatus, status, where="ledger_claim.lua")
@@ -308,12 +311,10 @@ class Ledger:
         """
         result = self.with_fallback(result)
         call_id = result.tool_call_id
+        script_keys, args = finish_call(keys, result, now_ms=now_ms, ttl_s=self.ttl_s, writer=writer)
         with store_errors():
             won = self._pipelined(
-                self._finish,
-                [keys.call(call_id), keys.late(call_id), keys.open, keys.done, keys.lease(call_id), keys.run],
-                [call_id, result.to_json(), result.reason or "", now_ms, self.ttl_s, writer],
-                lambda pipe: self._unindex_call(pipe, keys, call_id),
+                self._finish, script_keys, args, lambda pipe: self._unindex_call(pipe, keys, call_id)
             )
         if won and result.synthetic:
             self.publish_event("synthetic", **synthetic_event_fields(keys, result, writer))
@@ -431,7 +432,11 @@ class Ledger:
                 return None
             signal = str(popped[1])
             if mine and not signal.startswith(_HANDED_BACK) and signal not in mine:
-                self.client.rpush(keys.done, _HANDED_BACK + signal)
+                # The pop may have emptied (deleted) the list: a push that creates it sets its TTL.
+                pipe = self.client.pipeline(transaction=False)
+                pipe.rpush(keys.done, _HANDED_BACK + signal)
+                pipe.expire(keys.done, done_expire_s(self.ttl_s))
+                pipe.execute()
         return {cid: ToolResult.from_json(r) for cid, r in zip(read, raw, strict=True) if r}
 
     def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:

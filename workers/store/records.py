@@ -159,7 +159,8 @@ class CallField(enum.StrEnum):
 CALL: Final = HashRecord[CallField](
     name="call",
     builder="RunKeys.call",
-    ttl="ledger.ttl_s, set by register, claim and finish",
+    ttl="set by register to ledger.ttl_s past the deadline (+ 60 s); a finish past the deadline resets"
+    " it to ledger.ttl_s",
     fields={
         CallField.CALL_ID: _str("the call's id; present in every registered call", REQUIRED),
         CallField.TOOL: _str("the tool's name as the model sent it"),
@@ -220,6 +221,7 @@ class RunField(enum.StrEnum):
     PROGRESS_MS = "progress_ms"
     OPEN_N = "open_n"
     CLAIMED_N = "claimed_n"
+    KEYS_TTL_MS = "keys_ttl_ms"
     CLASS = "class"
     ENDED_MS = "ended_ms"
     END_REASON = "end_reason"
@@ -257,6 +259,10 @@ RUN: Final = HashRecord[RunField](
         RunField.PROGRESS_MS: _ms("latest activity of the run or any call (never lowered); 0: none"),
         RunField.OPEN_N: _int("calls without a result (summary kept by lib_run_summary.lua)"),
         RunField.CLAIMED_N: _int("calls claimed and not answered (summary kept by lib_run_summary.lua)"),
+        RunField.KEYS_TTL_MS: _ms(
+            "when a registration last set the TTL of the run's calls, open and done keys; within 60 s"
+            " of it those EXPIREs are skipped (lib_run_summary.lua); 0: always set them"
+        ),
         RunField.CLASS: FieldSpec(
             FieldType.ENUM, "the watchdog's latest SessionClass; '' before its first look", "", SessionClass
         ),
@@ -412,6 +418,7 @@ class EventField(enum.StrEnum):
 
 
 _LEDGER_TTL = "ledger.ttl_s"
+_RUN_KEYS_TTL = "ledger.ttl_s + 120 s, set at most once a minute by register (keys_ttl_ms)"
 _REFRESHED = "ledger.ttl_s, refreshed on every write"
 _ON_BEGIN = "ledger.ttl_s, refreshed on begin"
 
@@ -420,11 +427,12 @@ KEY_RECORDS: Final = (
               "results (ToolResult JSON) that lost the first-writer race"),
     KeyRecord("lease", "RunKeys.lease", "STRING", "lease.ttl_s (PX), renewed",
               "the claiming worker's id; renewed by its main process"),
-    KeyRecord("calls", "RunKeys.calls", "ZSET", _LEDGER_TTL,
+    KeyRecord("calls", "RunKeys.calls", "ZSET", _RUN_KEYS_TTL,
               "member call id, score submitted ms"),
-    KeyRecord("open", "RunKeys.open", "ZSET", _LEDGER_TTL,
-              "member id of a call without a result, score its deadline ms"),
-    KeyRecord("done", "RunKeys.done", "LIST", _LEDGER_TTL,
+    KeyRecord("open", "RunKeys.open", "ZSET", _RUN_KEYS_TTL,
+              "member id of a call without a result, score its deadline ms; and the member ''"
+              " (OPEN_KEEPER, score +inf) that keeps the set from emptying"),
+    KeyRecord("done", "RunKeys.done", "LIST", _RUN_KEYS_TTL + "; also by the push that creates it",
               "ids of answered calls (the waiting gateway's wake-up)"),
     KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",
               "member '<seq>|<entry json>', score seq (see loop_history.py)"),

@@ -24,6 +24,7 @@ from workers.store.keys import (
     parse_run_member,
 )
 from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger_args import OPEN_KEEPER
 from workers.store.records import CALL, LANE, RUN, CallField, LaneField, RunField
 from workers.store.rows import Row
 
@@ -224,6 +225,7 @@ class SessionReads:
         wanted: list[tuple[tuple[str, str], str]] = []
         for index, pair in enumerate(pairs):
             ids = dict.fromkeys([*raw[2 * index], *raw[2 * index + 1]])
+            ids.pop(OPEN_KEEPER, None)
             wanted.extend((pair, str(call_id)) for call_id in ids)
         return wanted
 

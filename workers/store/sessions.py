@@ -29,6 +29,7 @@ from workers.core.reaper import answer_open_call
 from workers.core.run_health import RunStatus
 from workers.store.keys import RunKeys, index_keys, member_bucket, run_member, sweep_lock_key
 from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger_args import OPEN_KEEPER
 from workers.store.lua import load_script
 from workers.store.records import CallField, RunField
 from workers.store.session_reads import Lane, RunInfo, SessionReads
@@ -187,7 +188,7 @@ class SessionStore(SessionReads):
         """Answer every unanswered call of a run with ``reason``; returns (call id, task id) answered."""
         keys = RunKeys(self.prefix, session_key, run_id)
         with store_errors():
-            open_ids = [str(c) for c in self.client.zrange(keys.open, 0, -1)]
+            open_ids = [str(c) for c in self.client.zrange(keys.open, 0, -1) if c != OPEN_KEEPER]
         answered: list[tuple[str, str]] = []
         for call in self.ledger.open_calls(keys, open_ids):
             result = answer_open_call(call, reason, now_ms=now_ms, detail=detail)

@@ -1,5 +1,5 @@
 -- A worker claims a call before running its tool. KEYS: call, lease, run.
--- ARGV: now_ms, worker_id, lease_ttl_ms, ttl_s, tool, job_digest (of the message received).
+-- ARGV: now_ms, worker_id, lease_ttl_ms, tool, job_digest (of the message received).
 -- Returns {status, attempt, registered tool}: 'done' (answered: never run again),
 -- 'unregistered' (no gateway registered this call: run nothing, nothing to answer),
 -- 'mismatch' (the message is not the job registered: run nothing, answer the call),
@@ -7,7 +7,8 @@
 -- 'busy' (another live worker holds the lease), or 'claimed' (run it; the lease is ours).
 -- One read of the call: state 'done' is written with the result, in the same HSET
 -- (ledger_finish.lua), and no script changes the state of an answered call, so it stands for
--- "has a result" without fetching the result.
+-- "has a result" without fetching the result. No EXPIRE: the registration gave the record
+-- ledger.ttl_s past its deadline.
 local call = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'tool', 'job_digest')
 local state, attempt = call[1], tonumber(call[2] or '0') or 0
 if state == 'done' then
@@ -17,7 +18,7 @@ if not call[3] and redis.call('EXISTS', KEYS[1]) == 0 then
   return {'unregistered', 0, ''} -- never create the record: only a registration does
 end
 local tool = call[3] or ''
-if tool ~= ARGV[5] or (call[4] or '') ~= ARGV[6] then
+if tool ~= ARGV[4] or (call[4] or '') ~= ARGV[5] then
   local held = redis.call('EXISTS', KEYS[2]) == 1
   return {held and 'mismatch_held' or 'mismatch', attempt, tool}
 end
@@ -29,6 +30,5 @@ local taken_over = state == 'running' -- its lease lapsed
 attempt = attempt + 1
 redis.call('HSET', KEYS[1], 'state', 'running', 'started_ms', ARGV[1], 'hb_ms', ARGV[1],
            'worker', ARGV[2], 'attempt', attempt)
-redis.call('EXPIRE', KEYS[1], ARGV[4])
 touch_run(KEYS[3], ARGV[1], 0, taken_over and 0 or 1)
 return {'claimed', attempt, tool}

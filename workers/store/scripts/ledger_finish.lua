@@ -1,21 +1,31 @@
 -- Store a call's result, first writer wins. KEYS: call, late, open, done, lease, run.
--- ARGV: call_id, result_json, reason, now_ms, ttl_s, writer.
+-- ARGV: call_id, result_json, reason, now_ms, ttl_s, writer, refresh_s.
 -- Returns 1 when this result is the one delivered, 0 when it was kept as late (audit only).
--- State 'done' is written together with the result (below), so one HGET of the state tells
+-- State 'done' is written together with the result (below), so one read of the state tells
 -- both whether a result exists and whether the call was claimed.
-local state = redis.call('HGET', KEYS[1], 'state')
+-- TTLs (see ledger_register.lua): the record lives ttl_s past its deadline already, so only an
+-- answer past the deadline (or a record the registration did not write) extends it; the done
+-- list is given its TTL when this push created it or the run's last refresh is stale.
+local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms')
+local state = call[1]
+local ttl, refresh = tonumber(ARGV[5]), tonumber(ARGV[7])
 if state == 'done' then
   redis.call('RPUSH', KEYS[2], ARGV[2])
-  redis.call('EXPIRE', KEYS[2], ARGV[5])
+  redis.call('EXPIRE', KEYS[2], ttl)
   return 0
 end
 local was_claimed = state == 'running'
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3],
            'finished_ms', ARGV[4], 'writer', ARGV[6])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
+if tonumber(ARGV[4]) > (tonumber(call[2] or 0) or 0) then
+  redis.call('EXPIRE', KEYS[1], ttl)
+end
 local was_open = redis.call('ZREM', KEYS[3], ARGV[1]) == 1
-redis.call('RPUSH', KEYS[4], ARGV[1])
-redis.call('EXPIRE', KEYS[4], ARGV[5])
+local signals = redis.call('RPUSH', KEYS[4], ARGV[1])
+local run = read_run(KEYS[6])
+if signals == 1 or not keys_ttl_fresh(run, ARGV[4], refresh) then
+  redis.call('EXPIRE', KEYS[4], ttl + 2 * refresh)
+end
 redis.call('DEL', KEYS[5])
-touch_run(KEYS[6], ARGV[4], was_open and -1 or 0, was_claimed and -1 or 0)
+write_summary(KEYS[6], run, ARGV[4], was_open and -1 or 0, was_claimed and -1 or 0)
 return 1

@@ -1,27 +1,39 @@
--- Register a call once. KEYS: call, calls, open, run. ARGV: call_id, now_ms, deadline_ms, ttl_s,
--- then field/value pairs. Returns {created, run_status, guard_remaining}:
+-- Register a call once. KEYS: call, calls, open, done, run. ARGV: call_id, now_ms, deadline_ms,
+-- ttl_s, refresh_s, then field/value pairs. Returns {created, run_status, guard_remaining}:
 --   created 1 when new, 0 when the id was already registered (a resubmission after a gateway
 --   restart must not dispatch twice), -1 when the run is no longer running (fencing: a
 --   superseded, aborted or timed-out run cannot start new calls).
 -- The run record rides along so the gateway needs no separate read per batch; it is read
 -- once, with the run summary this registration updates.
-local run = read_run(KEYS[4], {'status', 'guard_remaining'})
-local status = run[4] or ''
-local guard = tonumber(run[5] or '0')
+--
+-- TTLs (see workers/store/keys.py): the call record is given ttl_s past its deadline (plus one
+-- refresh interval for clocks that disagree), so claim and finish need not extend it; only a
+-- finish past the deadline does. The run's calls, open and done keys get ttl_s + 2 refresh
+-- intervals, only when the run record says their last refresh is older than one interval
+-- (keys_ttl_fresh). The open set keeps the member '' (score +inf) so it never empties: an
+-- emptied key would be deleted, and the next call would create it again without a TTL.
+local run = read_run(KEYS[5], {'status', 'guard_remaining'})
+local status = run[RUN_EXTRA + 1] or ''
+local guard = tonumber(run[RUN_EXTRA + 2] or '0')
 if status ~= '' and status ~= 'running' then
   return {-1, status, guard}
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, status, guard}
 end
+local now, deadline = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ttl, refresh = tonumber(ARGV[4]), tonumber(ARGV[5])
 local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'submitted_ms', ARGV[2], 'deadline_ms', ARGV[3],
            'attempt', 0, unpack(fields))
-redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ttl + refresh + math.max(0, math.ceil((deadline - now) / 1000)))
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-redis.call('EXPIRE', KEYS[3], ARGV[4])
-write_summary(KEYS[4], run, ARGV[2], 1, 0)
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1], '+inf', '')
+local refreshed = nil
+if not keys_ttl_fresh(run, ARGV[2], refresh) then
+  for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl + 2 * refresh) end
+  refreshed = ARGV[2]
+end
+write_summary(KEYS[5], run, ARGV[2], 1, 0, refreshed)
 return {1, status, guard}

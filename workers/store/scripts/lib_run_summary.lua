@@ -7,7 +7,13 @@
 -- Nothing is written when the run record does not exist (a call outside a run, or a record
 -- that expired): a summary never creates a run. Every call change pays for this, so it is
 -- one HMGET and at most one HSET (counters never go below zero).
-local SUMMARY_FIELDS = {'progress_ms', 'open_n', 'claimed_n'}
+--
+-- The same HMGET reads keys_ttl_ms: when a registration last gave the run's calls, open and
+-- done keys their TTL (ledger.ttl_s + 2 refresh intervals). Within one refresh interval of it
+-- (either side, for clocks that disagree) those keys are known to outlive ledger.ttl_s, and
+-- register and finish skip their EXPIREs. No record, no field: then they always EXPIRE.
+local SUMMARY_FIELDS = {'progress_ms', 'open_n', 'claimed_n', 'keys_ttl_ms'}
+local RUN_EXTRA = #SUMMARY_FIELDS -- read_run's `extra` fields come after this position
 
 -- The run's summary fields, read once; `extra` field names are read in the same HMGET and
 -- returned after them (register reads the run's status and guard this way).
@@ -17,10 +23,17 @@ local function read_run(run, extra)
   return redis.call('HMGET', run, unpack(fields))
 end
 
--- Apply a change to a summary read by read_run (`row`); returns nothing.
-local function write_summary(run, row, now_ms, open_delta, claimed_delta)
+-- Whether the run's keys had their TTL refreshed within refresh_s of now_ms (row: read_run's).
+local function keys_ttl_fresh(row, now_ms, refresh_s)
+  local at = tonumber(row[4] or '')
+  return at ~= nil and math.abs(tonumber(now_ms) - at) < tonumber(refresh_s) * 1000
+end
+
+-- Apply a change to a summary read by read_run (`row`); returns nothing. `keys_ttl_ms`, when
+-- given, records a refresh of the run's keys' TTL (see keys_ttl_fresh).
+local function write_summary(run, row, now_ms, open_delta, claimed_delta, keys_ttl_ms)
   local progress, open_n, claimed_n = row[1], row[2], row[3]
-  if not progress and not open_n and not claimed_n and redis.call('EXISTS', run) == 0 then
+  if not progress and not open_n and not claimed_n and not row[4] and redis.call('EXISTS', run) == 0 then
     return
   end
   local changes = {}
@@ -35,6 +48,10 @@ local function write_summary(run, row, now_ms, open_delta, claimed_delta)
   if claimed_delta ~= 0 then
     changes[#changes + 1] = 'claimed_n'
     changes[#changes + 1] = math.max(0, (tonumber(claimed_n) or 0) + claimed_delta)
+  end
+  if keys_ttl_ms then
+    changes[#changes + 1] = 'keys_ttl_ms'
+    changes[#changes + 1] = keys_ttl_ms
   end
   if #changes > 0 then
     redis.call('HSET', run, unpack(changes))
