@@ -84,9 +84,9 @@ after it is answered. Only a finish past the deadline sets ``ledger.ttl_s`` agai
 registration whose run record's ``keys_ttl_ms`` is a minute old or more (or missing: no run
 record, then every registration sets them), which then records the time: every key written
 within that minute still has ``ledger.ttl_s`` ahead of it. ``open`` keeps the member ``''``
-(score +inf) so it never empties: an emptied key is deleted, and the next call would create it
-without a TTL. ``done`` empties on every wake-up, so the push that creates it (``RPUSH``
-returns 1, in finish or in a waiter's hand-back) sets its TTL too.
+(score 2^53 - 1, after every deadline) so it never empties: an emptied key is deleted, and
+the next call would create it without a TTL. ``done`` empties on every wake-up, so the push
+that creates it (``RPUSH`` returns 1, in finish or in a waiter's hand-back) sets its TTL too.
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
 this table: the fields of the seven HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``,

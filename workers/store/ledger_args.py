@@ -29,9 +29,9 @@ __all__ = [
 #: Seconds between two refreshes of a run's calls/open/done TTLs (as the index keys' interval).
 KEYS_REFRESH_S = REFRESH_INTERVAL_S
 
-#: The member (score +inf) that keeps a run's ``open`` set from emptying: an emptied set is
-#: deleted, and the next registration would create it again without a TTL. No call has this id
-#: (a call id is never empty); readers of ``open`` skip it.
+#: The member (score 2^53 - 1, after every deadline) that keeps a run's ``open`` set from
+#: emptying: an emptied set is deleted, and the next registration would create it again without
+#: a TTL. No call has this id (a call id is never empty); readers of ``open`` skip it.
 OPEN_KEEPER = ""
 
 ScriptCall = tuple[list[str], list[Any]]  # (KEYS, ARGV)

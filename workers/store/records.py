@@ -431,7 +431,7 @@ KEY_RECORDS: Final = (
               "member call id, score submitted ms"),
     KeyRecord("open", "RunKeys.open", "ZSET", _RUN_KEYS_TTL,
               "member id of a call without a result, score its deadline ms; and the member ''"
-              " (OPEN_KEEPER, score +inf) that keeps the set from emptying"),
+              " (OPEN_KEEPER, score 2^53 - 1) that keeps the set from emptying"),
     KeyRecord("done", "RunKeys.done", "LIST", _RUN_KEYS_TTL + "; also by the push that creates it",
               "ids of answered calls (the waiting gateway's wake-up)"),
     KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",

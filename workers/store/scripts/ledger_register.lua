@@ -10,8 +10,9 @@
 -- refresh interval for clocks that disagree), so claim and finish need not extend it; only a
 -- finish past the deadline does. The run's calls, open and done keys get ttl_s + 2 refresh
 -- intervals, only when the run record says their last refresh is older than one interval
--- (keys_ttl_fresh). The open set keeps the member '' (score +inf) so it never empties: an
--- emptied key would be deleted, and the next call would create it again without a TTL.
+-- (keys_ttl_fresh). The open set keeps the member '' (scored after every deadline) so it never
+-- empties: an emptied key would be deleted, and the next call would create it without a TTL.
+local KEEPER_SCORE = '9007199254740991' -- 2^53 - 1: later than any deadline ms, exact in a double
 local run = read_run(KEYS[5], {'status', 'guard_remaining'})
 local status = run[RUN_EXTRA + 1] or ''
 local guard = tonumber(run[RUN_EXTRA + 2] or '0')
@@ -29,7 +30,7 @@ redis.call('HSET', KEYS[1], 'state', 'pending', 'submitted_ms', ARGV[2], 'deadli
            'attempt', 0, unpack(fields))
 redis.call('EXPIRE', KEYS[1], ttl + refresh + math.max(0, math.ceil((deadline - now) / 1000)))
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1], '+inf', '')
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1], KEEPER_SCORE, '')
 local refreshed = nil
 if not keys_ttl_fresh(run, ARGV[2], refresh) then
   for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl + 2 * refresh) end
