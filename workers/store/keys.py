@@ -19,9 +19,8 @@ key                                type    TTL              written by          
 ``P:{tag}:calls``                  ZSET    ledger.ttl_s     register script     collect, CLI
                                            + 120 s (**)
 ``P:{tag}:open``                   ZSET    as ``calls``     register / finish   gateway, watchdog
-``P:{tag}:done``                   LIST    as ``calls``,    finish script       gateway (BLPOP wake-up)
-                                           and set by the
-                                           push creating it
+``P:{tag}:done``                   LIST    as ``calls``     finish script       gateway (BLPOP wake-up)
+                                           (**)
 ``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
 ``P:{tag}:loops``                  HASH    loops.ttl_s      loop-check script   loop-check script
 ``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog,  gateway, watchdog, CLI
@@ -80,13 +79,14 @@ key                                type    TTL              written by          
 disagree, so claim and finish need not extend it: a record lives at least ``ledger.ttl_s``
 after it is answered. Only a finish past the deadline sets ``ledger.ttl_s`` again.
 
-(**) A run's ``calls``, ``open`` and ``done`` keys get ``ledger.ttl_s`` + 120 s from a
-registration whose run record's ``keys_ttl_ms`` is a minute old or more (or missing: no run
-record, then every registration sets them), which then records the time: every key written
-within that minute still has ``ledger.ttl_s`` ahead of it. ``open`` keeps the member ``''``
-(score 2^53 - 1, after every deadline) so it never empties: an emptied key is deleted, and
-the next call would create it without a TTL. ``done`` empties on every wake-up, so the push
-that creates it (``RPUSH`` returns 1, in finish or in a waiter's hand-back) sets its TTL too.
+(**) A run's ``calls`` and ``open`` keys get ``ledger.ttl_s`` + 120 s from a registration
+whose run record's ``keys_ttl_ms`` is a minute old or more (or missing: no run record, then
+every registration sets them), which then records the time: every key written within that
+minute still has ``ledger.ttl_s`` ahead of it. ``done`` likewise from a finish, by
+``done_ttl_ms``. ``open`` keeps the member ``''`` (score 2^53 - 1, after every deadline) so it
+never empties: an emptied key is deleted, and the next call would create it without a TTL.
+``done`` empties on every wake-up, so the push that creates it (``RPUSH`` returns 1, in finish
+or in a waiter's hand-back) sets its TTL too.
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
 this table: the fields of the seven HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``,

@@ -46,7 +46,7 @@ def register_call(
     keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, ttl_s: int, fields: list[str]
 ) -> ScriptCall:
     """``ledger_register.lua``: ``fields`` flattened field/value pairs of the new record."""
-    script_keys = [keys.call(call_id), keys.calls, keys.open, keys.done, keys.run]
+    script_keys = [keys.call(call_id), keys.calls, keys.open, keys.run]
     return script_keys, [call_id, now_ms, deadline_ms, ttl_s, KEYS_REFRESH_S, *fields]
 
 

@@ -222,6 +222,7 @@ class RunField(enum.StrEnum):
     OPEN_N = "open_n"
     CLAIMED_N = "claimed_n"
     KEYS_TTL_MS = "keys_ttl_ms"
+    DONE_TTL_MS = "done_ttl_ms"
     CLASS = "class"
     ENDED_MS = "ended_ms"
     END_REASON = "end_reason"
@@ -260,8 +261,12 @@ RUN: Final = HashRecord[RunField](
         RunField.OPEN_N: _int("calls without a result (summary kept by lib_run_summary.lua)"),
         RunField.CLAIMED_N: _int("calls claimed and not answered (summary kept by lib_run_summary.lua)"),
         RunField.KEYS_TTL_MS: _ms(
-            "when a registration last set the TTL of the run's calls, open and done keys; within 60 s"
-            " of it those EXPIREs are skipped (lib_run_summary.lua); 0: always set them"
+            "when a registration last set the TTL of the run's calls and open keys; within 60 s of it"
+            " registrations skip those EXPIREs (lib_run_summary.lua); 0: always set them"
+        ),
+        RunField.DONE_TTL_MS: _ms(
+            "when a finish last set the TTL of the run's done list; within 60 s of it a finish that"
+            " did not create the list skips that EXPIRE (lib_run_summary.lua); 0: always set it"
         ),
         RunField.CLASS: FieldSpec(
             FieldType.ENUM, "the watchdog's latest SessionClass; '' before its first look", "", SessionClass
@@ -419,6 +424,7 @@ class EventField(enum.StrEnum):
 
 _LEDGER_TTL = "ledger.ttl_s"
 _RUN_KEYS_TTL = "ledger.ttl_s + 120 s, set at most once a minute by register (keys_ttl_ms)"
+_DONE_TTL = "ledger.ttl_s + 120 s, set by the push creating it, else at most once a minute by finish"
 _REFRESHED = "ledger.ttl_s, refreshed on every write"
 _ON_BEGIN = "ledger.ttl_s, refreshed on begin"
 
@@ -432,7 +438,7 @@ KEY_RECORDS: Final = (
     KeyRecord("open", "RunKeys.open", "ZSET", _RUN_KEYS_TTL,
               "member id of a call without a result, score its deadline ms; and the member ''"
               " (OPEN_KEEPER, score 2^53 - 1) that keeps the set from emptying"),
-    KeyRecord("done", "RunKeys.done", "LIST", _RUN_KEYS_TTL + "; also by the push that creates it",
+    KeyRecord("done", "RunKeys.done", "LIST", _DONE_TTL + " (done_ttl_ms)",
               "ids of answered calls (the waiting gateway's wake-up)"),
     KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",
               "member '<seq>|<entry json>', score seq (see loop_history.py)"),

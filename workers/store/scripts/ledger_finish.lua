@@ -5,7 +5,8 @@
 -- both whether a result exists and whether the call was claimed.
 -- TTLs (see ledger_register.lua): the record lives ttl_s past its deadline already, so only an
 -- answer past the deadline (or a record the registration did not write) extends it; the done
--- list is given its TTL when this push created it or the run's last refresh is stale.
+-- list is given its TTL when this push created it or its last TTL is a refresh interval old
+-- (done_ttl_ms, see lib_run_summary.lua).
 local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms')
 local state = call[1]
 local ttl, refresh = tonumber(ARGV[5]), tonumber(ARGV[7])
@@ -23,9 +24,12 @@ end
 local was_open = redis.call('ZREM', KEYS[3], ARGV[1]) == 1
 local signals = redis.call('RPUSH', KEYS[4], ARGV[1])
 local run = read_run(KEYS[6])
-if signals == 1 or not keys_ttl_fresh(run, ARGV[4], refresh) then
-  redis.call('EXPIRE', KEYS[4], ttl + 2 * refresh)
-end
 redis.call('DEL', KEYS[5])
-write_summary(KEYS[6], run, ARGV[4], was_open and -1 or 0, was_claimed and -1 or 0)
+local open_delta, claimed_delta = was_open and -1 or 0, was_claimed and -1 or 0
+if signals > 1 and ttl_fresh(run, DONE_TTL, ARGV[4], refresh) then
+  write_summary(KEYS[6], run, ARGV[4], open_delta, claimed_delta)
+else
+  redis.call('EXPIRE', KEYS[4], ttl + 2 * refresh)
+  write_summary(KEYS[6], run, ARGV[4], open_delta, claimed_delta, 'done_ttl_ms', ARGV[4])
+end
 return 1

@@ -8,11 +8,13 @@
 -- that expired): a summary never creates a run. Every call change pays for this, so it is
 -- one HMGET and at most one HSET (counters never go below zero).
 --
--- The same HMGET reads keys_ttl_ms: when a registration last gave the run's calls, open and
--- done keys their TTL (ledger.ttl_s + 2 refresh intervals). Within one refresh interval of it
--- (either side, for clocks that disagree) those keys are known to outlive ledger.ttl_s, and
--- register and finish skip their EXPIREs. No record, no field: then they always EXPIRE.
-local SUMMARY_FIELDS = {'progress_ms', 'open_n', 'claimed_n', 'keys_ttl_ms'}
+-- The same HMGET reads keys_ttl_ms, when a registration last gave the run's calls and open
+-- keys their TTL (ledger.ttl_s + 2 refresh intervals), and done_ttl_ms, when a finish last gave
+-- the done list its TTL. Within one refresh interval of it (either side, for clocks that
+-- disagree) those keys are known to outlive ledger.ttl_s, and register and finish skip their
+-- EXPIREs. No record, no field: then they always EXPIRE.
+local SUMMARY_FIELDS = {'progress_ms', 'open_n', 'claimed_n', 'keys_ttl_ms', 'done_ttl_ms'}
+local KEYS_TTL, DONE_TTL = 4, 5 -- positions in read_run's row
 local RUN_EXTRA = #SUMMARY_FIELDS -- read_run's `extra` fields come after this position
 
 -- The run's summary fields, read once; `extra` field names are read in the same HMGET and
@@ -23,17 +25,19 @@ local function read_run(run, extra)
   return redis.call('HMGET', run, unpack(fields))
 end
 
--- Whether the run's keys had their TTL refreshed within refresh_s of now_ms (row: read_run's).
-local function keys_ttl_fresh(row, now_ms, refresh_s)
-  local at = tonumber(row[4] or '')
+-- Whether the keys whose refresh time is at row[which] (KEYS_TTL or DONE_TTL) had their TTL
+-- set within refresh_s of now_ms (row: read_run's).
+local function ttl_fresh(row, which, now_ms, refresh_s)
+  local at = tonumber(row[which] or '')
   return at ~= nil and math.abs(tonumber(now_ms) - at) < tonumber(refresh_s) * 1000
 end
 
--- Apply a change to a summary read by read_run (`row`); returns nothing. `keys_ttl_ms`, when
--- given, records a refresh of the run's keys' TTL (see keys_ttl_fresh).
-local function write_summary(run, row, now_ms, open_delta, claimed_delta, keys_ttl_ms)
+-- Apply a change to a summary read by read_run (`row`); returns nothing. `ttl_field` and
+-- `ttl_ms`, when given, record a refresh of some keys' TTL (see ttl_fresh).
+local function write_summary(run, row, now_ms, open_delta, claimed_delta, ttl_field, ttl_ms)
   local progress, open_n, claimed_n = row[1], row[2], row[3]
-  if not progress and not open_n and not claimed_n and not row[4] and redis.call('EXISTS', run) == 0 then
+  if not progress and not open_n and not claimed_n and not row[KEYS_TTL] and not row[DONE_TTL]
+     and redis.call('EXISTS', run) == 0 then
     return
   end
   local changes = {}
@@ -49,9 +53,9 @@ local function write_summary(run, row, now_ms, open_delta, claimed_delta, keys_t
     changes[#changes + 1] = 'claimed_n'
     changes[#changes + 1] = math.max(0, (tonumber(claimed_n) or 0) + claimed_delta)
   end
-  if keys_ttl_ms then
-    changes[#changes + 1] = 'keys_ttl_ms'
-    changes[#changes + 1] = keys_ttl_ms
+  if ttl_field then
+    changes[#changes + 1] = ttl_field
+    changes[#changes + 1] = ttl_ms
   end
   if #changes > 0 then
     redis.call('HSET', run, unpack(changes))

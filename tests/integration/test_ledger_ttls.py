@@ -1,0 +1,153 @@
+"""The ledger's TTL rule (workers/store/keys.py, (*) and (**)), with as few EXPIREs as it takes.
+
+Every key outlives ledger.ttl_s after its last write.
+
+Each "skips" test lowers a key's TTL by hand, so a script that still EXPIREs it is seen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.harness import store_client
+from workers.core.models import SyntheticReason, ToolCall
+from workers.core.results import synthetic_result
+from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
+from workers.store.ledger_args import KEYS_REFRESH_S, OPEN_KEEPER
+from workers.store.sessions import SessionStore
+
+T0 = int(time.time() * 1000)
+MIN = 60_000
+TTL_S = 3600
+LOW_MS = 5_000  # a TTL set by hand, far below any the scripts set
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[SessionStore]:
+    client = store_client(redis_url)
+    yield SessionStore(Ledger(client, prefix="t", ttl_s=TTL_S, lease_ttl_ms=3000))
+    client.close()
+
+
+def _run(store: SessionStore, run_id: str = "r1") -> RunKeys:
+    store.begin_run("s", run_id, "main", T0, T0 + 30 * MIN, writer="gw")
+    return store.ledger.keys("s", run_id)
+
+
+def _register(store: SessionStore, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int) -> None:
+    fields = {"tool": "echo", "dispatched": "1", "job_digest": "d"}
+    assert store.ledger.register(keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields)
+
+
+def _answer(store: SessionStore, keys: RunKeys, call_id: str, now_ms: int) -> None:
+    call = ToolCall(id=call_id, name="echo")
+    result = synthetic_result(call, SyntheticReason.CANCELLED, elapsed_ms=1, attempt=1)
+    assert store.ledger.finish(keys, result, now_ms=now_ms, writer="w")
+
+
+def test_a_call_record_lives_ledger_ttl_past_its_deadline_without_claim_or_finish_extending_it(
+    store: SessionStore,
+) -> None:
+    # Given a call registered with a deadline ten minutes out
+    keys = _run(store)
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + 10 * MIN)
+    # Then its record outlives the deadline by ledger.ttl_s
+    assert store.client.ttl(keys.call("c1")) >= TTL_S + 10 * 60
+    # When its TTL is lowered by hand, and it is claimed and answered before its deadline
+    store.client.pexpire(keys.call("c1"), LOW_MS)
+    store.ledger.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
+    _answer(store, keys, "c1", T0 + 2)
+    # Then neither touched the TTL
+    assert 0 < store.client.pttl(keys.call("c1")) <= LOW_MS
+
+
+def test_an_answer_past_the_deadline_keeps_the_record_ledger_ttl_longer(store: SessionStore) -> None:
+    keys = _run(store)
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    store.client.pexpire(keys.call("c1"), LOW_MS)
+    # When it is answered after its deadline
+    _answer(store, keys, "c1", T0 + 2 * MIN)
+    # Then the record lives ledger.ttl_s from the answer
+    assert store.client.ttl(keys.call("c1")) > TTL_S - 5
+
+
+def test_the_runs_keys_get_their_ttl_at_most_once_a_refresh_interval(store: SessionStore) -> None:
+    # Given a run whose first call set the TTLs of its calls and open keys, lowered by hand
+    keys = _run(store)
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    assert store.client.ttl(keys.calls) > TTL_S
+    assert store.client.ttl(keys.open) > TTL_S
+    for key in (keys.calls, keys.open):
+        store.client.pexpire(key, LOW_MS)
+    # When another call registers within the interval
+    _register(store, keys, "c2", now_ms=T0 + 1000, deadline_ms=T0 + MIN)
+    # Then neither TTL was set again
+    assert 0 < store.client.pttl(keys.calls) <= LOW_MS
+    assert 0 < store.client.pttl(keys.open) <= LOW_MS
+    # When one registers an interval later
+    _register(store, keys, "c3", now_ms=T0 + KEYS_REFRESH_S * 1000 + 1, deadline_ms=T0 + 2 * MIN)
+    # Then both are set again
+    assert store.client.ttl(keys.calls) > TTL_S
+    assert store.client.ttl(keys.open) > TTL_S
+
+
+def test_done_gets_its_ttl_when_created_and_else_once_a_refresh_interval(store: SessionStore) -> None:
+    keys = _run(store)
+    for n in range(4):
+        _register(store, keys, f"c{n}", now_ms=T0, deadline_ms=T0 + 5 * MIN)
+    # When the first answer creates the wake-up list
+    _answer(store, keys, "c0", T0 + 1)
+    assert store.client.ttl(keys.done) > TTL_S
+    # When its TTL is lowered by hand and a second answer pushes within the interval
+    store.client.pexpire(keys.done, LOW_MS)
+    _answer(store, keys, "c1", T0 + 2)
+    # Then it was not set again
+    assert 0 < store.client.pttl(keys.done) <= LOW_MS
+    # When the list is emptied and an answer creates it again
+    store.client.delete(keys.done)
+    _answer(store, keys, "c2", T0 + 3)
+    assert store.client.ttl(keys.done) > TTL_S
+    # When one pushes an interval after the last TTL was set
+    store.client.pexpire(keys.done, LOW_MS)
+    _answer(store, keys, "c3", T0 + KEYS_REFRESH_S * 1000 + 4)
+    assert store.client.ttl(keys.done) > TTL_S
+
+
+def test_the_open_set_never_empties_so_it_keeps_its_ttl(store: SessionStore) -> None:
+    # Given a run whose only call was answered
+    keys = _run(store)
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    _answer(store, keys, "c1", T0 + 1)
+    # Then its open set still exists, with its TTL, holding only the keeper
+    assert store.client.zrange(keys.open, 0, -1) == [OPEN_KEEPER]
+    assert store.client.ttl(keys.open) > TTL_S
+    # When the next call registers within the interval, it is in a set that still expires
+    _register(store, keys, "c2", now_ms=T0 + 2, deadline_ms=T0 + MIN)
+    assert store.client.zrange(keys.open, 0, -1) == ["c2", OPEN_KEEPER]
+    assert store.client.ttl(keys.open) > TTL_S
+
+
+def test_ending_a_run_answers_its_open_calls_and_not_the_keeper(store: SessionStore) -> None:
+    keys = _run(store)
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    answered = store.answer_open_calls(
+        "s", "r1", SyntheticReason.CANCELLED, now_ms=T0 + 1, writer="w", detail=" (test)"
+    )
+    assert [call_id for call_id, _ in answered] == ["c1"]
+    assert store.ledger.record(keys, OPEN_KEEPER) is None
+
+
+def test_a_handed_back_signal_that_recreates_done_gives_it_a_ttl(store: SessionStore) -> None:
+    # Given a run with one signal, for a call another waiter waits for
+    keys = _run(store)
+    _register(store, keys, "theirs", now_ms=T0, deadline_ms=T0 + MIN)
+    _answer(store, keys, "theirs", T0 + 1)
+    # When a waiter for another call pops it (emptying the list) and hands it back
+    assert store.ledger.wait_for_done(keys, 1.0, mine={"mine"})
+    # Then the list exists again, with a TTL
+    assert store.client.lrange(keys.done, 0, -1) == ["\x00theirs"]
+    assert store.client.ttl(keys.done) > TTL_S
