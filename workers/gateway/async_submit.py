@@ -65,9 +65,21 @@ class AsyncSubmitter:
         self._on_sent = on_sent
         self._early_stages = path.stages_before_registration()
         self._turns = asyncio.Semaphore(_AT_ONCE)
+        self._submitting: set[asyncio.Future[Batch]] = set()
 
     async def submit_all(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> Batch:
-        """:meth:`CallPath.submit_all`, on the loop when it can be (see the module docstring)."""
+        """:meth:`CallPath.submit_all`, on the loop when it can be (see the module docstring).
+
+        Cancelling the caller does not stop a submission under way, as it did not stop the
+        thread this replaces: the canceller marks the calls and cancels those registered
+        after its mark (:mod:`workers.gateway.cancelling`).
+        """
+        submitting = asyncio.ensure_future(self._submit(keys, agent_id, calls))
+        self._submitting.add(submitting)  # a strong reference while it outlives its caller
+        submitting.add_done_callback(self._submitting.discard)
+        return await asyncio.shield(submitting)
+
+    async def _submit(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> Batch:
         path = self._path
         if self._messages is None or not path.storeless_until_registration(agent_id, calls):
             result: Batch = await self._offload(path.submit_all, keys, agent_id, calls)
