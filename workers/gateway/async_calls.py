@@ -1,8 +1,10 @@
 """The asyncio half of :class:`workers.gateway.client.ToolGateway`: the same call path, awaited.
 
-Submission (short, bounded: a few store round trips and the publish per call) runs on the
-gateway's small submission pool; the wait for answers is awaited on an asyncio Redis client
-of the running loop, so a waiting batch holds a connection, never a thread.
+Submission runs on the event loop when it can (:mod:`workers.gateway.async_submit`: each
+call registered through the asyncio ledger and its message pushed onto a Redis broker's list)
+and otherwise on the gateway's small submission pool (loop detection, breakers, a signed or
+non-Redis broker, the first call of a run); the wait for answers is awaited on an asyncio
+Redis client of the running loop, so a waiting batch holds a connection, never a thread.
 """
 
 from __future__ import annotations
@@ -73,9 +75,9 @@ class AsyncCalls:
     ) -> list[ToolResult]:
         """``call_tools`` for asyncio callers: the wait holds no thread.
 
-        Submission (short, bounded: a few store round trips and the publish per call) runs
-        on the gateway's small submission pool; the wait for answers is awaited on an asyncio
-        Redis client of the running loop (``await aclose()`` before that loop ends).
+        Submission runs on the loop when it can, else on the gateway's small submission pool
+        (see the module docstring); the wait for answers is awaited on an asyncio Redis
+        client of the running loop (``await aclose()`` before that loop ends).
         Cancelling it cancels the calls (see :mod:`workers.gateway.cancelling`).
         """
         keys = self._rt.ledger.keys(session_key, run_id)
