@@ -80,6 +80,7 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
         ttl_s=settings.ledger.ttl_s,
         listener=listener,
         fallbacks=settings.tools.failure_rules().fallbacks,
+        lease_ttl_ms=int(settings.lease.ttl_s * 1000),
     )
 
 

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 _BATCH = 200
 Event = tuple[str, dict[str, Any]]
+# An answer to close the call's task, or the fields of a ``task-sent`` event ready to send.
+_Item = tuple[RunKeys, ToolResult] | dict[str, Any]
 
 
 class TaskEvents:
@@ -50,7 +52,7 @@ class TaskEvents:
         self._ledger = ledger
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[RunKeys, ToolResult] | None] = queue.Queue(capacity)
+        self._queue: queue.Queue[_Item | None] = queue.Queue(capacity)
         self._pid = 0
 
     def attach(self) -> TaskEvents:
@@ -65,6 +67,18 @@ class TaskEvents:
             self._queue.put_nowait((keys, result))
         except queue.Full:
             log.warning("Flower events queue full; call %s not shown as answered", result.tool_call_id)
+
+    def sent(self, fields: dict[str, Any]) -> None:
+        """Queue the ``task-sent`` event of a message published without ``send_task`` (never blocks).
+
+        ``send_task`` publishes it in the caller's thread; a gateway that pushes messages
+        itself (:mod:`workers.gateway.task_messages`) leaves it to this thread instead.
+        """
+        self._ensure_sender()
+        try:
+            self._queue.put_nowait(fields)
+        except queue.Full:
+            log.warning("Flower events queue full; task %s not shown as sent", fields.get("uuid"))
 
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until every queued answer was sent (or failed); True if so."""
@@ -132,9 +146,13 @@ class TaskEvents:
             if batch[-1] is None:
                 return
 
-    def _send(self, batch: list[tuple[RunKeys, ToolResult]]) -> None:
+    def _send(self, batch: list[_Item]) -> None:
         with self._app.events.default_dispatcher(hostname=self.hostname) as dispatcher:
-            for keys, result in batch:
+            for item in batch:
+                if isinstance(item, dict):
+                    dispatcher.send("task-sent", **item)
+                    continue
+                keys, result = item
                 try:
                     events = self.events_for(keys, result)
                 except StoreError as exc:  # without its task id the call cannot be shown

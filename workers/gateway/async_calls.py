@@ -1,8 +1,10 @@
 """The asyncio half of :class:`workers.gateway.client.ToolGateway`: the same call path, awaited.
 
-Submission (short, bounded: a few store round trips and the publish per call) runs on the
-gateway's small submission pool; the wait for answers is awaited on an asyncio Redis client
-of the running loop, so a waiting batch holds a connection, never a thread.
+Submission runs on the event loop when it can (:mod:`workers.gateway.async_submit`: each
+call registered through the asyncio ledger and its message pushed onto a Redis broker's list)
+and otherwise on the gateway's small submission pool (loop detection, breakers, a signed or
+non-Redis broker, the first call of a run); the wait for answers is awaited on an asyncio
+Redis client of the running loop, so a waiting batch holds a connection, never a thread.
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
+from celery import Celery
+
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer
+from workers.gateway.async_submit import AsyncSubmitter
 from workers.gateway.awaiting import AsyncWaiter
 from workers.gateway.call_path import CallPath
 from workers.gateway.cancelling import Canceller
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.persister import Persister
 from workers.gateway.provider_turns import aanswer_message
+from workers.gateway.task_messages import TaskMessages, fast_publish_possible
 from workers.gateway.waiting import Batch
 from workers.runtime import Runtime, open_async_ledger
 from workers.settings import Settings
@@ -42,6 +48,7 @@ class AsyncCalls:
     _rt: Runtime
     _writer: str
     _task_events: TaskEvents
+    _app: Celery
     _dispatcher: Dispatcher
     _persister: Persister
     _canceller: Canceller
@@ -56,15 +63,21 @@ class AsyncCalls:
         # Submission for asyncio callers: short blocking steps, never a wait.
         self._pool = ThreadPoolExecutor(max_workers=_SUBMIT_THREADS, thread_name_prefix="unstuck-submit")
         self._async_waiters: dict[asyncio.AbstractEventLoop, AsyncWaiter] = {}
+        self._async_submitters: dict[asyncio.AbstractEventLoop, AsyncSubmitter] = {}
+        self._task_messages = (
+            TaskMessages(self._app, self.settings.broker.queue)
+            if fast_publish_possible(self.settings)
+            else None
+        )
 
     async def acall_tools(
         self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
     ) -> list[ToolResult]:
         """``call_tools`` for asyncio callers: the wait holds no thread.
 
-        Submission (short, bounded: a few store round trips and the publish per call) runs
-        on the gateway's small submission pool; the wait for answers is awaited on an asyncio
-        Redis client of the running loop (``await aclose()`` before that loop ends).
+        Submission runs on the loop when it can, else on the gateway's small submission pool
+        (see the module docstring); the wait for answers is awaited on an asyncio Redis
+        client of the running loop (``await aclose()`` before that loop ends).
         Cancelling it cancels the calls (see :mod:`workers.gateway.cancelling`).
         """
         keys = self._rt.ledger.keys(session_key, run_id)
@@ -80,7 +93,7 @@ class AsyncCalls:
             )
             return await asyncio.to_thread(call, calls=calls)
         waiter = self._async_waiter()
-        batch: Batch = await self._offload(self._path.submit_all, keys, agent_id, calls)
+        batch = await self._async_submitters[asyncio.get_running_loop()].submit_all(keys, agent_id, calls)
         batch.answers.update(await waiter.wait(batch))
         if self._path.needs_store(batch):
             results: list[ToolResult] = await self._offload(self._path.conclude, batch, calls)
@@ -115,7 +128,9 @@ class AsyncCalls:
 
     async def aclose(self) -> None:
         """Release connections, those of the running loop's asyncio client included."""
-        waiter = self._async_waiters.pop(asyncio.get_running_loop(), None)
+        loop = asyncio.get_running_loop()
+        self._async_submitters.pop(loop, None)
+        waiter = self._async_waiters.pop(loop, None)
         if waiter is not None:
             await waiter.ledger.aclose()
         self.close()
@@ -131,6 +146,7 @@ class AsyncCalls:
         if waiter is None:
             for gone in [other for other in self._async_waiters if other.is_closed()]:
                 del self._async_waiters[gone]  # nothing left to close its connections on
+                self._async_submitters.pop(gone, None)
             ledger = open_async_ledger(self.settings)
             ledger.on_answered.append(self._task_events.answered)  # as for the sync ledger
             waiter = AsyncWaiter(
@@ -143,4 +159,14 @@ class AsyncCalls:
                 store_later=self._persister.store_later,
             )
             self._async_waiters[loop] = waiter
+            self._async_submitters[loop] = AsyncSubmitter(
+                self._path,
+                self._dispatcher,
+                self._task_messages,
+                ledger,
+                self._offload,
+                writer=self._writer,
+                now_ms=self._now_ms,
+                on_sent=self._task_events.sent,
+            )
         return waiter

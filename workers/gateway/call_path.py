@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
@@ -97,6 +98,20 @@ class CallPath:
             if stage(batch, in_flight):
                 return
 
+    def stages_before_registration(self) -> tuple[Stage, ...]:
+        """Every stage but the last (``register_and_dispatch``), for a submitter that registers itself."""
+        return tuple(getattr(self, name) for name in self.STAGES if name != "register_and_dispatch")
+
+    def storeless_until_registration(self, agent_id: str, calls: Sequence[ToolCall]) -> bool:
+        """Whether the stages before registration use no store for ``calls`` of a cached run.
+
+        True without loop detection for ``agent_id``, without circuit breakers and when no
+        call is refused at admission (a refusal is recorded in the store at once).
+        """
+        if self.settings.tools.breakers or self._loops.needs_outcomes(agent_id, guard_armed=False):
+            return False
+        return all(self._dispatcher.reject_early(call, agent_id) is None for call in calls)
+
     def needs_store(self, batch: Batch) -> bool:
         """Whether :meth:`conclude` writes to the store (loop or breaker outcomes, an abort)."""
         if batch.abort is not None or self.settings.tools.breakers:
@@ -173,24 +188,32 @@ class CallPath:
         batch.deadlines[call.id] = job.deadline_ms
         batch.submitted[call.id] = job.submitted_ms
         try:
-            warning = self._loops.warning_of(in_flight.verdict)
+            warning = self.loop_warning(in_flight)
             registration = self._dispatcher.register_and_dispatch(batch.keys, job, loop_warning=warning)
             batch.guard_armed = batch.guard_armed or registration.guard_armed
             if registration.refused:
-                self._refuse(batch, call, registration.run_status)
+                self.refuse(batch, call, registration.run_status)
         except StoreError as exc:
-            log.warning("store unavailable while submitting %s: %s", call.id, exc)
-            # Stored by the waiter as soon as Redis answers (then the ledger's answer is
-            # delivered), else handed over once the grace margin passes and stored later.
-            batch.deadlines[call.id] = now
-            batch.fallbacks[call.id] = synthetic_result(
-                call,
-                SyntheticReason.DISPATCH_FAILED,
-                elapsed_ms=0,
-                attempt=0,
-                detail=" (result store unreachable)",
-            )
+            self.unsubmitted(batch, call, now, exc)
         return True
+
+    def loop_warning(self, in_flight: InFlight) -> dict[str, Any] | None:
+        """The loop detector's warning riding along in the call's message (shown in Flower)."""
+        return self._loops.warning_of(in_flight.verdict)
+
+    def unsubmitted(self, batch: Batch, call: ToolCall, now_ms: int, exc: StoreError) -> None:
+        """A call the store did not take: answered ``dispatch_failed`` by the waiter."""
+        log.warning("store unavailable while submitting %s: %s", call.id, exc)
+        # Stored by the waiter as soon as Redis answers (then the ledger's answer is
+        # delivered), else handed over once the grace margin passes and stored later.
+        batch.deadlines[call.id] = now_ms
+        batch.fallbacks[call.id] = synthetic_result(
+            call,
+            SyntheticReason.DISPATCH_FAILED,
+            elapsed_ms=0,
+            attempt=0,
+            detail=" (result store unreachable)",
+        )
 
     # -- answering and the run ---------------------------------------------------------------
 
@@ -204,7 +227,7 @@ class CallPath:
             batch.guard_armed = batch.guard_armed or registration.guard_armed
             if registration.refused and result.reason != SyntheticReason.RUN_ABORTED.value:
                 # The run ended (a loop abort, a timeout, a newer run): that answer wins.
-                self._refuse(batch, call, registration.run_status)
+                self.refuse(batch, call, registration.run_status)
             elif registration.created:
                 batch.answers[call.id] = result
             else:
@@ -213,7 +236,7 @@ class CallPath:
             log.warning("store unavailable while answering %s: %s", call.id, exc)
             batch.fallbacks[call.id] = result  # answered by the waiter, stored first if it can
 
-    def _refuse(self, batch: Batch, call: ToolCall, run_status: RunStatus) -> None:
+    def refuse(self, batch: Batch, call: ToolCall, run_status: RunStatus) -> None:
         """Answer a call its run no longer accepts; a loop abort is raised to the caller later."""
         self.forget_run(batch.keys)
         try:
@@ -234,6 +257,14 @@ class CallPath:
         """Drop the cached deadline: the run ended, its next call must read the record."""
         self._run_deadlines.pop((keys.session_key, keys.run_id), None)
 
+    def open_cached_run(self, batch: Batch) -> bool:
+        """Take the run's deadline from the cache (no store access); False when not cached."""
+        deadline_ms = self._run_deadlines.get((batch.keys.session_key, batch.keys.run_id))
+        if deadline_ms is None:
+            return False
+        batch.run_deadline_ms = deadline_ms
+        return True
+
     def open_run(self, batch: Batch) -> None:
         """Create or read the run record: one round trip the first time this gateway sees a run.
 
@@ -241,8 +272,7 @@ class CallPath:
         compaction guard are reported by each call's registration instead.
         """
         run = (batch.keys.session_key, batch.keys.run_id)
-        if run in self._run_deadlines:
-            batch.run_deadline_ms = self._run_deadlines[run]
+        if self.open_cached_run(batch):
             return
         now = self._now_ms()
         deadline_ms = now + int(self.settings.agents.for_agent(batch.agent_id).run_timeout_s * 1000)

@@ -125,8 +125,18 @@ class Dispatcher:
 
         A ``loop_warning`` rides along in the message, so Flower shows it with the call's task.
         """
+        fields = self.registration_fields(keys, job)
+        registration = self._ledger.register_call(
+            keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
+        )
+        if registration.created and not registration.refused:
+            self.dispatch(keys, job, attempt=0, loop_warning=loop_warning)
+        return registration
+
+    def registration_fields(self, keys: RunKeys, job: CallJob) -> dict[str, str]:
+        """The call record's fields for a call about to be published (first attempt)."""
         spec = get_tool(job.call.name)
-        fields: dict[str, str] = {
+        return {
             CallField.TOOL: job.call.name,
             CallField.AGENT_ID: job.agent_id,
             CallField.IDEMPOTENT: "1" if spec.idempotent else "0",
@@ -138,21 +148,33 @@ class Dispatcher:
             CallField.DISPATCHED: "1",
             CallField.TASK_ID: task_id(keys, job.call.id, 0),
         }
-        registration = self._ledger.register_call(
-            keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
+
+    @staticmethod
+    def message_kwargs(job: CallJob, loop_warning: dict[str, Any] | None) -> dict[str, Any]:
+        """The invoke task's keyword arguments: the job, and a loop warning Flower shows."""
+        kwargs: dict[str, Any] = {"job": job.model_dump(mode="json")}
+        if loop_warning:
+            kwargs["loop_warning"] = loop_warning
+        return kwargs
+
+    def dispatch_failed(self, job: CallJob, exc: Exception) -> ToolResult:
+        """The answer to a call whose message the broker did not take (tools.fallbacks applied)."""
+        log.warning("dispatch of %s failed: %s", job.call.id, exc)
+        result = synthetic_result(
+            job.call,
+            SyntheticReason.DISPATCH_FAILED,
+            elapsed_ms=self._now_ms() - job.submitted_ms,
+            attempt=0,
+            detail=f" ({type(exc).__name__})",
         )
-        if registration.created and not registration.refused:
-            self.dispatch(keys, job, attempt=0, loop_warning=loop_warning)
-        return registration
+        return self._ledger.with_fallback(result)
 
     def dispatch(
         self, keys: RunKeys, job: CallJob, *, attempt: int, loop_warning: dict[str, Any] | None = None
     ) -> ToolResult | None:
         """Publish the call; on failure store ``dispatch_failed`` and return it."""
         message_id = task_id(keys, job.call.id, attempt)
-        kwargs: dict[str, Any] = {"job": job.model_dump(mode="json")}
-        if loop_warning:
-            kwargs["loop_warning"] = loop_warning
+        kwargs = self.message_kwargs(job, loop_warning)
         try:
             self._app.send_task(
                 INVOKE_TASK,
@@ -166,15 +188,7 @@ class Dispatcher:
                 ignore_result=True,  # results live in the ledger; skip the backend subscription
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
-            log.warning("dispatch of %s failed: %s", job.call.id, exc)
-            result = synthetic_result(
-                job.call,
-                SyntheticReason.DISPATCH_FAILED,
-                elapsed_ms=self._now_ms() - job.submitted_ms,
-                attempt=0,
-                detail=f" ({type(exc).__name__})",
-            )
-            result = self._ledger.with_fallback(result)
+            result = self.dispatch_failed(job, exc)
             self._ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
             return result
         if attempt:

@@ -35,6 +35,7 @@ from workers.store.ledger import _OPEN_FIELDS, _open_call, announce, event_entry
 from workers.store.ledger_args import finish_call
 from workers.store.lua import script_source
 from workers.store.records import CALL, CallField
+from workers.store.registration import RegisterStep, Registration
 from workers.store.rows import Row
 
 __all__ = ["AsyncLedger", "DoneListener", "aconnect", "astore_errors"]
@@ -99,8 +100,10 @@ class AsyncLedger:
         ttl_s: int,
         listener: DoneListener,
         fallbacks: Mapping[str, FallbackRule] | None = None,
+        lease_ttl_ms: int = 0,
     ) -> None:
         self.client = client
+        self.lease_ttl_ms = lease_ttl_ms  # the hold of a registered call not yet marked dispatched
         # tools.fallbacks, applied where every result enters the ledger (as ``Ledger.finish``).
         self.fallbacks: Mapping[str, FallbackRule] = dict(fallbacks or {})
         self._listener = listener
@@ -110,6 +113,7 @@ class AsyncLedger:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self._index_ttl = IndexTtl(ttl_s)
+        self._register = _Script.named("ledger_register.lua", with_summary=True)
         self._finish = _Script.named("ledger_finish.lua", with_summary=True)
         self._requeue = _Script.named("ledger_requeue.lua", with_summary=True)
         self._open = _Script.named("ledger_open.lua")
@@ -166,6 +170,25 @@ class AsyncLedger:
         (:class:`DoneListener`) instead of a connection per waiter.
         """
         return await self._listener.wait(keys.done, timeout_s, mine=mine)
+
+    async def register_call(
+        self, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, fields: dict[str, str]
+    ) -> Registration:
+        """Record a new call and read its run's status and guard state (``Ledger.register_call``)."""
+        step = RegisterStep(
+            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields, ttl_s=self.ttl_s
+        )
+
+        def index(pipe: Pipeline) -> None:
+            step.index(pipe, self._index_ttl, self.lease_ttl_ms)
+
+        async with astore_errors():
+            return step.registration(await self._script(self._register, *step.script_call, index))
+
+    async def push_message(self, queue_key: str, payload: str) -> None:
+        """Append a broker message to its queue's list (see :mod:`workers.gateway.task_messages`)."""
+        async with astore_errors():
+            await self.client.lpush(queue_key, payload)
 
     def with_fallback(self, result: ToolResult) -> ToolResult:
         """``result``, or its tool's configured fallback (as ``Ledger.with_fallback``)."""

@@ -73,6 +73,9 @@ key                                type    TTL              written by          
 ``P:refused``                      HASH    ledger.ttl_s,    worker (refused     metrics
                                            refreshed on     task messages)
                                            every write
+``<broker.queue>``                 LIST    none (kombu's)   async gateway       tool workers (Celery
+                                                            (invoke messages,   BRPOP); not under P:
+                                                            kombu's format)     the broker's own key
 =================================  ======  ===============  ==================  ======================
 
 (*) Register gives a call record ``ledger.ttl_s`` past its deadline, plus 60 s for clocks that
@@ -156,6 +159,7 @@ __all__ = [
     "RunKeys",
     "SessionKeys",
     "all_index_keys",
+    "broker_queue_key",
     "bucket_of",
     "bucket_tag",
     "events_stream_key",
@@ -343,6 +347,11 @@ def events_stream_key(prefix: str) -> str:
 def listener_poke_key(prefix: str, listener_id: str) -> str:
     """Pokes to an async gateway's done listener: added to its BLPOP so new runs join at once."""
     return f"{prefix}:listener:{quote_part(listener_id)}"
+
+
+def broker_queue_key(queue: str) -> str:
+    """A Redis broker's list of a queue's task messages (kombu's key for priority 0: the queue's name)."""
+    return queue
 
 
 def ledger_scan_pattern(prefix: str) -> str:

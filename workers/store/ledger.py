@@ -22,13 +22,13 @@ from redis.exceptions import NoScriptError
 from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall
-from workers.core.run_health import RunStatus
 from workers.errors import StoreError
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key, index_keys
-from workers.store.ledger_args import claim_call, done_expire_s, finish_call, register_call
+from workers.store.ledger_args import claim_call, done_expire_s, finish_call
 from workers.store.lua import load_script
 from workers.store.records import CALL, CallField, EventField, pgid_field, pgid_of
+from workers.store.registration import RegisterStep, Registration
 from workers.store.rows import Row, reply_member
 
 __all__ = [
@@ -89,20 +89,6 @@ class Claim:
     status: ClaimStatus
     attempt: int
     registered_tool: str = ""  # the tool the call was registered with ('' when unregistered)
-
-
-@dataclass(frozen=True)
-class Registration:
-    """Outcome of registering a call: whether it is new, and its run's state."""
-
-    created: bool
-    run_status: RunStatus
-    guard_armed: bool
-
-    @property
-    def refused(self) -> bool:
-        """The run no longer accepts calls (superseded, aborted, timed out or completed)."""
-        return self.run_status is not RunStatus.RUNNING
 
 
 @dataclass(frozen=True)
@@ -244,29 +230,16 @@ class Ledger:
             ValueError: when ``fields`` names a field the call record does not declare.
             StoreError: when Redis fails.
         """
-        undeclared = sorted(set(fields) - set(CALL.fields))
-        if undeclared:
-            raise ValueError(f"not fields of the call record: {undeclared}")
-        flat = [item for pair in {**fields, CallField.CALL_ID: call_id}.items() for item in pair]
-        member = keys.due_member(call_id)
+        step = RegisterStep(
+            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields, ttl_s=self.ttl_s
+        )
 
         def index(pipe: Pipeline) -> None:
-            # The indexes are hints the watchdog re-checks, so they may be added even when
-            # the id existed or the run refused it. A call not yet marked dispatched is held
-            # by this process until it publishes: if it dies first, the sweep finds the call
-            # by that hold's expiry instead of waiting for the deadline.
-            self._index_due(pipe, keys, {member: deadline_ms})
-            if fields.get(CallField.DISPATCHED) != "1":
-                self._index_lease(pipe, keys, call_id, now_ms + self.lease_ttl_ms)
+            step.index(pipe, self._index_ttl, self.lease_ttl_ms)
 
-        script_keys, args = register_call(
-            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, ttl_s=self.ttl_s, fields=flat
-        )
         with store_errors():
-            created, status, guard = self._pipelined(self._register, script_keys, args, index)
-        # No status yet: the call comes before its run record (register opens no run).
-        run_status = reply_member(RunStatus, status or RunStatus.RUNNING, where="ledger_register.lua")
-        return Registration(created == 1, run_status, int(guard) > 0)
+            reply = self._pipelined(self._register, *step.script_call, index)
+        return step.registration(reply)
 
     def mark_dispatched(self, keys: RunKeys, call_id: str, task_id: str) -> None:
         """Note that the broker accepted the call's message."""

@@ -1,0 +1,109 @@
+"""Messages the async gateway pushes itself: what ``send_task`` would push, and workers run them.
+
+See :mod:`workers.gateway.task_messages`: the message is built by Celery's ``as_task_v2`` and
+wrapped as kombu's Redis transport wraps it, then pushed with one ``LPUSH`` from the event
+loop. Compared here with the message ``send_task`` leaves on a real Redis for the same
+options, and run by a real worker with ``send_task`` made unusable.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+
+from tests.harness import Proc
+from workers.celery_config import configured_app
+from workers.core.models import ToolCall
+from workers.gateway.client import ToolGateway
+from workers.gateway.task_messages import TaskMessages, fast_publish_possible
+from workers.settings import Settings
+from workers.store.keys import broker_queue_key
+from workers.task_names import INVOKE_TASK
+
+
+def _decoded(raw: bytes | str) -> dict[str, Any]:
+    message: dict[str, Any] = json.loads(raw)
+    message["body"] = json.loads(base64.b64decode(message["body"]))
+    return message
+
+
+def test_the_message_is_the_one_send_task_pushes(settings: Settings) -> None:
+    if not fast_publish_possible(settings):
+        pytest.skip("the broker is not the ledger's single Redis: the thread path publishes")
+    app = configured_app(settings, include=[], set_as_current=False)
+    client = redis.Redis.from_url(settings.broker_url)
+    queue = settings.broker.queue
+    now = datetime.now(tz=UTC)
+    expires = now + timedelta(seconds=30)
+    kwargs = {"job": {"call": {"id": "c1", "name": "echo", "arguments": {"text": "héllo"}}}}
+    try:
+        app.send_task(
+            INVOKE_TASK,
+            kwargs=kwargs,
+            task_id="t-1",
+            soft_time_limit=1.5,  # type: ignore[arg-type]
+            time_limit=2.5,  # type: ignore[arg-type]
+            expires=expires,
+            queue=queue,
+            shadow="echo s/r",
+            ignore_result=True,
+        )
+        [theirs] = client.lrange(broker_queue_key(queue), 0, -1)
+        mine = TaskMessages(app, queue).build(
+            INVOKE_TASK,
+            task_id="t-1",
+            kwargs=kwargs,
+            soft_s=1.5,
+            hard_s=2.5,
+            expires=expires,
+            shadow="echo s/r",
+            now=now,
+        )
+    finally:
+        client.close()
+    ours, celerys = _decoded(mine.payload), _decoded(theirs)
+    # A fresh uuid per message either way; the TTL counts from each one's own clock reading.
+    for message in (ours, celerys):
+        assert message["properties"].pop("delivery_tag")
+        assert abs(int(message["properties"].pop("expiration")) - 30_000) < 5_000
+    assert ours == celerys
+    assert mine.queue == queue
+    assert mine.sent_event["uuid"] == "t-1"
+    assert mine.sent_event["routing_key"] == queue
+
+
+def test_signed_messages_keep_celerys_publish(settings: Settings) -> None:
+    signed = settings.model_copy(
+        update={
+            "broker": settings.broker.model_copy(
+                update={"signing": settings.broker.signing.model_copy(update={"key_file": "key.pem"})}
+            )
+        }
+    )
+    assert not fast_publish_possible(signed)
+
+
+@pytest.mark.timeout(60)
+async def test_a_worker_runs_calls_published_from_the_loop(
+    worker: Proc, agateway: ToolGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not fast_publish_possible(agateway.settings):
+        pytest.skip("the broker is not the ledger's single Redis: the thread path publishes")
+
+    def no_send_task(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the loop's submission must not go through send_task")
+
+    monkeypatch.setattr(agateway._app, "send_task", no_send_task)
+    for n in range(3):  # the first opens the run (on the pool), the others find it cached
+        call = ToolCall(id=f"c{n}", name="echo", arguments={"text": f"hi {n}"})
+        [result] = await agateway.acall_tools(session_key="fast", run_id="r1", calls=[call])
+        assert result.text == f"hi {n}", result
+    record = agateway._rt.ledger.record(agateway._rt.ledger.keys("fast", "r1"), "c2")
+    assert record is not None
+    assert record.result is not None
+    assert record.result.text == "hi 2"

@@ -1,0 +1,151 @@
+"""Submission on the event loop: register and publish a batch's calls with no thread hop.
+
+The asyncio twin of the last stage of :class:`workers.gateway.call_path.CallPath`. A batch
+whose earlier stages need no store (no loop detection, no circuit breakers, no call refused
+at admission: :meth:`CallPath.storeless_until_registration`) passes them on the loop (the
+first call of a run opens it on the submission pool: two round trips); each call is then
+registered through the asyncio ledger (the same script and arguments as the sync ledger)
+and its message pushed onto the broker's Redis list (:mod:`workers.gateway.task_messages`),
+its ``task-sent`` event left to the gateway's event thread. Anything else (loop detection,
+breakers, a refusal, an aborted run, a signed or non-Redis broker) takes the sync path on
+the submission pool, as before. The guarantees are the same either way: first writer wins,
+the call is marked dispatched before its message exists, and a message the broker did not
+take is answered ``dispatch_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from workers.core.models import CallJob, ToolCall
+from workers.errors import StoreError
+from workers.gateway.call_path import CallPath, InFlight
+from workers.gateway.dispatching import Dispatcher, task_id
+from workers.gateway.task_messages import TaskMessages
+from workers.gateway.waiting import Batch
+from workers.store.aledger import AsyncLedger
+from workers.store.keys import RunKeys, broker_queue_key
+from workers.task_names import INVOKE_TASK, invoke_task_label
+
+__all__ = ["AsyncSubmitter"]
+
+# Batches submitted on the loop at once; the others wait their turn before their first stage
+# (their deadlines start there). Unbounded, a burst of requests would take every connection
+# of the asyncio client and leave waiters none to read answers with.
+_AT_ONCE = 8
+
+Offload = Callable[..., Awaitable[Any]]
+
+
+class AsyncSubmitter:
+    """Submits batches for one event loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: CallPath,
+        dispatcher: Dispatcher,
+        messages: TaskMessages | None,
+        ledger: AsyncLedger,
+        offload: Offload,
+        *,
+        writer: str,
+        now_ms: Callable[[], int],
+        on_sent: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self._path = path
+        self._dispatcher = dispatcher
+        self._messages = messages  # None: the broker needs Celery's own publish (thread path)
+        self._ledger = ledger
+        self._offload = offload
+        self._writer = writer
+        self._now_ms = now_ms
+        self._on_sent = on_sent
+        self._early_stages = path.stages_before_registration()
+        self._turns = asyncio.Semaphore(_AT_ONCE)
+        self._submitting: set[asyncio.Future[Batch]] = set()
+
+    async def submit_all(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> Batch:
+        """:meth:`CallPath.submit_all`, on the loop when it can be (see the module docstring).
+
+        Cancelling the caller does not stop a submission under way, as it did not stop the
+        thread this replaces: the canceller marks the calls and cancels those registered
+        after its mark (:mod:`workers.gateway.cancelling`).
+        """
+        submitting = asyncio.ensure_future(self._submit(keys, agent_id, calls))
+        self._submitting.add(submitting)  # a strong reference while it outlives its caller
+        submitting.add_done_callback(self._submitting.discard)
+        return await asyncio.shield(submitting)
+
+    async def _submit(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> Batch:
+        path = self._path
+        if self._messages is None or not path.storeless_until_registration(agent_id, calls):
+            result: Batch = await self._offload(path.submit_all, keys, agent_id, calls)
+            return result
+        async with self._turns:
+            return await self._submit_on_loop(keys, agent_id, calls)
+
+    async def _submit_on_loop(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> Batch:
+        path = self._path
+        batch = Batch(keys, agent_id)
+        if not path.open_cached_run(batch):
+            await self._offload(path.open_run, batch)  # the first call of a run: two round trips
+            if batch.abort is not None:  # refused at once, through the store: the sync stages
+                await self._offload(self._submit_each, batch, calls)
+                return batch
+        for call in calls:
+            in_flight = InFlight(call, now_ms=0)
+            if not any(stage(batch, in_flight) for stage in self._early_stages):
+                await self._register_and_publish(batch, in_flight)
+        return batch
+
+    def _submit_each(self, batch: Batch, calls: Sequence[ToolCall]) -> None:
+        for call in calls:
+            self._path.submit(batch, call)
+
+    async def _register_and_publish(self, batch: Batch, in_flight: InFlight) -> None:
+        """:meth:`CallPath.register_and_dispatch`, awaited."""
+        keys, call, now = batch.keys, in_flight.call, in_flight.now_ms
+        job = self._dispatcher.job(keys, batch.agent_id, call, now, batch.run_deadline_ms)
+        batch.deadlines[call.id] = job.deadline_ms
+        batch.submitted[call.id] = job.submitted_ms
+        fields = self._dispatcher.registration_fields(keys, job)
+        try:
+            registration = await self._ledger.register_call(
+                keys, call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
+            )
+        except StoreError as exc:
+            self._path.unsubmitted(batch, call, now, exc)
+            return
+        batch.guard_armed = batch.guard_armed or registration.guard_armed
+        if registration.refused:
+            # The run ended meanwhile: its refusal is read and stored synchronously (rare).
+            await self._offload(self._path.refuse, batch, call, registration.run_status)
+        elif registration.created and self._messages is not None:
+            try:
+                await self._publish(self._messages, keys, job, self._path.loop_warning(in_flight))
+            except StoreError as exc:
+                # Stored by the waiter first thing (answered locally past the margin if
+                # the store stays away), as a call the store did not take.
+                batch.deadlines[call.id] = now
+                batch.fallbacks[call.id] = self._dispatcher.dispatch_failed(job, exc)
+
+    async def _publish(
+        self, messages: TaskMessages, keys: RunKeys, job: CallJob, loop_warning: dict[str, Any] | None
+    ) -> None:
+        """Push the call's message onto the broker's list (raises ``StoreError``)."""
+        message = messages.build(
+            INVOKE_TASK,
+            task_id=task_id(keys, job.call.id, 0),
+            kwargs=self._dispatcher.message_kwargs(job, loop_warning),
+            soft_s=job.soft_s,
+            hard_s=job.hard_s,
+            expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
+            shadow=invoke_task_label(job.call.name, job.session_key, job.run_id),
+            now=datetime.now(tz=UTC),
+        )
+        await self._ledger.push_message(broker_queue_key(message.queue), message.payload)
+        if message.sent_event:
+            self._on_sent(message.sent_event)
