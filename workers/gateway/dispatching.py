@@ -33,17 +33,33 @@ def task_id(keys: RunKeys, call_id: str, attempt: int) -> str:
     return invoke_task_id(keys.due_member(call_id), attempt)
 
 
+def _no_event(fields: dict[str, Any]) -> None:
+    return None
+
+
 class Dispatcher:
-    """Validates, registers and publishes calls."""
+    """Validates, registers and publishes calls.
+
+    ``on_sent`` gets the ``task-sent`` event fields of each published task (to batch them for
+    Flower: Celery's own ``task_send_sent_event`` is off, it cost a publish per call).
+    """
 
     def __init__(
-        self, settings: Settings, ledger: Ledger, app: Celery, writer: str, now_ms: Callable[[], int]
+        self,
+        settings: Settings,
+        ledger: Ledger,
+        app: Celery,
+        writer: str,
+        now_ms: Callable[[], int],
+        *,
+        on_sent: Callable[[dict[str, Any]], None] = _no_event,
     ) -> None:
         self.settings = settings
         self._ledger = ledger
         self._app = app
         self._writer = writer
         self._now_ms = now_ms
+        self._on_sent = on_sent
 
     def reject_early(self, call: ToolCall, agent_id: str) -> ToolResult | None:
         """The answer to a call that must not run, or None when it may be dispatched.
@@ -153,6 +169,9 @@ class Dispatcher:
         kwargs: dict[str, Any] = {"job": job.model_dump(mode="json")}
         if loop_warning:
             kwargs["loop_warning"] = loop_warning
+        label = invoke_task_label(job.call.name, job.session_key, job.run_id)
+        expires = datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC)
+        queue = self.settings.broker.queue
         try:
             self._app.send_task(
                 INVOKE_TASK,
@@ -160,9 +179,9 @@ class Dispatcher:
                 task_id=message_id,
                 soft_time_limit=job.soft_s,  # type: ignore[arg-type]  # floats work; stubs say int
                 time_limit=job.hard_s,  # type: ignore[arg-type]
-                expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
-                queue=self.settings.broker.queue,
-                shadow=invoke_task_label(job.call.name, job.session_key, job.run_id),
+                expires=expires,
+                queue=queue,
+                shadow=label,
                 ignore_result=True,  # results live in the ledger; skip the backend subscription
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
@@ -177,6 +196,10 @@ class Dispatcher:
             result = self._ledger.with_fallback(result)
             self._ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
             return result
+        # Named after the call, as the worker's events are; no args or kwargs: task-received
+        # brings them, and a task-sent that reaches Flower last must not replace them.
+        sent = {"uuid": message_id, "name": label, "retries": 0, "expires": expires.isoformat()}
+        self._on_sent({**sent, "queue": queue})
         if attempt:
             self._ledger.mark_dispatched(keys, job.call.id, message_id)
         return None
