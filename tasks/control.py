@@ -34,7 +34,9 @@ def _revoke(task_ids: list[str]) -> None:
 @cache
 def _task_events() -> TaskEvents:
     # Calls the watchdog answers close their task in Flower (their worker is gone or late).
-    return TaskEvents(app, runtime().ledger, role="watchdog").attach()
+    rt = runtime()
+    flush_ms = rt.settings.broker.task_events_flush_ms
+    return TaskEvents(app, rt.ledger, role="watchdog", flush_ms=flush_ms).attach()
 
 
 @cache

@@ -41,6 +41,10 @@ def create_app(settings: Settings | None = None, *, role: Role = "worker") -> Ce
     celery = configured_app(settings, include=_TASK_MODULES[role], set_as_current=True)
     # Both consuming roles: no message body can stop the consumer, and each refusal is counted.
     celery.conf.worker_consumer = "tasks.consumer:RefusingConsumer"
+    # And their task events are published in batches (broker.task_events_flush_ms).
+    from tasks.event_batching import BatchedTaskEvents
+
+    celery.steps["consumer"].add(BatchedTaskEvents)
     if role == "worker":
         from tasks.worker_steps import install_worker_steps
 

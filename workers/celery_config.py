@@ -55,7 +55,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": False,
         "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # The gateway sends task-sent itself, batched (workers.task_events): Celery's cost a
+        # publish per call.
+        "task_send_sent_event": False,
         "task_track_started": False,
         "worker_hijack_root_logger": False,
         "broker_connection_retry_on_startup": True,

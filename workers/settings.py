@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     SecretStr,
@@ -155,6 +156,11 @@ class BrokerSettings(BaseModel):
         "unstuck.control", description="the watchdog's queue: consumed by `unstuck watchdog` only"
     )
     publish_timeout_s: Seconds = 1.0
+    task_events_flush_ms: NonNegativeInt = Field(
+        200,
+        description="task events (what Flower shows) are batched this long into one message; "
+        "0: each batch at once (a worker: at its next event-loop tick, as Celery does)",
+    )
     signing: SigningSettings = SigningSettings()
 
 

@@ -8,6 +8,11 @@ events that end the call's task in the state its result deserves (``task-failed`
 ``task-revoked``, see :mod:`workers.core.outcome`), preceded by ``task-received`` for a call
 no worker ever received, so Flower lists every call the agent made, with its reason.
 
+The gateway also sends each dispatched call's ``task-sent`` here (Celery's own would cost a
+publish per call). Events are batched: the sender waits up to ``flush_ms`` after the first
+one, then publishes the whole batch as one ``task.multi`` message; :meth:`TaskEvents.flush`
+and :meth:`TaskEvents.close` send at once.
+
 Sending never delays an answer: the queue is bounded and a broker that is down only costs
 events (logged). The events come from ``unstuck-<role>@<host>``, which Flower shows as the
 task's worker: who answered.
@@ -21,6 +26,8 @@ import os
 import queue
 import socket
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -39,20 +46,27 @@ log = logging.getLogger(__name__)
 
 _BATCH = 200
 Event = tuple[str, dict[str, Any]]
-# An answer to close the call's task, or the fields of a ``task-sent`` event ready to send.
-_Item = tuple[RunKeys, ToolResult] | dict[str, Any]
+Pending = Callable[[], list[Event]]
+"""A queued item: builds its events in the sender thread (an answer's read its record first)."""
+
+
+def _send_now() -> list[Event]:
+    return []  # queued by flush(): ends the wait for more events
 
 
 class TaskEvents:
     """Sends the task events of answers stored through ``ledger`` (attach with :meth:`attach`)."""
 
-    def __init__(self, app: Celery, ledger: Ledger, *, role: str, capacity: int = 10_000) -> None:
+    def __init__(
+        self, app: Celery, ledger: Ledger, *, role: str, flush_ms: int = 0, capacity: int = 10_000
+    ) -> None:
         self.hostname = f"unstuck-{role}@{socket.gethostname()}"
         self._app = app
         self._ledger = ledger
+        self._flush_s = flush_ms / 1000
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Item | None] = queue.Queue(capacity)
+        self._queue: queue.Queue[Pending | None] = queue.Queue(capacity)
         self._pid = 0
 
     def attach(self) -> TaskEvents:
@@ -62,36 +76,46 @@ class TaskEvents:
 
     def answered(self, keys: RunKeys, result: ToolResult) -> None:
         """Queue the events closing the task of ``result``'s call (never blocks)."""
-        self._ensure_sender()
-        try:
-            self._queue.put_nowait((keys, result))
-        except queue.Full:
+        if not self._put(lambda: self._closing_events(keys, result)):
             log.warning("Flower events queue full; call %s not shown as answered", result.tool_call_id)
 
     def sent(self, fields: dict[str, Any]) -> None:
-        """Queue the ``task-sent`` event of a message published without ``send_task`` (never blocks).
-
-        ``send_task`` publishes it in the caller's thread; a gateway that pushes messages
-        itself (:mod:`workers.gateway.task_messages`) leaves it to this thread instead.
-        """
-        self._ensure_sender()
-        try:
-            self._queue.put_nowait(fields)
-        except queue.Full:
-            log.warning("Flower events queue full; task %s not shown as sent", fields.get("uuid"))
+        """Queue the ``task-sent`` of a published task (Celery's fields: uuid, name, args, ...)."""
+        if not self._put(lambda: [("task-sent", fields)]):
+            log.debug("Flower events queue full; task %s not shown as sent", fields.get("uuid"))
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` until every queued answer was sent (or failed); True if so."""
-        with self._queue.all_tasks_done:
-            return self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks, timeout_s)
+        """Send what is queued now; wait up to ``timeout_s`` until it was sent (or failed); True if so."""
+        if self._queue.unfinished_tasks:
+            self._put(_send_now)
+        return self._wait_sent(timeout_s)
 
     def close(self, timeout_s: float) -> None:
         """Send what is queued (up to ``timeout_s``), then stop the sender thread."""
-        self.flush(timeout_s)
         if self._pid == os.getpid():
             with contextlib.suppress(queue.Full):
-                self._queue.put_nowait(None)
+                self._queue.put_nowait(None)  # ends the wait for more events, then the thread
             self._pid = 0
+        self._wait_sent(timeout_s)
+
+    def _put(self, item: Pending) -> bool:
+        self._ensure_sender()
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            return False
+        return True
+
+    def _wait_sent(self, timeout_s: float) -> bool:
+        with self._queue.all_tasks_done:
+            return self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks, timeout_s)
+
+    def _closing_events(self, keys: RunKeys, result: ToolResult) -> list[Event]:
+        try:
+            return self.events_for(keys, result)
+        except StoreError as exc:  # without its task id the call cannot be shown
+            log.warning("no Flower event for call %s: %s", result.tool_call_id, exc)
+            return []
 
     def events_for(self, keys: RunKeys, result: ToolResult) -> list[Event]:
         """The events closing the call's task: ``task-received`` first if no worker received it."""
@@ -128,35 +152,36 @@ class TaskEvents:
     def _run(self) -> None:
         pending = self._queue
         while True:
-            batch = [pending.get()]
-            while len(batch) < _BATCH and batch[-1] is not None:
-                try:
-                    batch.append(pending.get_nowait())
-                except queue.Empty:
-                    break
-            answers = [item for item in batch if item is not None]
+            batch = self._collect(pending)
+            items = [item for item in batch if item is not None]
             try:
-                if answers:
-                    self._send(answers)
+                events = [event for item in items for event in item()]
+                if events:
+                    self._send(events)
             except Exception as exc:  # noqa: BLE001 - Flower's view is best effort, never a failure path
-                log.warning("could not send %d task event(s) for Flower: %s", len(answers), exc)
+                log.warning("could not send task events of %d item(s) for Flower: %s", len(items), exc)
             finally:
                 for _ in batch:
                     pending.task_done()
             if batch[-1] is None:
                 return
 
-    def _send(self, batch: list[_Item]) -> None:
+    def _collect(self, pending: queue.Queue[Pending | None]) -> list[Pending | None]:
+        """The next batch: what comes within ``flush_ms`` of its first item (or until a flush or close)."""
+        batch = [pending.get()]
+        ends = time.monotonic() + self._flush_s
+        while len(batch) < _BATCH and batch[-1] is not None and batch[-1] is not _send_now:
+            try:
+                batch.append(pending.get(timeout=max(0.0, ends - time.monotonic())))
+            except queue.Empty:
+                break
+        return batch
+
+    def _send(self, events: list[Event]) -> None:
+        # Buffered as the worker's are, so the whole batch is one task.multi message.
         with self._app.events.default_dispatcher(hostname=self.hostname) as dispatcher:
-            for item in batch:
-                if isinstance(item, dict):
-                    dispatcher.send("task-sent", **item)
-                    continue
-                keys, result = item
-                try:
-                    events = self.events_for(keys, result)
-                except StoreError as exc:  # without its task id the call cannot be shown
-                    log.warning("no Flower event for call %s: %s", result.tool_call_id, exc)
-                    continue
-                for event_type, fields in events:
-                    dispatcher.send(event_type, **fields)
+            dispatcher.buffer_group = frozenset({"task"})
+            dispatcher.buffer_limit = len(events) + 1
+            for event_type, fields in events:
+                dispatcher.send(event_type, **fields)
+            dispatcher.flush()

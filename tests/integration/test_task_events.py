@@ -129,6 +129,44 @@ def test_a_dispatched_call_answered_elsewhere_is_closed_under_its_own_task_id(
     ledger.close()
 
 
+@pytest.mark.timeout(60)
+def test_queued_events_go_out_together_and_a_dispatched_call_is_shown_sent(
+    settings: Settings, app: Celery, captured: Captured
+) -> None:
+    # Given a sender that waits a long time for more events before publishing
+    ledger = open_ledger(settings)
+    events = TaskEvents(app, ledger, role="gateway", flush_ms=60_000)
+    for n in range(3):
+        events.sent({"uuid": f"ev/r5/c{n}#0", "name": "echo [ev/r5]", "retries": 0})
+    time.sleep(0.5)  # what must not happen needs a wait: nothing is published before the interval
+    assert not captured.of("ev/r5/c0#0")
+    # When it is flushed, every queued event is published, in order
+    assert events.flush(timeout_s=10)
+    wait_until(lambda: bool(captured.of("ev/r5/c2#0")), timeout_s=10, what="the batch")
+    sent = [e for e in captured.events if str(e.get("uuid", "")).startswith("ev/r5/")]
+    assert [(e["type"], e["uuid"]) for e in sent] == [("task-sent", f"ev/r5/c{n}#0") for n in range(3)]
+    assert sent[0]["hostname"].startswith("unstuck-gateway@")
+    events.close(timeout_s=5)
+    ledger.close()
+
+
+def test_a_gateway_reports_each_dispatched_call_sent_under_its_task_id_and_name(
+    gateway: ToolGateway, captured: Captured
+) -> None:
+    # No worker here: the call stays queued until the gateway is closed
+    ledger = gateway._rt.ledger
+    keys = ledger.keys("ev", "r6")
+    call = ToolCall(id="c1", name="echo", arguments={"text": "x"})
+    job = gateway._dispatcher.job(keys, "main", call, int(time.time() * 1000), None)
+    assert gateway._dispatcher.dispatch(keys, job, attempt=0) is None
+    assert gateway._task_events.flush(timeout_s=10)
+    wait_until(lambda: bool(captured.of("ev/r6/c1#0")), timeout_s=10, what="task-sent")
+    ((event_type, event),) = captured.of("ev/r6/c1#0")
+    assert event_type == "task-sent"
+    assert event["name"] == "echo [ev/r6]"  # the call's name, as the worker's events give it
+    assert "kwargs" not in event  # task-received brings them; a late task-sent must not replace them
+
+
 def test_dispatch_failed_and_cancelled_calls_get_the_events_that_show_them(
     settings: Settings, app: Celery, gateway: ToolGateway
 ) -> None:

@@ -167,6 +167,5 @@ class AsyncCalls:
                 self._offload,
                 writer=self._writer,
                 now_ms=self._now_ms,
-                on_sent=self._task_events.sent,
             )
         return waiter

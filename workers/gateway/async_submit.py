@@ -53,7 +53,6 @@ class AsyncSubmitter:
         *,
         writer: str,
         now_ms: Callable[[], int],
-        on_sent: Callable[[dict[str, Any]], None],
     ) -> None:
         self._path = path
         self._dispatcher = dispatcher
@@ -62,7 +61,6 @@ class AsyncSubmitter:
         self._offload = offload
         self._writer = writer
         self._now_ms = now_ms
-        self._on_sent = on_sent
         self._early_stages = path.stages_before_registration()
         self._turns = asyncio.Semaphore(_AT_ONCE)
         self._submitting: set[asyncio.Future[Batch]] = set()
@@ -147,5 +145,4 @@ class AsyncSubmitter:
             now=datetime.now(tz=UTC),
         )
         await self._ledger.push_message(broker_queue_key(message.queue), message.payload)
-        if message.sent_event:
-            self._on_sent(message.sent_event)
+        self._dispatcher.announce_sent(job, task_id(keys, job.call.id, 0))

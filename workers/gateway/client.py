@@ -62,9 +62,19 @@ class ToolGateway(AsyncCalls):
         self._clock = clock
         self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"
-        # Answers this gateway writes (never a tool's own) close their task in Flower.
-        self._task_events = TaskEvents(self._app, self._rt.ledger, role="gateway").attach()
-        self._dispatcher = Dispatcher(self.settings, self._rt.ledger, self._app, self._writer, self._now_ms)
+        # Answers this gateway writes (never a tool's own) close their task in Flower; each
+        # dispatched call's task-sent goes the same batched way.
+        self._task_events = TaskEvents(
+            self._app, self._rt.ledger, role="gateway", flush_ms=self.settings.broker.task_events_flush_ms
+        ).attach()
+        self._dispatcher = Dispatcher(
+            self.settings,
+            self._rt.ledger,
+            self._app,
+            self._writer,
+            self._now_ms,
+            on_sent=self._task_events.sent,
+        )
         self._sessions = SessionStore(self._rt.ledger)
         self._persister = Persister(self._rt.ledger, writer=self._writer, now_ms=self._now_ms)
         self._waiter = Waiter(

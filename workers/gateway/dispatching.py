@@ -33,17 +33,33 @@ def task_id(keys: RunKeys, call_id: str, attempt: int) -> str:
     return invoke_task_id(keys.due_member(call_id), attempt)
 
 
+def _no_event(fields: dict[str, Any]) -> None:
+    return None
+
+
 class Dispatcher:
-    """Validates, registers and publishes calls."""
+    """Validates, registers and publishes calls.
+
+    ``on_sent`` gets the ``task-sent`` event fields of each published task (to batch them for
+    Flower: Celery's own ``task_send_sent_event`` is off, it cost a publish per call).
+    """
 
     def __init__(
-        self, settings: Settings, ledger: Ledger, app: Celery, writer: str, now_ms: Callable[[], int]
+        self,
+        settings: Settings,
+        ledger: Ledger,
+        app: Celery,
+        writer: str,
+        now_ms: Callable[[], int],
+        *,
+        on_sent: Callable[[dict[str, Any]], None] = _no_event,
     ) -> None:
         self.settings = settings
         self._ledger = ledger
         self._app = app
         self._writer = writer
         self._now_ms = now_ms
+        self._on_sent = on_sent
 
     def reject_early(self, call: ToolCall, agent_id: str) -> ToolResult | None:
         """The answer to a call that must not run, or None when it may be dispatched.
@@ -157,6 +173,19 @@ class Dispatcher:
             kwargs["loop_warning"] = loop_warning
         return kwargs
 
+    def announce_sent(self, job: CallJob, message_id: str) -> None:
+        """Hand the published task's ``task-sent`` event to ``on_sent`` (batched for Flower).
+
+        Named after the call, as the worker's events are; no args or kwargs: task-received
+        brings them, and a task-sent that reaches Flower last must not replace them.
+        """
+        expires = datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC)
+        label = invoke_task_label(job.call.name, job.session_key, job.run_id)
+        queue = self.settings.broker.queue
+        self._on_sent(
+            {"uuid": message_id, "name": label, "retries": 0, "expires": expires.isoformat(), "queue": queue}
+        )
+
     def dispatch_failed(self, job: CallJob, exc: Exception) -> ToolResult:
         """The answer to a call whose message the broker did not take (tools.fallbacks applied)."""
         log.warning("dispatch of %s failed: %s", job.call.id, exc)
@@ -191,6 +220,7 @@ class Dispatcher:
             result = self.dispatch_failed(job, exc)
             self._ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
             return result
+        self.announce_sent(job, message_id)
         if attempt:
             self._ledger.mark_dispatched(keys, job.call.id, message_id)
         return None

@@ -1,14 +1,14 @@
 """The invoke task's message as a Redis broker holds it, built without Celery's publish path.
 
 ``app.send_task`` costs a gateway about a millisecond and a half of CPU per call (producer
-pool, routing, declarations, signals, the ``task-sent`` event published in the same thread)
-and blocks: an asyncio caller had to hop to a thread for it. Here the message is built by
-Celery's own ``amqp.as_task_v2`` (the protocol 2 headers, properties and body a worker
-reads), then wrapped the way kombu's Redis transport wraps it (the base64 body and the
-``delivery_info`` envelope of ``Channel.basic_publish``), ready for one ``LPUSH`` onto the
-queue's list: what ``send_task`` with the same options puts there, up to the per-message
-``delivery_tag`` (a fresh uuid either way) and ``reply_to`` (which no invoke task reads:
-results live in the ledger). tests/unit/test_task_messages.py compares the two.
+pool, routing, declarations, signals) and blocks: an asyncio caller had to hop to a thread for
+it. Here the message is built by Celery's own ``amqp.as_task_v2`` (the protocol 2 headers,
+properties and body a worker reads), then wrapped the way kombu's Redis transport wraps it
+(the base64 body and the ``delivery_info`` envelope of ``Channel.basic_publish``), ready for
+one ``LPUSH`` onto the queue's list: what ``send_task`` with the same options puts there, up
+to the per-message ``delivery_tag`` (a fresh uuid either way) and ``reply_to`` (which no
+invoke task reads: results live in the ledger). tests/unit/test_task_messages.py compares the
+two.
 
 Only for a plain Redis broker without message signing (:func:`fast_publish_possible`):
 with signing the body must go through Celery's ``auth`` serializer, and another broker
@@ -47,11 +47,10 @@ def fast_publish_possible(settings: Settings) -> bool:
 
 @dataclass(frozen=True)
 class QueuedMessage:
-    """One message as the Redis transport stores it, and its ``task-sent`` event's fields (or none)."""
+    """One message as the Redis transport stores it (its ``task-sent`` goes through the Dispatcher)."""
 
     queue: str
     payload: str
-    sent_event: dict[str, Any]
 
 
 class TaskMessages:
@@ -61,7 +60,6 @@ class TaskMessages:
         self._app = app
         self._amqp = app.amqp
         self._queue = queue
-        self._sent_events = bool(app.conf.task_send_sent_event)
 
     def build(
         self,
@@ -86,11 +84,11 @@ class TaskMessages:
             soft_time_limit=soft_s,  # type: ignore[arg-type]
             shadow=shadow,
             ignore_result=True,
-            create_sent_event=self._sent_events,
+            create_sent_event=False,  # the gateway batches task-sent itself (Dispatcher.announce_sent)
             reply_to=self._app.thread_oid,
             now=now,
         )
-        headers, properties, body, sent_event = message
+        headers, properties, body, _ = message
         content_type, content_encoding, data = dumps(body, serializer="json")
         properties = {
             **properties,
@@ -109,7 +107,4 @@ class TaskMessages:
             "headers": headers,
             "properties": properties,
         }
-        event = dict(sent_event or {})
-        if event:  # as send_task completes it before publishing
-            event.update(queue=self._queue, exchange="", routing_key=self._queue)
-        return QueuedMessage(self._queue, json_dumps(envelope), event)
+        return QueuedMessage(self._queue, json_dumps(envelope))
