@@ -7,7 +7,7 @@ properties and body a worker reads), then wrapped the way kombu's Redis transpor
 (the base64 body and the ``delivery_info`` envelope of ``Channel.basic_publish``), ready for
 one ``LPUSH`` onto the queue's list: what ``send_task`` with the same options puts there, up
 to the per-message ``delivery_tag`` (a fresh uuid either way) and ``reply_to`` (which no
-invoke task reads: results live in the ledger). tests/unit/test_task_messages.py compares the
+invoke task reads: results live in the ledger). tests/integration/test_task_messages.py compares the
 two.
 
 Only for a plain Redis broker without message signing (:func:`fast_publish_possible`):
