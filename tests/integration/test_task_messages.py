@@ -19,10 +19,13 @@ import redis
 from tests.harness import Proc
 from workers.celery_config import configured_app
 from workers.core.models import ToolCall
+from workers.core.run_health import RunStatus
 from workers.gateway.client import ToolGateway
 from workers.gateway.task_messages import TaskMessages, fast_publish_possible
 from workers.settings import Settings
 from workers.store.keys import broker_queue_key
+from workers.store.ledger import Ledger, Registration
+from workers.store.sessions import SessionStore
 from workers.task_names import INVOKE_TASK
 
 
@@ -105,3 +108,42 @@ async def test_a_worker_runs_calls_published_from_the_loop(
     assert record is not None
     assert record.result is not None
     assert record.result.text == "hi 2"
+
+
+def test_the_register_script_pushes_only_a_new_call_of_a_running_run(ledger: Ledger) -> None:
+    # Registration and publication are one step: a resubmitted id or a call of an ended run
+    # leaves no message behind (a worker would only refuse it).
+    client = ledger.client
+    queue = broker_queue_key("q.test")
+    keys = ledger.keys("s", "r1")
+    sessions = SessionStore(ledger)
+    sessions.begin_run("s", "r1", "main", now_ms=1_000, deadline_ms=60_000, writer="test")
+
+    def register(call_id: str) -> Registration:
+        push = (queue, f"message of {call_id}")
+        fields = {"tool": "echo", "dispatched": "1"}
+        return ledger.register_call(keys, call_id, now_ms=2_000, deadline_ms=9_000, fields=fields, push=push)
+
+    assert register("c1").created
+    assert not register("c1").created  # the same id again: registered once, pushed once
+    assert client.lrange(queue, 0, -1) == ["message of c1"]
+    assert sessions.end_run("s", "r1", RunStatus.COMPLETED, now_ms=3_000)
+    assert register("c2").refused
+    assert client.lrange(queue, 0, -1) == ["message of c1"]
+    assert ledger.record(keys, "c2") is None
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_runs_calls_the_sync_gateway_registered_and_published_in_one_step(
+    worker: Proc, gateway: ToolGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not fast_publish_possible(gateway.settings):
+        pytest.skip("the broker is not the ledger's single Redis: send_task publishes")
+
+    def no_send_task(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a first dispatch must ride in the register script, not send_task")
+
+    monkeypatch.setattr(gateway._app, "send_task", no_send_task)
+    calls = [ToolCall(id=f"c{n}", name="echo", arguments={"text": f"hi {n}"}) for n in range(3)]
+    results = gateway.call_tools(session_key="fast-sync", run_id="r1", calls=calls)
+    assert [r.text for r in results] == ["hi 0", "hi 1", "hi 2"], results

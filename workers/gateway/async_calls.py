@@ -26,7 +26,6 @@ from workers.gateway.cancelling import Canceller
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.persister import Persister
 from workers.gateway.provider_turns import aanswer_message
-from workers.gateway.task_messages import TaskMessages, fast_publish_possible
 from workers.gateway.waiting import Batch
 from workers.runtime import Runtime, open_async_ledger
 from workers.settings import Settings
@@ -64,11 +63,6 @@ class AsyncCalls:
         self._pool = ThreadPoolExecutor(max_workers=_SUBMIT_THREADS, thread_name_prefix="unstuck-submit")
         self._async_waiters: dict[asyncio.AbstractEventLoop, AsyncWaiter] = {}
         self._async_submitters: dict[asyncio.AbstractEventLoop, AsyncSubmitter] = {}
-        self._task_messages = (
-            TaskMessages(self._app, self.settings.broker.queue)
-            if fast_publish_possible(self.settings)
-            else None
-        )
 
     async def acall_tools(
         self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
@@ -162,7 +156,6 @@ class AsyncCalls:
             self._async_submitters[loop] = AsyncSubmitter(
                 self._path,
                 self._dispatcher,
-                self._task_messages,
                 ledger,
                 self._offload,
                 writer=self._writer,

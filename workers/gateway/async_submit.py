@@ -4,31 +4,29 @@ The asyncio twin of the last stage of :class:`workers.gateway.call_path.CallPath
 whose earlier stages need no store (no loop detection, no circuit breakers, no call refused
 at admission: :meth:`CallPath.storeless_until_registration`) passes them on the loop (the
 first call of a run opens it on the submission pool: two round trips); each call is then
-registered through the asyncio ledger (the same script and arguments as the sync ledger)
-and its message pushed onto the broker's Redis list (:mod:`workers.gateway.task_messages`),
-its ``task-sent`` event left to the gateway's event thread. Anything else (loop detection,
+registered through the asyncio ledger (the same script and arguments as the sync ledger),
+whose register script pushes its message onto the broker's Redis list in the same step
+(:mod:`workers.gateway.task_messages`), its ``task-sent`` event left to the gateway's event
+thread. Anything else (loop detection,
 breakers, a refusal, an aborted run, a signed or non-Redis broker) takes the sync path on
 the submission pool, as before. The guarantees are the same either way: first writer wins,
-the call is marked dispatched before its message exists, and a message the broker did not
-take is answered ``dispatch_failed``.
+and a call is registered with its message or not at all (a store failure leaves it
+unsubmitted, answered as a call the store did not take).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-from workers.core.models import CallJob, ToolCall
+from workers.core.models import ToolCall
 from workers.errors import StoreError
 from workers.gateway.call_path import CallPath, InFlight
 from workers.gateway.dispatching import Dispatcher, task_id
-from workers.gateway.task_messages import TaskMessages
 from workers.gateway.waiting import Batch
 from workers.store.aledger import AsyncLedger
-from workers.store.keys import RunKeys, broker_queue_key
-from workers.task_names import INVOKE_TASK, invoke_task_label
+from workers.store.keys import RunKeys
 
 __all__ = ["AsyncSubmitter"]
 
@@ -47,7 +45,6 @@ class AsyncSubmitter:
         self,
         path: CallPath,
         dispatcher: Dispatcher,
-        messages: TaskMessages | None,
         ledger: AsyncLedger,
         offload: Offload,
         *,
@@ -56,7 +53,6 @@ class AsyncSubmitter:
     ) -> None:
         self._path = path
         self._dispatcher = dispatcher
-        self._messages = messages  # None: the broker needs Celery's own publish (thread path)
         self._ledger = ledger
         self._offload = offload
         self._writer = writer
@@ -79,7 +75,7 @@ class AsyncSubmitter:
 
     async def _submit(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> Batch:
         path = self._path
-        if self._messages is None or not path.storeless_until_registration(agent_id, calls):
+        if self._dispatcher.messages is None or not path.storeless_until_registration(agent_id, calls):
             result: Batch = await self._offload(path.submit_all, keys, agent_id, calls)
             return result
         async with self._turns:
@@ -110,9 +106,12 @@ class AsyncSubmitter:
         batch.deadlines[call.id] = job.deadline_ms
         batch.submitted[call.id] = job.submitted_ms
         fields = self._dispatcher.registration_fields(keys, job)
+        # The message rides in the register script (see Dispatcher): registered and
+        # published in one step, or neither.
+        push = self._dispatcher.queued_message(keys, job, self._path.loop_warning(in_flight))
         try:
             registration = await self._ledger.register_call(
-                keys, call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
+                keys, call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields, push=push
             )
         except StoreError as exc:
             self._path.unsubmitted(batch, call, now, exc)
@@ -121,28 +120,5 @@ class AsyncSubmitter:
         if registration.refused:
             # The run ended meanwhile: its refusal is read and stored synchronously (rare).
             await self._offload(self._path.refuse, batch, call, registration.run_status)
-        elif registration.created and self._messages is not None:
-            try:
-                await self._publish(self._messages, keys, job, self._path.loop_warning(in_flight))
-            except StoreError as exc:
-                # Stored by the waiter first thing (answered locally past the margin if
-                # the store stays away), as a call the store did not take.
-                batch.deadlines[call.id] = now
-                batch.fallbacks[call.id] = self._dispatcher.dispatch_failed(job, exc)
-
-    async def _publish(
-        self, messages: TaskMessages, keys: RunKeys, job: CallJob, loop_warning: dict[str, Any] | None
-    ) -> None:
-        """Push the call's message onto the broker's list (raises ``StoreError``)."""
-        message = messages.build(
-            INVOKE_TASK,
-            task_id=task_id(keys, job.call.id, 0),
-            kwargs=self._dispatcher.message_kwargs(job, loop_warning),
-            soft_s=job.soft_s,
-            hard_s=job.hard_s,
-            expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
-            shadow=invoke_task_label(job.call.name, job.session_key, job.run_id),
-            now=datetime.now(tz=UTC),
-        )
-        await self._ledger.push_message(broker_queue_key(message.queue), message.payload)
-        self._dispatcher.announce_sent(job, task_id(keys, job.call.id, 0))
+        elif registration.created:
+            self._dispatcher.announce_sent(job, task_id(keys, job.call.id, 0))

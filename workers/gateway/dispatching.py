@@ -16,8 +16,9 @@ from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import RejectedCall
 from workers.core.results import not_allowed_result, rejected_result, synthetic_result
 from workers.errors import InvalidArguments, ToolNotFound
+from workers.gateway.task_messages import TaskMessages, fast_publish_possible
 from workers.settings import Settings
-from workers.store.keys import RunKeys
+from workers.store.keys import RunKeys, broker_queue_key
 from workers.store.ledger import Ledger, Registration
 from workers.store.records import CallField
 from workers.task_names import INVOKE_TASK, invoke_task_id, invoke_task_label
@@ -42,6 +43,11 @@ class Dispatcher:
 
     ``on_sent`` gets the ``task-sent`` event fields of each published task (to batch them for
     Flower: Celery's own ``task_send_sent_event`` is off, it cost a publish per call).
+
+    With a plain Redis broker on the ledger's own node (:func:`fast_publish_possible`), a new
+    call's message is built here (:mod:`workers.gateway.task_messages`) and pushed by the
+    register script itself: one round trip registers and publishes, without ``send_task``.
+    Otherwise (signing, another broker, Redis Cluster, a redispatch) ``send_task`` publishes.
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class Dispatcher:
         self._writer = writer
         self._now_ms = now_ms
         self._on_sent = on_sent
+        self.messages = TaskMessages(app, settings.broker.queue) if fast_publish_possible(settings) else None
 
     def reject_early(self, call: ToolCall, agent_id: str) -> ToolResult | None:
         """The answer to a call that must not run, or None when it may be dispatched.
@@ -142,12 +149,34 @@ class Dispatcher:
         A ``loop_warning`` rides along in the message, so Flower shows it with the call's task.
         """
         fields = self.registration_fields(keys, job)
+        push = self.queued_message(keys, job, loop_warning)
         registration = self._ledger.register_call(
-            keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields
+            keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields, push=push
         )
         if registration.created and not registration.refused:
-            self.dispatch(keys, job, attempt=0, loop_warning=loop_warning)
+            if push is None:
+                self.dispatch(keys, job, attempt=0, loop_warning=loop_warning)
+            else:
+                self.announce_sent(job, task_id(keys, job.call.id, 0))
         return registration
+
+    def queued_message(
+        self, keys: RunKeys, job: CallJob, loop_warning: dict[str, Any] | None
+    ) -> tuple[str, str] | None:
+        """The first dispatch's message for the register script to push, or None (``send_task``)."""
+        if self.messages is None:
+            return None
+        message = self.messages.build(
+            INVOKE_TASK,
+            task_id=task_id(keys, job.call.id, 0),
+            kwargs=self.message_kwargs(job, loop_warning),
+            soft_s=job.soft_s,
+            hard_s=job.hard_s,
+            expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
+            shadow=invoke_task_label(job.call.name, job.session_key, job.run_id),
+            now=datetime.now(tz=UTC),
+        )
+        return broker_queue_key(message.queue), message.payload
 
     def registration_fields(self, keys: RunKeys, job: CallJob) -> dict[str, str]:
         """The call record's fields for a call about to be published (first attempt)."""

@@ -5,7 +5,8 @@ pool, routing, declarations, signals) and blocks: an asyncio caller had to hop t
 it. Here the message is built by Celery's own ``amqp.as_task_v2`` (the protocol 2 headers,
 properties and body a worker reads), then wrapped the way kombu's Redis transport wraps it
 (the base64 body and the ``delivery_info`` envelope of ``Channel.basic_publish``), ready for
-one ``LPUSH`` onto the queue's list: what ``send_task`` with the same options puts there, up
+one ``LPUSH`` onto the queue's list (done by the register script, see
+:class:`workers.gateway.dispatching.Dispatcher`): what ``send_task`` with the same options puts there, up
 to the per-message ``delivery_tag`` (a fresh uuid either way) and ``reply_to`` (which no
 invoke task reads: results live in the ledger). tests/integration/test_task_messages.py compares the
 two.

@@ -172,11 +172,18 @@ class AsyncLedger:
         return await self._listener.wait(keys.done, timeout_s, mine=mine)
 
     async def register_call(
-        self, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, fields: dict[str, str]
+        self,
+        keys: RunKeys,
+        call_id: str,
+        *,
+        now_ms: int,
+        deadline_ms: int,
+        fields: dict[str, str],
+        push: tuple[str, str] | None = None,
     ) -> Registration:
         """Record a new call and read its run's status and guard state (``Ledger.register_call``)."""
         step = RegisterStep(
-            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields, ttl_s=self.ttl_s
+            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields, ttl_s=self.ttl_s, push=push
         )
 
         def index(pipe: Pipeline) -> None:
@@ -184,11 +191,6 @@ class AsyncLedger:
 
         async with astore_errors():
             return step.registration(await self._script(self._register, *step.script_call, index))
-
-    async def push_message(self, queue_key: str, payload: str) -> None:
-        """Append a broker message to its queue's list (see :mod:`workers.gateway.task_messages`)."""
-        async with astore_errors():
-            await self.client.lpush(queue_key, payload)
 
     def with_fallback(self, result: ToolResult) -> ToolResult:
         """``result``, or its tool's configured fallback (as ``Ledger.with_fallback``)."""

@@ -134,7 +134,9 @@ A tool's shared circuit breaker (``tools.breakers``) keeps its two keys under th
 breaker is global across sessions, which is its point.
 
 Every Lua script declares every key it touches in ``KEYS``, and every script but the
-sweep's touches one run's (or one session's, or one bucket's) slot. The sweep's scripts
+sweep's touches one run's (or one session's, or one bucket's) slot; the register script may
+also push the call's task message onto the broker queue's list, only when the broker is a
+plain Redis on the ledger's own single node (never on a cluster client). The sweep's scripts
 (``sweep_calls.lua``, ``sweep_runs.lua``) take one bucket's page of members with the keys
 of their records; those keys span many slots, which a single Redis node allows and Redis
 Cluster refuses, so on a cluster client the sweep pipelines the same reads instead (see

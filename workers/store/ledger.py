@@ -222,16 +222,26 @@ class Ledger:
         ).created
 
     def register_call(
-        self, keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, fields: dict[str, str]
+        self,
+        keys: RunKeys,
+        call_id: str,
+        *,
+        now_ms: int,
+        deadline_ms: int,
+        fields: dict[str, str],
+        push: tuple[str, str] | None = None,
     ) -> Registration:
         """Record a new call and read its run's status and guard state, in one round trip.
+
+        ``push`` (a broker queue's list key and a task message) is pushed in the same script
+        when the call is new and its run accepts it: registered and published in one step.
 
         Raises:
             ValueError: when ``fields`` names a field the call record does not declare.
             StoreError: when Redis fails.
         """
         step = RegisterStep(
-            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields, ttl_s=self.ttl_s
+            keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields, ttl_s=self.ttl_s, push=push
         )
 
         def index(pipe: Pipeline) -> None:

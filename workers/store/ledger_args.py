@@ -43,11 +43,25 @@ def done_expire_s(ttl_s: int) -> int:
 
 
 def register_call(
-    keys: RunKeys, call_id: str, *, now_ms: int, deadline_ms: int, ttl_s: int, fields: list[str]
+    keys: RunKeys,
+    call_id: str,
+    *,
+    now_ms: int,
+    deadline_ms: int,
+    ttl_s: int,
+    fields: list[str],
+    push: tuple[str, str] | None = None,
 ) -> ScriptCall:
-    """``ledger_register.lua``: ``fields`` flattened field/value pairs of the new record."""
+    """``ledger_register.lua``: ``fields`` flattened field/value pairs of the new record.
+
+    ``push`` (a list key, a message) is pushed by the script when the call is new.
+    """
     script_keys = [keys.call(call_id), keys.calls, keys.open, keys.run]
-    return script_keys, [call_id, now_ms, deadline_ms, ttl_s, KEYS_REFRESH_S, *fields]
+    message = ""
+    if push is not None:
+        script_keys.append(push[0])
+        message = push[1]
+    return script_keys, [call_id, now_ms, deadline_ms, ttl_s, KEYS_REFRESH_S, message, *fields]
 
 
 def claim_call(

@@ -56,6 +56,7 @@ class RegisterStep:
     deadline_ms: int
     fields: dict[str, str]
     ttl_s: int
+    push: tuple[str, str] | None = None  # a broker queue's list and the call's message
 
     def __post_init__(self) -> None:
         undeclared = sorted(set(self.fields) - set(CALL.fields))
@@ -73,6 +74,7 @@ class RegisterStep:
             deadline_ms=self.deadline_ms,
             ttl_s=self.ttl_s,
             fields=flat,
+            push=self.push,
         )
 
     def index(self, pipe: _IndexPipe, index_ttl: IndexTtl, lease_ttl_ms: int) -> None:

@@ -1,8 +1,12 @@
--- Register a call once. KEYS: call, calls, open, run. ARGV: call_id, now_ms, deadline_ms,
--- ttl_s, refresh_s, then field/value pairs. Returns {created, run_status, guard_remaining}:
+-- Register a call once. KEYS: call, calls, open, run[, broker queue]. ARGV: call_id, now_ms,
+-- deadline_ms, ttl_s, refresh_s, message ('' for none), then field/value pairs. Returns {created, run_status, guard_remaining}:
 --   created 1 when new, 0 when the id was already registered (a resubmission after a gateway
 --   restart must not dispatch twice), -1 when the run is no longer running (fencing: a
 --   superseded, aborted or timed-out run cannot start new calls).
+-- With a message and the broker queue's list (a Redis broker on this same single node), a new
+-- call's task message is pushed here too: registration and publication are one step, so no
+-- call is registered without its message or published unregistered, and the gateway saves a
+-- round trip and Celery's publish path (workers/gateway/task_messages.py).
 -- The run record rides along so the gateway needs no separate read per batch; it is read
 -- once, with the run summary this registration updates.
 --
@@ -25,7 +29,7 @@ end
 local now, deadline = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, refresh = tonumber(ARGV[4]), tonumber(ARGV[5])
 local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'submitted_ms', ARGV[2], 'deadline_ms', ARGV[3],
            'attempt', 0, unpack(fields))
 redis.call('EXPIRE', KEYS[1], ttl + refresh + math.max(0, math.ceil((deadline - now) / 1000)))
@@ -37,5 +41,8 @@ else
   redis.call('EXPIRE', KEYS[2], ttl + 2 * refresh)
   redis.call('EXPIRE', KEYS[3], ttl + 2 * refresh)
   write_summary(KEYS[4], run, ARGV[2], 1, 0, 'keys_ttl_ms', ARGV[2])
+end
+if ARGV[6] ~= '' then
+  redis.call('LPUSH', KEYS[5], ARGV[6])
 end
 return {1, status, guard}
