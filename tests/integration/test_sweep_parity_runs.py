@@ -347,7 +347,7 @@ def write_run(store: SessionStore, n: int, case: RunCase) -> None:
         client.delete(keys.run)
 
 
-RUNS_BOUNDARY = ("if now - last < stalled then", "if now - last <= stalled then")
+RUNS_BOUNDARY = ("if last > fresh_after then", "if last >= fresh_after then")  # idle < vs <= stalled
 
 
 def _observe_runs(store: SessionStore, sink: RecordingSink) -> dict[int, RunOutcome]:
