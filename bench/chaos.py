@@ -26,8 +26,9 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.chaos_faults import SweepPulse, Unattended, hog_every_slot, kill_everything, unattended_failures
@@ -444,7 +445,12 @@ def run(options: Options) -> int:
         cluster.others.append(start_beat(cluster.env))
         tally, stop = Tally(), threading.Event()
         agents = [
-            threading.Thread(target=_agent_loop, args=(settings, i, options.seed, tally, stop), daemon=True)
+            threading.Thread(
+                target=_agent_loop,
+                args=(settings, i, options.seed, tally, stop),
+                name=f"chaos-{i}",
+                daemon=True,
+            )
             for i in range(options.sessions)
         ]
         for agent in agents:
@@ -455,8 +461,12 @@ def run(options: Options) -> int:
         _inject(options, cluster, settings, tally, rng, watch)
         stop.set()
         drain_started = time.monotonic()
-        for thread in [*agents, *watch.hogs]:
-            thread.join(180)
+        _drain(
+            [*agents, *watch.hogs],
+            options.progress_s,
+            limit_s=120.0,
+            show=_open_calls_of(tally, watch.ledger),
+        )
         print(f"chaos: sessions drained in {time.monotonic() - drain_started:.1f}s", flush=True)
         if any(agent.is_alive() for agent in agents):
             tally.note("session errors", "a session was still waiting 120 s after the end")
@@ -471,6 +481,58 @@ def run(options: Options) -> int:
     finally:
         cluster.close()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _open_calls_of(tally: Tally, ledger: Ledger) -> Callable[[str], str]:
+    """What the ledger says about a session's unanswered calls (its latest run)."""
+
+    def show(session: str) -> str:
+        with tally.lock:
+            runs = [r for s, r, _ in tally.submitted if s == session]
+        if not runs:
+            return "no calls submitted"
+        keys = ledger.keys(session, runs[-1])
+        try:
+            open_calls = ledger.open_calls(keys, ledger.run_call_ids(keys))
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not end the soak
+            return f"ledger unreadable: {exc}"
+        now_ms = int(time.time() * 1000)
+        return (
+            "; ".join(
+                f"{c.call_id} {c.tool} {c.state} attempt {c.attempt} "
+                f"lease {'alive' if c.lease_alive else 'gone'} "
+                f"deadline in {c.deadline_ms - now_ms} ms"
+                for c in open_calls
+            )
+            or "ledger: every call answered"
+        )
+
+    return show
+
+
+def _drain(
+    threads: list[threading.Thread], progress_s: float, limit_s: float, show: Callable[[str], str]
+) -> None:
+    """Wait for the sessions to finish; name the ones still waiting, and show where they wait."""
+    started, stacks_shown = time.monotonic(), False
+    while (alive := [t for t in threads if t.is_alive()]) and time.monotonic() - started < limit_s:
+        alive[0].join(progress_s)
+        waited = time.monotonic() - started
+        if still := [t.name for t in threads if t.is_alive()]:
+            print(f"[drain {waited:5.1f}s] still waiting: {', '.join(still)}", flush=True)
+        if still and not stacks_shown and waited >= 3 * progress_s:
+            _print_stacks([t for t in threads if t.is_alive()], show)
+            stacks_shown = True
+
+
+def _print_stacks(threads: list[threading.Thread], show: Callable[[str], str]) -> None:
+    frames = sys._current_frames()  # the only way to see where a live thread waits
+    for thread in threads:
+        frame = frames.get(thread.ident or -1)
+        if frame is not None:
+            where = "".join(traceback.format_stack(frame)[-12:])
+            print(f"--- {thread.name} waits in:\n{where}", flush=True)
+            print(f"--- {thread.name}: {show(thread.name)}", flush=True)
 
 
 def _audit_watchdog(report: Report, watch: Watch, settings: Settings) -> None:

@@ -54,6 +54,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         },
         "task_acks_late": False,
         "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
+        # A worker takes a message only when a pool slot is free (Redis broker; Celery ignores it
+        # on RabbitMQ). A message it held while every slot was busy died with a SIGKILLed main
+        # process: kombu restores it only after the visibility timeout, so the call waited for
+        # its deadline (a hog's: 150 s) though other workers were idle (chaos seed 412917878).
+        "worker_disable_prefetch": True,
         "worker_send_task_events": True,
         # The gateway sends task-sent itself, batched (workers.task_events): Celery's cost a
         # publish per call.

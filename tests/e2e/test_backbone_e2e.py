@@ -171,6 +171,42 @@ def test_idempotent_call_of_a_dead_worker_is_rerun_on_another(
     assert elapsed_s <= _deadline_s(final) + GRACE_S
 
 
+@pytest.mark.timeout(90)
+def test_a_call_queued_behind_a_busy_worker_runs_elsewhere_when_that_worker_dies(
+    processes: Processes, backbone_env: dict[str, str], gateway: ToolGateway
+) -> None:
+    # Given a worker whose only slot is busy and a second call published behind it
+    busy = processes.worker(backbone_env, name="w1", concurrency=1)
+    ledger, queue = gateway._rt.ledger, gateway.settings.broker.queue
+    holder = _call_in_thread(
+        gateway, "s-busy", "r1", ToolCall(id="a1", name="slow", arguments={"seconds": 30})
+    )
+    _await_running(ledger, "s-busy", "r1", "a1")
+    queued = _call_in_thread(
+        gateway, "s-queued", "r1", ToolCall(id="b1", name="slow", arguments={"seconds": 0.2})
+    )
+    wait_until(lambda: ledger.client.llen(queue) == 1, timeout_s=10, what="b1 waiting in the broker queue")
+    # the worker answers a control request after its consumer loop saw the new message
+    reserved = gateway._app.control.inspect(timeout=5).reserved() or {}
+    # Then the busy worker has not taken it (it would die with the worker's main process)
+    assert [tasks for name, tasks in reserved.items() if name.startswith("w1@")] == [[]], reserved
+    assert ledger.client.llen(queue) == 1
+    # When that worker's host dies and another worker starts
+    orphans = busy.children()
+    processes.strays.extend(orphans)
+    busy.kill_hard()
+    kill_pids(orphans)
+    started = time.monotonic()
+    processes.worker(backbone_env, name="w2", concurrency=1)
+    results = queued.join(timeout_s=30)
+    # Then the queued call runs there at once, not at its 40 s deadline
+    waited_s = queued.returned_at[0] - started
+    print(f"queued call answered {waited_s:.2f}s after the second worker was started")
+    assert [(r.tool_call_id, r.text, r.is_error) for r in results] == [("b1", "slow done", False)]
+    assert waited_s < 15
+    assert [r.reason for r in holder.join(timeout_s=LEASE_TTL_S + 10)] == ["worker_lost"]
+
+
 # -- Redis restarts mid-call ------------------------------------------------------------------
 
 

@@ -20,7 +20,9 @@ from tests.harness import REPO
 pytestmark = [pytest.mark.slow]
 
 
-@pytest.mark.timeout(180)
+# The soak bounds itself (its drain gives up after 120 s and prints where sessions wait):
+# a timeout here would hide that report, so it only catches a soak that hangs past its bounds.
+@pytest.mark.timeout(330)
 def test_short_chaos_soak_loses_nothing_and_answers_nothing_twice() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bench.chaos", "--minutes", "0.5", "--sessions", "8"],
@@ -28,7 +30,7 @@ def test_short_chaos_soak_loses_nothing_and_answers_nothing_twice() -> None:
         env=clean_env(),
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=320,
         check=False,
     )
     print(done.stdout[-4000:], done.stderr[-2000:])
