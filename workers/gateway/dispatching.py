@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +37,23 @@ def task_id(keys: RunKeys, call_id: str, attempt: int) -> str:
 
 def _no_event(fields: dict[str, Any]) -> None:
     return None
+
+
+@dataclass(frozen=True)
+class InvokeOptions:
+    """What every message of a call carries besides its job: one place computes it."""
+
+    expires: datetime  # the broker drops a message nobody took by the call's deadline
+    label: str  # the name Flower shows (tool, session, run)
+    queue: str
+
+    @classmethod
+    def of(cls, job: CallJob, queue: str) -> InvokeOptions:
+        return cls(
+            expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
+            label=invoke_task_label(job.call.name, job.session_key, job.run_id),
+            queue=queue,
+        )
 
 
 class Dispatcher:
@@ -166,14 +184,15 @@ class Dispatcher:
         """The first dispatch's message for the register script to push, or None (``send_task``)."""
         if self.messages is None:
             return None
+        options = InvokeOptions.of(job, self.settings.broker.queue)
         message = self.messages.build(
             INVOKE_TASK,
             task_id=task_id(keys, job.call.id, 0),
             kwargs=self.message_kwargs(job, loop_warning),
             soft_s=job.soft_s,
             hard_s=job.hard_s,
-            expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
-            shadow=invoke_task_label(job.call.name, job.session_key, job.run_id),
+            expires=options.expires,
+            shadow=options.label,
             now=datetime.now(tz=UTC),
         )
         return broker_queue_key(message.queue), message.payload
@@ -208,11 +227,15 @@ class Dispatcher:
         Named after the call, as the worker's events are; no args or kwargs: task-received
         brings them, and a task-sent that reaches Flower last must not replace them.
         """
-        expires = datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC)
-        label = invoke_task_label(job.call.name, job.session_key, job.run_id)
-        queue = self.settings.broker.queue
+        options = InvokeOptions.of(job, self.settings.broker.queue)
         self._on_sent(
-            {"uuid": message_id, "name": label, "retries": 0, "expires": expires.isoformat(), "queue": queue}
+            {
+                "uuid": message_id,
+                "name": options.label,
+                "retries": 0,
+                "expires": options.expires.isoformat(),
+                "queue": options.queue,
+            }
         )
 
     def dispatch_failed(self, job: CallJob, exc: Exception) -> ToolResult:
@@ -232,17 +255,17 @@ class Dispatcher:
     ) -> ToolResult | None:
         """Publish the call; on failure store ``dispatch_failed`` and return it."""
         message_id = task_id(keys, job.call.id, attempt)
-        kwargs = self.message_kwargs(job, loop_warning)
+        options = InvokeOptions.of(job, self.settings.broker.queue)
         try:
             self._app.send_task(
                 INVOKE_TASK,
-                kwargs=kwargs,
+                kwargs=self.message_kwargs(job, loop_warning),
                 task_id=message_id,
                 soft_time_limit=job.soft_s,  # type: ignore[arg-type]  # floats work; stubs say int
                 time_limit=job.hard_s,  # type: ignore[arg-type]
-                expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
-                queue=self.settings.broker.queue,
-                shadow=invoke_task_label(job.call.name, job.session_key, job.run_id),
+                expires=options.expires,
+                queue=options.queue,
+                shadow=options.label,
                 ignore_result=True,  # results live in the ledger; skip the backend subscription
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
