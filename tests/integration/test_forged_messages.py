@@ -218,6 +218,7 @@ def test_an_empty_body_on_the_control_queue_does_not_stop_the_watchdog(
         wait_until(lambda: "refused task message empty-control (undecodable)" in watchdog.log(), timeout_s=15)
         assert "Unrecoverable error" not in watchdog.log()
         assert watchdog.process.poll() is None
-        assert _refused(gateway)[RefusalReason.UNDECODABLE] == 1
+        # (the refusal is logged, then counted: wait for the count, do not race it)
+        wait_until(lambda: _refused(gateway)[RefusalReason.UNDECODABLE] == 1, timeout_s=5, what="the count")
     finally:
         watchdog.stop()
