@@ -108,7 +108,8 @@ class AsyncSubmitter:
         fields = self._dispatcher.registration_fields(keys, job)
         # The message rides in the register script (see Dispatcher): registered and
         # published in one step, or neither.
-        push = self._dispatcher.queued_message(keys, job, self._path.loop_warning(in_flight))
+        options = self._dispatcher.invoke_options(job)
+        push = self._dispatcher.queued_message(keys, job, self._path.loop_warning(in_flight), options)
         try:
             registration = await self._ledger.register_call(
                 keys, call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields, push=push
@@ -121,4 +122,4 @@ class AsyncSubmitter:
             # The run ended meanwhile: its refusal is read and stored synchronously (rare).
             await self._offload(self._path.refuse, batch, call, registration.run_status)
         elif registration.created:
-            self._dispatcher.announce_sent(job, task_id(keys, job.call.id, 0))
+            self._dispatcher.announce_sent(options, task_id(keys, job.call.id, 0))

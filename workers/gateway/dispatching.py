@@ -167,7 +167,8 @@ class Dispatcher:
         A ``loop_warning`` rides along in the message, so Flower shows it with the call's task.
         """
         fields = self.registration_fields(keys, job)
-        push = self.queued_message(keys, job, loop_warning)
+        options = self.invoke_options(job)
+        push = self.queued_message(keys, job, loop_warning, options)
         registration = self._ledger.register_call(
             keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields, push=push
         )
@@ -175,16 +176,19 @@ class Dispatcher:
             if push is None:
                 self.dispatch(keys, job, attempt=0, loop_warning=loop_warning)
             else:
-                self.announce_sent(job, task_id(keys, job.call.id, 0))
+                self.announce_sent(options, task_id(keys, job.call.id, 0))
         return registration
 
+    def invoke_options(self, job: CallJob) -> InvokeOptions:
+        """The options of ``job``'s messages, computed once per dispatch."""
+        return InvokeOptions.of(job, self.settings.broker.queue)
+
     def queued_message(
-        self, keys: RunKeys, job: CallJob, loop_warning: dict[str, Any] | None
+        self, keys: RunKeys, job: CallJob, loop_warning: dict[str, Any] | None, options: InvokeOptions
     ) -> tuple[str, str] | None:
         """The first dispatch's message for the register script to push, or None (``send_task``)."""
         if self.messages is None:
             return None
-        options = InvokeOptions.of(job, self.settings.broker.queue)
         message = self.messages.build(
             INVOKE_TASK,
             task_id=task_id(keys, job.call.id, 0),
@@ -221,13 +225,12 @@ class Dispatcher:
             kwargs["loop_warning"] = loop_warning
         return kwargs
 
-    def announce_sent(self, job: CallJob, message_id: str) -> None:
+    def announce_sent(self, options: InvokeOptions, message_id: str) -> None:
         """Hand the published task's ``task-sent`` event to ``on_sent`` (batched for Flower).
 
         Named after the call, as the worker's events are; no args or kwargs: task-received
         brings them, and a task-sent that reaches Flower last must not replace them.
         """
-        options = InvokeOptions.of(job, self.settings.broker.queue)
         self._on_sent(
             {
                 "uuid": message_id,
@@ -255,7 +258,7 @@ class Dispatcher:
     ) -> ToolResult | None:
         """Publish the call; on failure store ``dispatch_failed`` and return it."""
         message_id = task_id(keys, job.call.id, attempt)
-        options = InvokeOptions.of(job, self.settings.broker.queue)
+        options = self.invoke_options(job)
         try:
             self._app.send_task(
                 INVOKE_TASK,
@@ -272,7 +275,7 @@ class Dispatcher:
             result = self.dispatch_failed(job, exc)
             self._ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
             return result
-        self.announce_sent(job, message_id)
+        self.announce_sent(options, message_id)
         if attempt:
             self._ledger.mark_dispatched(keys, job.call.id, message_id)
         return None
