@@ -6,7 +6,8 @@ from workers.core.loops import Detector, LoopVerdict
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
 from workers.gateway.call_path import CallPath, InFlight, Stage
-from workers.gateway.waiting import Abort, Batch, Outstanding
+from workers.gateway.waiting import Abort, Batch, Outstanding, Waiter
+from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.runs import RunAbort
 
@@ -75,3 +76,54 @@ def test_the_waiters_view_leaves_the_batch_alone() -> None:
 
 def batch_result(call_id: str) -> ToolResult:
     return success_result(ToolCall(id=call_id, name="echo"), "ok", elapsed_ms=1, attempt=1)
+
+
+class _ReadsLedger:
+    """Just what Waiter.wait uses of a ledger: every wait is answered at once; reads are noted."""
+
+    def __init__(self) -> None:
+        self.reads: list[list[str]] = []
+
+    def results(self, keys: RunKeys, call_ids: list[str]) -> dict[str, ToolResult]:
+        self.reads.append(list(call_ids))
+        return {}
+
+    def wait_for_results(
+        self, keys: RunKeys, timeout_s: float, *, mine: frozenset[str], read: list[str]
+    ) -> dict[str, ToolResult]:
+        return {
+            cid: success_result(ToolCall(id=cid, name="echo"), "ok", elapsed_ms=1, attempt=1) for cid in read
+        }
+
+
+def _reads_before_blocking(call_ids: list[str], registered_last: str | None) -> list[list[str]]:
+    ledger = _ReadsLedger()
+    waiter = Waiter(
+        ledger,  # type: ignore[arg-type]  # a stand-in with the two methods wait() uses here
+        Settings(),
+        "gw",
+        now_ms=lambda: 1_000,
+        sleep=lambda _: None,
+        redispatch=lambda keys, call_id: None,
+    )
+    batch = _batch()
+    for call_id in call_ids:
+        batch.deadlines[call_id] = 60_000
+    batch.registered_last = registered_last
+    assert set(waiter.wait(batch)) == set(call_ids)
+    return ledger.reads
+
+
+def test_a_batch_of_one_new_call_blocks_without_reading_first() -> None:
+    # Registered by the batch's last round trip: nothing can have answered it yet
+    assert _reads_before_blocking(["c1"], registered_last="c1") == []
+
+
+def test_calls_registered_before_the_last_one_are_read_before_blocking() -> None:
+    # The first call may have been answered (its signal taken by another waiter) meanwhile
+    assert _reads_before_blocking(["c1", "c2"], registered_last="c2") == [["c1"]]
+
+
+def test_a_batch_not_just_registered_reads_all_its_calls_first() -> None:
+    # collect, or a resubmission of calls already registered
+    assert _reads_before_blocking(["c1", "c2"], registered_last=None) == [["c1", "c2"]]

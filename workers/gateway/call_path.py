@@ -94,6 +94,7 @@ class CallPath:
     def submit(self, batch: Batch, call: ToolCall) -> None:
         """Pass ``call`` through the stages until one answers it (or it is dispatched)."""
         in_flight = InFlight(call, now_ms=0)
+        batch.registered_last = None  # this call's stages come after any earlier registration
         for stage in self.stages:
             if stage(batch, in_flight):
                 return
@@ -193,6 +194,8 @@ class CallPath:
             batch.guard_armed = batch.guard_armed or registration.guard_armed
             if registration.refused:
                 self.refuse(batch, call, registration.run_status)
+            elif registration.created and self._dispatcher.messages is not None:
+                batch.registered_last = call.id  # registered and published in that one round trip
         except StoreError as exc:
             self.unsubmitted(batch, call, now, exc)
         return True

@@ -75,6 +75,9 @@ class Batch:
     guard_armed: bool = False
     tools: dict[str, str] = field(default_factory=dict)
     submitted: dict[str, int] = field(default_factory=dict)
+    # The call registered (new) by the batch's last store round trip, if that was the last one:
+    # no worker can have answered it before the first block (see Waiter._read_before_blocking).
+    registered_last: str | None = None
     answers: dict[str, ToolResult] = field(default_factory=dict)
     # Answers prepared while the store was unreachable: stored (first writer wins) as soon as
     # it answers, and what the ledger then holds is delivered.
@@ -201,9 +204,17 @@ class Waiter:
         marked, and, if this one is not blocked yet, pops the marked signal again itself (a
         marked signal is never handed back twice). Reading once before the first block closes
         that gap; the result is written before its signal, so it is there to read.
+
+        The call registered by the batch's last round trip is left out: between that reply and
+        the first block no worker can have taken, run and answered it (the same gap stays open
+        after any read), so for the usual batch of one new call this saves a round trip.
         """
+        batch = out.batch
+        earlier = [call_id for call_id in out.waiting if call_id != batch.registered_last]
+        if not earlier:
+            return
         with contextlib.suppress(StoreError):  # unreachable: the loop's own handling takes over
-            out.learn(self.ledger.results(out.batch.keys, out.waiting))
+            out.learn(self.ledger.results(batch.keys, earlier))
 
     def _check(self, out: Outstanding, undispatched_after_ms: int | None) -> None:
         """Lease and deadline checks, then pick up whatever got answered."""
