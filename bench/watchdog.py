@@ -155,7 +155,6 @@ def _populate_recent(client: redis.Redis, now: int) -> None:
         pipe.hset(keys.call("c1"), mapping=call)
         pipe.expire(keys.call("c1"), 3600)
         pipe.zadd(keys.calls, {"c1": now - 2000})
-        pipe.zadd(keys.open, {"c1": now + 600_000})
         pipe.set(keys.lease("c1"), "w:1", px=LEASE_TTL_MS)
         pipe.zadd(index.due, {keys.due_member("c1"): now + 600_000})
         pipe.zadd(index.leases, {keys.due_member("c1"): now + LEASE_TTL_MS})

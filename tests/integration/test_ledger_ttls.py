@@ -17,7 +17,8 @@ from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
-from workers.store.ledger_args import KEYS_REFRESH_S, OPEN_KEEPER
+from workers.store.ledger_args import KEYS_REFRESH_S
+from workers.store.session_reads import RECENT_CALLS
 from workers.store.sessions import SessionStore
 
 T0 = int(time.time() * 1000)
@@ -76,23 +77,19 @@ def test_an_answer_past_the_deadline_keeps_the_record_ledger_ttl_longer(store: S
 
 
 def test_the_runs_keys_get_their_ttl_at_most_once_a_refresh_interval(store: SessionStore) -> None:
-    # Given a run whose first call set the TTLs of its calls and open keys, lowered by hand
+    # Given a run whose first call set the TTL of its calls key, lowered by hand
     keys = _run(store)
     _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
     assert store.client.ttl(keys.calls) > TTL_S
-    assert store.client.ttl(keys.open) > TTL_S
-    for key in (keys.calls, keys.open):
-        store.client.pexpire(key, LOW_MS)
+    store.client.pexpire(keys.calls, LOW_MS)
     # When another call registers within the interval
     _register(store, keys, "c2", now_ms=T0 + 1000, deadline_ms=T0 + MIN)
-    # Then neither TTL was set again
+    # Then the TTL was not set again
     assert 0 < store.client.pttl(keys.calls) <= LOW_MS
-    assert 0 < store.client.pttl(keys.open) <= LOW_MS
     # When one registers an interval later
     _register(store, keys, "c3", now_ms=T0 + KEYS_REFRESH_S * 1000 + 1, deadline_ms=T0 + 2 * MIN)
-    # Then both are set again
+    # Then it is set again
     assert store.client.ttl(keys.calls) > TTL_S
-    assert store.client.ttl(keys.open) > TTL_S
 
 
 def test_done_gets_its_ttl_when_created_and_else_once_a_refresh_interval(store: SessionStore) -> None:
@@ -117,28 +114,32 @@ def test_done_gets_its_ttl_when_created_and_else_once_a_refresh_interval(store: 
     assert store.client.ttl(keys.done) > TTL_S
 
 
-def test_the_open_set_never_empties_so_it_keeps_its_ttl(store: SessionStore) -> None:
-    # Given a run whose only call was answered
+def test_the_run_summary_counts_open_calls_without_a_set_of_them(store: SessionStore) -> None:
+    # Given a run with two calls, one answered, one claimed and answered twice
     keys = _run(store)
     _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    _register(store, keys, "c2", now_ms=T0, deadline_ms=T0 + MIN)
+    assert store.client.hget(keys.run, "open_n") == "2"
     _answer(store, keys, "c1", T0 + 1)
-    # Then its open set still exists, with its TTL, holding only the keeper
-    assert store.client.zrange(keys.open, 0, -1) == [OPEN_KEEPER]
-    assert store.client.ttl(keys.open) > TTL_S
-    # When the next call registers within the interval, it is in a set that still expires
-    _register(store, keys, "c2", now_ms=T0 + 2, deadline_ms=T0 + MIN)
-    assert store.client.zrange(keys.open, 0, -1) == ["c2", OPEN_KEEPER]
-    assert store.client.ttl(keys.open) > TTL_S
+    store.ledger.claim(keys, "c2", worker_id="w:1", now_ms=T0 + 2, tool="echo", job_digest="d")
+    _answer(store, keys, "c2", T0 + 3)
+    call = ToolCall(id="c2", name="echo")
+    late = synthetic_result(call, SyntheticReason.CANCELLED, elapsed_ms=1, attempt=2)
+    assert not store.ledger.finish(keys, late, now_ms=T0 + 4, writer="w")  # late: audit only
+    # Then each answer counted once, and the run keeps no other key of open calls
+    assert store.client.hmget(keys.run, ["open_n", "claimed_n"]) == ["0", "0"]
+    assert not store.client.exists(f"t:{keys.tag}:open")
 
 
-def test_ending_a_run_answers_its_open_calls_and_not_the_keeper(store: SessionStore) -> None:
+def test_ending_a_run_answers_its_open_calls_only(store: SessionStore) -> None:
     keys = _run(store)
     _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    _register(store, keys, "c2", now_ms=T0, deadline_ms=T0 + MIN)
+    _answer(store, keys, "c2", T0 + 1)
     answered = store.answer_open_calls(
-        "s", "r1", SyntheticReason.CANCELLED, now_ms=T0 + 1, writer="w", detail=" (test)"
+        "s", "r1", SyntheticReason.CANCELLED, now_ms=T0 + 2, writer="w", detail=" (test)"
     )
     assert [call_id for call_id, _ in answered] == ["c1"]
-    assert store.ledger.record(keys, OPEN_KEEPER) is None
 
 
 def test_a_handed_back_signal_that_recreates_done_gives_it_a_ttl(store: SessionStore) -> None:
@@ -151,3 +152,18 @@ def test_a_handed_back_signal_that_recreates_done_gives_it_a_ttl(store: SessionS
     # Then the list exists again, with a TTL
     assert store.client.lrange(keys.done, 0, -1) == ["\x00theirs"]
     assert store.client.ttl(keys.done) > TTL_S
+
+
+def test_activity_finds_open_calls_older_than_the_recent_ones(store: SessionStore) -> None:
+    # Given a run whose first call hangs while a batch wider than the recent window completes
+    keys = _run(store)
+    _register(store, keys, "old", now_ms=T0, deadline_ms=T0 + MIN)
+    for n in range(RECENT_CALLS + 5):
+        _register(store, keys, f"c{n}", now_ms=T0 + 1 + n, deadline_ms=T0 + MIN)
+        if n != 3:
+            _answer(store, keys, f"c{n}", T0 + 100 + n)
+    # When its activity is read
+    calls = store.activity([("s", "r1")])[("s", "r1")]
+    # Then the recent calls are there, and every open call, however old
+    assert len(calls) == RECENT_CALLS + 2  # c3 and old are both older than the recent window
+    assert sorted(call.call_id for call in calls if call.open) == ["c3", "old"]

@@ -50,7 +50,6 @@ def all_keys(keys: RunKeys, call_id: str) -> list[str]:
         keys.late(call_id),
         keys.lease(call_id),
         keys.calls,
-        keys.open,
         keys.done,
         keys.history,
         keys.run,
@@ -82,7 +81,7 @@ def test_key_layout() -> None:
     keys = RunKeys(PREFIX, "s:1", "r{1}")
     assert keys.call("c/1") == "unstuck:{s%3A1/r%7B1%7D}:call:c%2F1"
     assert keys.lease("c") == "unstuck:{s%3A1/r%7B1%7D}:lease:c"
-    assert keys.open == "unstuck:{s%3A1/r%7B1%7D}:open"
+    assert keys.calls == "unstuck:{s%3A1/r%7B1%7D}:calls"
     assert index_keys(PREFIX, 0).due == "unstuck:{" + bucket_tag(0) + "}:due"
 
 

@@ -18,7 +18,6 @@ key                                type    TTL              written by          
                                                             main (renew)
 ``P:{tag}:calls``                  ZSET    ledger.ttl_s     register script     collect, CLI
                                            + 120 s (**)
-``P:{tag}:open``                   ZSET    as ``calls``     register / finish   gateway, watchdog
 ``P:{tag}:done``                   LIST    as ``calls``     finish script       gateway (BLPOP wake-up)
                                            (**)
 ``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
@@ -82,12 +81,12 @@ key                                type    TTL              written by          
 disagree, so claim and finish need not extend it: a record lives at least ``ledger.ttl_s``
 after it is answered. Only a finish past the deadline sets ``ledger.ttl_s`` again.
 
-(**) A run's ``calls`` and ``open`` keys get ``ledger.ttl_s`` + 120 s from a registration
-whose run record's ``keys_ttl_ms`` is a minute old or more (or missing: no run record, then
-every registration sets them), which then records the time: every key written within that
-minute still has ``ledger.ttl_s`` ahead of it. ``done`` likewise from a finish, by
-``done_ttl_ms``. ``open`` keeps the member ``''`` (score 2^53 - 1, after every deadline) so it
-never empties: an emptied key is deleted, and the next call would create it without a TTL.
+(**) A run's ``calls`` key gets ``ledger.ttl_s`` + 120 s from a registration whose run
+record's ``keys_ttl_ms`` is a minute old or more (or missing: no run record, then every
+registration sets it), which then records the time: every key written within that minute
+still has ``ledger.ttl_s`` ahead of it. ``done`` likewise from a finish, by ``done_ttl_ms``.
+``calls`` never empties (no call leaves it). There is no set of a run's open calls: a call is
+open while its record's state is not ``done``, and the run summary counts them (``open_n``).
 ``done`` empties on every wake-up, so the push that creates it (``RPUSH`` returns 1, in finish
 or in a waiter's hand-back) sets its TTL too.
 
@@ -310,11 +309,6 @@ class RunKeys:
     def calls(self) -> str:
         """Every call of the run, scored by submission time (ms)."""
         return self._key("calls")
-
-    @property
-    def open(self) -> str:
-        """Unanswered calls of the run, scored by deadline (ms)."""
-        return self._key("open")
 
     @property
     def done(self) -> str:

@@ -4,7 +4,7 @@ The sync :class:`~workers.store.ledger.Ledger` and the async ledgers run the sam
 build their ``KEYS`` and ``ARGV`` here, so a script's argument list changes in one place.
 
 TTLs: ``ttl_s`` is ``ledger.ttl_s``; ``refresh_s`` (:data:`KEYS_REFRESH_S`) is how often the
-run's ``calls``, ``open`` and ``done`` keys get their TTL again (see ``ledger_register.lua``
+run's ``calls`` and ``done`` keys get their TTL again (see ``ledger_register.lua``
 and the table in :mod:`workers.store.keys`).
 """
 
@@ -18,7 +18,6 @@ from workers.store.keys import RunKeys
 
 __all__ = [
     "KEYS_REFRESH_S",
-    "OPEN_KEEPER",
     "ScriptCall",
     "claim_call",
     "done_expire_s",
@@ -26,19 +25,14 @@ __all__ = [
     "register_call",
 ]
 
-#: Seconds between two refreshes of a run's calls/open/done TTLs (as the index keys' interval).
+#: Seconds between two refreshes of a run's calls/done TTLs (as the index keys' interval).
 KEYS_REFRESH_S = REFRESH_INTERVAL_S
-
-#: The member (score 2^53 - 1, after every deadline) that keeps a run's ``open`` set from
-#: emptying: an emptied set is deleted, and the next registration would create it again without
-#: a TTL. No call has this id (a call id is never empty); readers of ``open`` skip it.
-OPEN_KEEPER = ""
 
 ScriptCall = tuple[list[str], list[Any]]  # (KEYS, ARGV)
 
 
 def done_expire_s(ttl_s: int) -> int:
-    """The TTL a run's ``done`` list (and ``calls``, ``open``) gets when it is set."""
+    """The TTL a run's ``done`` list (and ``calls``) gets when it is set."""
     return ttl_s + 2 * KEYS_REFRESH_S
 
 
@@ -56,7 +50,7 @@ def register_call(
 
     ``push`` (a list key, a message) is pushed by the script when the call is new.
     """
-    script_keys = [keys.call(call_id), keys.calls, keys.open, keys.run]
+    script_keys = [keys.call(call_id), keys.calls, keys.run]
     message = ""
     if push is not None:
         script_keys.append(push[0])
@@ -76,6 +70,6 @@ def finish_call(keys: RunKeys, result: ToolResult, *, now_ms: int, ttl_s: int, w
     """``ledger_finish.lua`` for ``result`` (after any fallback was applied)."""
     call_id = result.tool_call_id
     late, lease = keys.late(call_id), keys.lease(call_id)
-    script_keys = [keys.call(call_id), late, keys.open, keys.done, lease, keys.run]
+    script_keys = [keys.call(call_id), late, keys.done, lease, keys.run]
     args = [call_id, result.to_json(), result.reason or "", now_ms, ttl_s, writer, KEYS_REFRESH_S]
     return script_keys, args

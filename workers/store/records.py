@@ -435,9 +435,6 @@ KEY_RECORDS: Final = (
               "the claiming worker's id; renewed by its main process"),
     KeyRecord("calls", "RunKeys.calls", "ZSET", _RUN_KEYS_TTL,
               "member call id, score submitted ms"),
-    KeyRecord("open", "RunKeys.open", "ZSET", _RUN_KEYS_TTL,
-              "member id of a call without a result, score its deadline ms; and the member ''"
-              " (OPEN_KEEPER, score 2^53 - 1) that keeps the set from emptying"),
     KeyRecord("done", "RunKeys.done", "LIST", _DONE_TTL + " (done_ttl_ms)",
               "ids of answered calls (the waiting gateway's wake-up)"),
     KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",

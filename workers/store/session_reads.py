@@ -24,13 +24,13 @@ from workers.store.keys import (
     parse_run_member,
 )
 from workers.store.ledger import Ledger, store_errors
-from workers.store.ledger_args import OPEN_KEEPER
 from workers.store.records import CALL, LANE, RUN, CallField, LaneField, RunField
 from workers.store.rows import Row
 
 __all__ = ["RECENT_CALLS", "Lane", "RunInfo", "SessionReads"]
 
 RECENT_CALLS = 20
+_OLDER_PAGE = 200  # calls read per step past the recent ones, when the run counts more open
 
 
 @dataclass(frozen=True)
@@ -214,24 +214,32 @@ class SessionReads:
         infos = self.runs(candidates)
         return max(infos, key=lambda info: info.started_ms, default=None)
 
-    def _recent_call_ids(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[tuple[str, str], str]]:
+    def activity(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[CallActivity]]:
+        """Recent and open calls of each run, with their real activity times (two round trips).
+
+        The ``RECENT_CALLS`` latest calls of each run; a run whose summary counts more open
+        calls than those show (a batch wider than that, or an old call still hanging) is read
+        further back, page by page, until they are all found.
+        """
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
             for session_key, run_id in pairs:
                 keys = RunKeys(self.prefix, session_key, run_id)
                 pipe.zrevrange(keys.calls, 0, RECENT_CALLS - 1)
-                pipe.zrange(keys.open, 0, RECENT_CALLS - 1)
+                pipe.hget(keys.run, RunField.OPEN_N)
             raw = pipe.execute() if pairs else []
-        wanted: list[tuple[tuple[str, str], str]] = []
-        for index, pair in enumerate(pairs):
-            ids = dict.fromkeys([*raw[2 * index], *raw[2 * index + 1]])
-            ids.pop(OPEN_KEEPER, None)
-            wanted.extend((pair, str(call_id)) for call_id in ids)
-        return wanted
+        out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair in pairs}
+        out.update(self._activities([(pair, str(cid)) for n, pair in enumerate(pairs) for cid in raw[2 * n]]))
+        for n, pair in enumerate(pairs):
+            missing = int(raw[2 * n + 1] or 0) - sum(call.open for call in out[pair])
+            if missing > 0 and len(raw[2 * n]) == RECENT_CALLS:
+                out[pair].extend(self._older_open_calls(pair, missing))
+        return out
 
-    def activity(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[CallActivity]]:
-        """Recent and open calls of each run, with their real activity times (two round trips)."""
-        wanted = self._recent_call_ids(pairs)
+    def _activities(
+        self, wanted: Sequence[tuple[tuple[str, str], str]]
+    ) -> dict[tuple[str, str], list[CallActivity]]:
+        """The activity of each (run, call id) still registered, by run (one round trip)."""
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
             for (session_key, run_id), call_id in wanted:
@@ -239,12 +247,27 @@ class SessionReads:
                 pipe.hmget(keys.call(call_id), _ACTIVITY_FIELDS)
                 pipe.exists(keys.lease(call_id))
             replies = pipe.execute() if wanted else []
-        out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair in pairs}
+        out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair, _ in wanted}
         for n, (pair, call_id) in enumerate(wanted):
             row = Row.zip(CALL, _ACTIVITY_FIELDS, replies[2 * n])
             if CallField.STATE in row:  # still registered
                 out[pair].append(_activity(call_id, row, bool(replies[2 * n + 1])))
         return out
+
+    def _older_open_calls(self, pair: tuple[str, str], missing: int) -> list[CallActivity]:
+        """Up to ``missing`` open calls of a run older than its ``RECENT_CALLS`` latest."""
+        keys = RunKeys(self.prefix, *pair)
+        found: list[CallActivity] = []
+        start = RECENT_CALLS
+        while len(found) < missing:
+            with store_errors():
+                ids = self.client.zrevrange(keys.calls, start, start + _OLDER_PAGE - 1)
+            if not ids:
+                break
+            page = self._activities([(pair, str(call_id)) for call_id in ids]).get(pair, [])
+            found.extend(call for call in page if call.open)
+            start += _OLDER_PAGE
+        return found[:missing]
 
     def lanes(self, count: int = 1000) -> list[Lane]:
         """Every lane lock (SCAN: for the operator's ``locks`` command, not for sweeps)."""

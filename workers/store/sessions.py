@@ -29,7 +29,6 @@ from workers.core.reaper import answer_open_call
 from workers.core.run_health import RunStatus
 from workers.store.keys import RunKeys, index_keys, member_bucket, run_member, sweep_lock_key
 from workers.store.ledger import Ledger, store_errors
-from workers.store.ledger_args import OPEN_KEEPER
 from workers.store.lua import load_script
 from workers.store.records import CallField, RunField
 from workers.store.session_reads import Lane, RunInfo, SessionReads
@@ -37,6 +36,7 @@ from workers.store.session_reads import Lane, RunInfo, SessionReads
 __all__ = ["Lane", "RunInfo", "SessionStore"]
 
 LANE_LEASE_MARGIN_MS = 60_000
+_OPEN_CALLS_PAGE = 500  # calls per ledger_open.lua script when answering a run's open calls
 
 
 class SessionStore(SessionReads):
@@ -187,10 +187,14 @@ class SessionStore(SessionReads):
     ) -> list[tuple[str, str]]:
         """Answer every unanswered call of a run with ``reason``; returns (call id, task id) answered."""
         keys = RunKeys(self.prefix, session_key, run_id)
-        with store_errors():
-            open_ids = [str(c) for c in self.client.zrange(keys.open, 0, -1) if c != OPEN_KEEPER]
+        call_ids = self.ledger.run_call_ids(keys)
+        open_calls = [  # in pages: one script over thousands of calls would block Redis too long
+            call
+            for start in range(0, len(call_ids), _OPEN_CALLS_PAGE)
+            for call in self.ledger.open_calls(keys, call_ids[start : start + _OPEN_CALLS_PAGE])
+        ]
         answered: list[tuple[str, str]] = []
-        for call in self.ledger.open_calls(keys, open_ids):
+        for call in open_calls:
             result = answer_open_call(call, reason, now_ms=now_ms, detail=detail)
             if self.ledger.finish(keys, result, now_ms=now_ms, writer=writer):
                 record = self.ledger.record(keys, call.call_id)

@@ -1,4 +1,4 @@
--- Store a call's result, first writer wins. KEYS: call, late, open, done, lease, run.
+-- Store a call's result, first writer wins. KEYS: call, late, done, lease, run.
 -- ARGV: call_id, result_json, reason, now_ms, ttl_s, writer, refresh_s.
 -- Returns 1 when this result is the one delivered, 0 when it was kept as late (audit only).
 -- State 'done' is written together with the result (below), so one read of the state tells
@@ -16,20 +16,20 @@ if state == 'done' then
   return 0
 end
 local was_claimed = state == 'running'
+local was_open = state ~= false -- registered (a state), and not answered (not 'done', above)
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3],
            'finished_ms', ARGV[4], 'writer', ARGV[6])
 if tonumber(ARGV[4]) > (tonumber(call[2] or 0) or 0) then
   redis.call('EXPIRE', KEYS[1], ttl)
 end
-local was_open = redis.call('ZREM', KEYS[3], ARGV[1]) == 1
-local signals = redis.call('RPUSH', KEYS[4], ARGV[1])
-local run = read_run(KEYS[6])
-redis.call('DEL', KEYS[5])
+local signals = redis.call('RPUSH', KEYS[3], ARGV[1])
+local run = read_run(KEYS[5])
+redis.call('DEL', KEYS[4])
 local open_delta, claimed_delta = was_open and -1 or 0, was_claimed and -1 or 0
 if signals > 1 and ttl_fresh(run, DONE_TTL, ARGV[4], refresh) then
-  write_summary(KEYS[6], run, ARGV[4], open_delta, claimed_delta)
+  write_summary(KEYS[5], run, ARGV[4], open_delta, claimed_delta)
 else
-  redis.call('EXPIRE', KEYS[4], ttl + 2 * refresh)
-  write_summary(KEYS[6], run, ARGV[4], open_delta, claimed_delta, 'done_ttl_ms', ARGV[4])
+  redis.call('EXPIRE', KEYS[3], ttl + 2 * refresh)
+  write_summary(KEYS[5], run, ARGV[4], open_delta, claimed_delta, 'done_ttl_ms', ARGV[4])
 end
 return 1

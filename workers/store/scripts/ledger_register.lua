@@ -1,4 +1,4 @@
--- Register a call once. KEYS: call, calls, open, run[, broker queue]. ARGV: call_id, now_ms,
+-- Register a call once. KEYS: call, calls, run[, broker queue]. ARGV: call_id, now_ms,
 -- deadline_ms, ttl_s, refresh_s, message ('' for none), then field/value pairs. Returns {created, run_status, guard_remaining}:
 --   created 1 when new, 0 when the id was already registered (a resubmission after a gateway
 --   restart must not dispatch twice), -1 when the run is no longer running (fencing: a
@@ -12,12 +12,12 @@
 --
 -- TTLs (see workers/store/keys.py): the call record is given ttl_s past its deadline (plus one
 -- refresh interval for clocks that disagree), so claim and finish need not extend it; only a
--- finish past the deadline does. The run's calls and open keys get ttl_s + 2 refresh
--- intervals, only when the run record says their last refresh is older than one interval
--- (ttl_fresh). The open set keeps the member '' (scored after every deadline) so it never
--- empties: an emptied key would be deleted, and the next call would create it without a TTL.
-local KEEPER_SCORE = '9007199254740991' -- 2^53 - 1: later than any deadline ms, exact in a double
-local run = read_run(KEYS[4], {'status', 'guard_remaining'})
+-- finish past the deadline does. The run's calls key gets ttl_s + 2 refresh intervals, only
+-- when the run record says its last refresh is older than one interval (ttl_fresh). Calls are
+-- never removed from it, so it never empties (an emptied key would lose its TTL).
+-- Which calls are still open is each record's state (and the run summary's open_n): no set
+-- of open calls is kept, which saved a ZADD here and a ZREM in every finish.
+local run = read_run(KEYS[3], {'status', 'guard_remaining'})
 local status = run[RUN_EXTRA + 1] or ''
 local guard = tonumber(run[RUN_EXTRA + 2] or '0')
 if status ~= '' and status ~= 'running' then
@@ -34,15 +34,13 @@ redis.call('HSET', KEYS[1], 'state', 'pending', 'submitted_ms', ARGV[2], 'deadli
            'attempt', 0, unpack(fields))
 redis.call('EXPIRE', KEYS[1], ttl + refresh + math.max(0, math.ceil((deadline - now) / 1000)))
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1], KEEPER_SCORE, '')
 if ttl_fresh(run, KEYS_TTL, ARGV[2], refresh) then
-  write_summary(KEYS[4], run, ARGV[2], 1, 0)
+  write_summary(KEYS[3], run, ARGV[2], 1, 0)
 else
   redis.call('EXPIRE', KEYS[2], ttl + 2 * refresh)
-  redis.call('EXPIRE', KEYS[3], ttl + 2 * refresh)
-  write_summary(KEYS[4], run, ARGV[2], 1, 0, 'keys_ttl_ms', ARGV[2])
+  write_summary(KEYS[3], run, ARGV[2], 1, 0, 'keys_ttl_ms', ARGV[2])
 end
 if ARGV[6] ~= '' then
-  redis.call('LPUSH', KEYS[5], ARGV[6])
+  redis.call('LPUSH', KEYS[4], ARGV[6])
 end
 return {1, status, guard}

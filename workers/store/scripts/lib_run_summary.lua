@@ -8,8 +8,7 @@
 -- that expired): a summary never creates a run. Every call change pays for this, so it is
 -- one HMGET and at most one HSET (counters never go below zero).
 --
--- The same HMGET reads keys_ttl_ms, when a registration last gave the run's calls and open
--- keys their TTL (ledger.ttl_s + 2 refresh intervals), and done_ttl_ms, when a finish last gave
+-- The same HMGET reads keys_ttl_ms, when a registration last gave the run's calls key its TTL (ledger.ttl_s + 2 refresh intervals), and done_ttl_ms, when a finish last gave
 -- the done list its TTL. Within one refresh interval of it (either side, for clocks that
 -- disagree) those keys are known to outlive ledger.ttl_s, and register and finish skip their
 -- EXPIREs. No record, no field: then they always EXPIRE.
