@@ -158,14 +158,14 @@ class DoneListener:
 
     def _reads(self) -> list[tuple[_Waiting, str, str]]:
         """The results to read behind the next BLPOP: every waiter's, or none past ``_MAX_READS``."""
-        reading = [
-            (w, call_id, record)
-            for waiters in self._waiters.values()
-            for w in waiters
-            if not w.woken.done()
-            for call_id, record in w.reads.items()
-        ]
-        return reading if len(reading) <= _MAX_READS else []
+        reading: list[tuple[_Waiting, str, str]] = []
+        for waiters in self._waiters.values():
+            for waiting in waiters:
+                if not waiting.woken.done():
+                    reading.extend((waiting, call_id, record) for call_id, record in waiting.reads.items())
+                    if len(reading) > _MAX_READS:
+                        return []  # with thousands waiting, stop counting early
+        return reading
 
     async def _deliver(
         self, done_key: str, signal: str, read: Mapping[_Waiting, dict[str, str | None]] | None = None
