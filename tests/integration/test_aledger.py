@@ -67,3 +67,34 @@ async def test_open_calls_and_a_wake_up_match_the_sync_ledger(ledgers: tuple[Led
     await asyncio.to_thread(sync.finish, keys, result, now_ms=2_000, writer="worker")
     assert await asyncio.wait_for(waiting, 2.0)
     assert await aio.results(keys, ["c2"]) == {"c2": result}
+
+
+async def test_a_wake_up_brings_the_results_read_behind_its_signal(
+    ledgers: tuple[Ledger, AsyncLedger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two calls of a run waited on together, and a third run's waiter in the same loop
+    sync, aio = ledgers
+    keys, other = sync.keys("s", "r3"), sync.keys("s", "r4")
+    for call_id in ("a", "b"):
+        _register(sync, keys, call_id)
+    _register(sync, other, "z")
+    assert await aio.wait_for_results(keys, 0.05, mine={"a", "b"}, read=["a", "b"]) is None
+    both = asyncio.create_task(aio.wait_for_results(keys, 5.0, mine={"a", "b"}, read=["a", "b"]))
+    elsewhere = asyncio.create_task(aio.wait_for_results(other, 5.0, mine={"z"}, read=["z"]))
+    await asyncio.sleep(0.05)  # both waiting, the listener blocked on both runs' lists
+
+    async def no_second_round_trip(*_args: object) -> None:
+        raise AssertionError("the results were not read behind the signal")
+
+    monkeypatch.setattr(aio, "results", no_second_round_trip)
+
+    # When one of the two calls is answered
+    result: ToolResult = success_result(ToolCall(id="a", name="echo"), "ok", elapsed_ms=5, attempt=1)
+    await asyncio.to_thread(sync.finish, keys, result, now_ms=2_000, writer="worker")
+
+    # Then its waiter wakes with that answer (the other call has none yet), the other run's not
+    assert await asyncio.wait_for(both, 2.0) == {"a": result}
+    assert not elsewhere.done()
+    late: ToolResult = success_result(ToolCall(id="z", name="echo"), "z", elapsed_ms=5, attempt=1)
+    await asyncio.to_thread(sync.finish, other, late, now_ms=2_000, writer="worker")
+    assert await asyncio.wait_for(elsewhere, 2.0) == {"z": late}

@@ -29,16 +29,28 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from workers.doors.auth import bearer_ok
 from workers.doors.http_calls import CallsDoor
+from workers.doors.http_hot import HotToolCalls
+from workers.doors.http_schema import (
+    CallsAnswer,
+    CancelBody,
+    CompactionBody,
+    EndBody,
+    Format,
+    HeartbeatBody,
+    RepairBody,
+    ToolCallsBody,
+    answer_response,
+    error_response,
+)
 from workers.errors import UnstuckError
 from workers.settings import Settings
 
@@ -48,90 +60,20 @@ T = TypeVar("T")
 
 _SHORT_CALL_THREADS = 16  # heartbeat, end, sessions, health: a few store round trips each
 
-Format = Literal["neutral", "anthropic", "openai-chat", "openai-responses", "gemini"]
-
-
-class ToolCallsBody(BaseModel):
-    """One assistant message whose tool calls are to run."""
-
-    agent_id: str = Field("main", min_length=1, max_length=200)
-    format: Format = "neutral"
-    message: Any = Field(..., description="the assistant message as the provider returned it")
-
-
-class EndBody(BaseModel):
-    """How the run ended."""
-
-    status: Literal["completed", "aborted", "timed_out"] = "completed"
-
-
-class HeartbeatBody(BaseModel):
-    """What the agent is doing (a short label)."""
-
-    agent_id: str = Field("main", min_length=1, max_length=200)
-    what: str = Field("model", max_length=64)
-
-
-class CancelBody(BaseModel):
-    """Which call to cancel; none: every unanswered call of the run."""
-
-    call_id: str | None = Field(None, min_length=1, max_length=256)
-
-
-class CompactionBody(BaseModel):
-    """Which agent compacted its context."""
-
-    agent_id: str = Field("main", min_length=1, max_length=200)
-
-
-class RepairBody(BaseModel):
-    """A transcript to repair."""
-
-    format: Format = "neutral"
-    transcript: Any
-    provider: str | None = None
-    model_api: str | None = None
-    model_id: str | None = None
-
-
-class Abort(BaseModel):
-    """Why the run was aborted (by the loop detector)."""
-
-    reason: str
-    detector: str | None = None
-
-
-class CallsAnswer(BaseModel):
-    """One result per call in call order, what to append in the request's format, and any abort."""
-
-    results: list[dict[str, Any]]
-    append: Any
-    aborted: Abort | None = None
-
-
-def _answer(answer: dict[str, Any]) -> JSONResponse:
-    """A ``CallsAnswer`` already in JSON form (the hot path: no second validation of the results)."""
-    aborted = answer["aborted"]
-    if aborted is not None:
-        aborted = {"reason": aborted["reason"], "detector": aborted.get("detector")}
-    return JSONResponse({"results": answer["results"], "append": answer["append"], "aborted": aborted})
-
-
-def _error(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
-
 
 class _Guard:
     """Bearer tokens on /v1 and a cap on request bodies, before any route runs.
 
     Plain ASGI (Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request):
-    the body is read here, counted, and handed to the route as one message.
+    the body is read here, counted, and handed to the route as one message, or, for a
+    well-formed tool-calls request, answered by ``hot`` (:mod:`workers.doors.http_hot`).
     """
 
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, hot: HotToolCalls) -> None:
         self._app = app
         self._tokens = settings.api.tokens
         self._cap = settings.api.max_body_bytes
+        self._hot = hot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -142,17 +84,21 @@ class _Guard:
         if refusal is None:
             body, complete = await self._read_body(receive)
             if complete:
+                hot = self._hot.parse(scope, body)
+                if hot is not None:
+                    await self._hot.answer(hot, scope, receive, send)
+                    return
                 await self._app(scope, _replay(body, receive), send)
                 return
-            refusal = _error(413, "body_too_large", f"the body is over {self._cap} bytes")
+            refusal = error_response(413, "body_too_large", f"the body is over {self._cap} bytes")
         await refusal(scope, receive, send)
 
     def _refusal(self, path: str, headers: dict[bytes, str]) -> JSONResponse | None:
         if path.startswith("/v1") and not bearer_ok(headers.get(b"authorization"), self._tokens):
-            return _error(401, "unauthorized", "a valid bearer token is required")
+            return error_response(401, "unauthorized", "a valid bearer token is required")
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._cap:
-            return _error(413, "body_too_large", f"the body is over {self._cap} bytes")
+            return error_response(413, "body_too_large", f"the body is over {self._cap} bytes")
         return None
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, bool]:
@@ -196,7 +142,7 @@ def create_api(settings: Settings, door: CallsDoor | None = None) -> FastAPI:
         version="1",
         description="Every tool call gets exactly one result, on time, whatever breaks.",
     )
-    api.add_middleware(_Guard, settings=settings)
+    api.add_middleware(_Guard, settings=settings, hot=HotToolCalls(calls, waiting))
 
     async def blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -218,15 +164,15 @@ def _errors(api: FastAPI) -> None:
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = exc.errors()
         if any(p.get("type") == "json_invalid" for p in problems):
-            return _error(400, "malformed_json", "the body is not valid JSON")
+            return error_response(400, "malformed_json", "the body is not valid JSON")
         text = "; ".join(
             f"{'.'.join(str(x) for x in p.get('loc', ()))}: {p.get('msg')}" for p in problems[:5]
         )
-        return _error(422, "invalid_request", text)
+        return error_response(422, "invalid_request", text)
 
     @api.exception_handler(UnstuckError)
     async def refused(_request: Request, exc: UnstuckError) -> JSONResponse:
-        return _error(422, type(exc).__name__, str(exc))
+        return error_response(422, type(exc).__name__, str(exc))
 
 
 def _routes(
@@ -239,13 +185,13 @@ def _routes(
         """Run the message's tool calls; answers when each has its one result."""
         async with waiting:
             answer = await calls.arun(session_key, run_id, body.agent_id, body.format, body.message)
-        return _answer(answer)
+        return answer_response(answer)
 
     @api.get(f"{run_path}/results", response_model=CallsAnswer)
     async def results(session_key: str, run_id: str, format: Format = "neutral") -> JSONResponse:
         """Every call's result of the run (after a restart), waiting for live ones."""
         async with waiting:
-            return _answer(await calls.acollect(session_key, run_id, format))
+            return answer_response(await calls.acollect(session_key, run_id, format))
 
     @api.post(f"{run_path}/compaction")
     async def compaction(session_key: str, run_id: str, body: CompactionBody) -> dict[str, Any]:

@@ -79,11 +79,12 @@ class AsyncWaiter:
             soonest = min(batch.deadlines[cid] for cid in out.waiting) + margin_ms
             timeout_ms = max(10, min(next_check, soonest) - self.now_ms())
             try:
-                woke = await self.ledger.wait_for_done(
-                    batch.keys, timeout_ms / 1000, mine=frozenset(out.waiting)
+                waiting = out.waiting
+                answers = await self.ledger.wait_for_results(
+                    batch.keys, timeout_ms / 1000, mine=frozenset(waiting), read=waiting
                 )
-                if woke:
-                    out.learn(await self.ledger.results(batch.keys, out.waiting))
+                if answers is not None:
+                    out.learn(answers)
                 if out.waiting and self.now_ms() >= next_check:
                     await self._check(out, undispatched_after_ms)
                     next_check = self.now_ms() + self._check_interval_ms()

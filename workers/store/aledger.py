@@ -171,6 +171,23 @@ class AsyncLedger:
         """
         return await self._listener.wait(keys.done, timeout_s, mine=mine)
 
+    async def wait_for_results(
+        self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()
+    ) -> dict[str, ToolResult] | None:
+        """:meth:`wait_for_done`, then the delivered results among ``read`` (``Ledger.wait_for_results``).
+
+        None when no signal came within ``timeout_s``. The listener reads them behind its
+        ``BLPOP`` while few calls are waited on; otherwise they take one more round trip.
+        """
+        woke = await self._listener.wait_reading(
+            keys.done, timeout_s, mine=mine, reads={call_id: keys.call(call_id) for call_id in read}
+        )
+        if woke is None:
+            return None
+        if isinstance(woke, bool):  # woken without them
+            return await self.results(keys, read)
+        return {cid: ToolResult.from_json(raw) for cid, raw in woke.items() if raw}
+
     async def register_call(
         self,
         keys: RunKeys,

@@ -11,6 +11,10 @@ with sync waiters in other processes: a signal for a call no local waiter owns i
 once, marked; a marked signal is never handed back again. A signal popped while its run's
 waiter is between two waits is kept for that waiter's next wait.
 
+While few calls are waited on, the results they wait for are read in the same round trip,
+pipelined behind the ``BLPOP`` (as :meth:`workers.store.ledger.Ledger.wait_for_results`
+does): a woken waiter then has its answers without another round trip.
+
 Multi-key ``BLPOP`` needs the ``done`` lists on one node: a single Redis, as the ledger's
 client (``redis.Redis``) is.
 """
@@ -21,8 +25,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 import redis.asyncio as aredis
@@ -31,6 +36,7 @@ from workers.errors import StoreError
 from workers.store.keys import listener_poke_key
 from workers.store.ledger import _HANDED_BACK
 from workers.store.ledger_args import done_expire_s
+from workers.store.records import CallField
 
 __all__ = ["DoneListener"]
 
@@ -38,12 +44,17 @@ log = logging.getLogger(__name__)
 
 _POKE_TTL_S = 60
 _KEEP_UNCLAIMED_S = 10.0  # a signal popped between two waits of its run's waiter
+# Results read behind one BLPOP at most; past that (many waiting runs) waiters read their own.
+_MAX_READS = 32
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the key of its reads in ``_read_by_waiter``
 class _Waiting:
     mine: frozenset[str]
-    woken: asyncio.Future[bool]
+    reads: dict[str, str]  # call id -> the key of its call record
+    # The results read behind the signal that woke it (call id -> stored JSON, or None when
+    # none yet), or None when they were not read with it.
+    woken: asyncio.Future[dict[str, str | None] | None]
 
 
 @dataclass
@@ -71,15 +82,31 @@ class DoneListener:
 
     async def wait(self, done_key: str, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
         """Wait up to ``timeout_s`` for a signal on ``done_key``; True when one came."""
+        return await self.wait_reading(done_key, timeout_s, mine=mine) is not None
+
+    async def wait_reading(
+        self,
+        done_key: str,
+        timeout_s: float,
+        *,
+        mine: Collection[str] = (),
+        reads: Mapping[str, str] | None = None,
+    ) -> dict[str, str | None] | bool | None:
+        """:meth:`wait`, reading ``reads`` (call id -> call record key) behind the signal if it can.
+
+        None when no signal came; the stored results of ``reads`` (JSON, or None) when they were
+        read behind it; True when a signal came without them.
+        """
         if await self._claim_kept(done_key, frozenset(mine)):
             return True
-        waiting = _Waiting(frozenset(mine), asyncio.get_running_loop().create_future())
+        waiting = _Waiting(frozenset(mine), dict(reads or {}), asyncio.get_running_loop().create_future())
         self._waiters.setdefault(done_key, []).append(waiting)
         try:
             await self._listen_to(done_key)
-            return await asyncio.wait_for(waiting.woken, timeout=max(0.01, timeout_s))
+            read = await asyncio.wait_for(waiting.woken, timeout=max(0.01, timeout_s))
+            return True if read is None else read
         except TimeoutError:
-            return False
+            return None
         finally:
             self._waiters[done_key].remove(waiting)
             if not self._waiters[done_key]:
@@ -106,22 +133,43 @@ class DoneListener:
                 raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def _listen(self) -> None:
-        while self._waiters:
+        while self._anyone_unwoken():
             self._forget_old_kept()
             self._poked = False
             keys = [self._poke_key, *self._waiters]
             self._listening = frozenset(keys)
+            reading = self._reads()
             try:
-                popped = await self._blocking.blpop(keys, timeout=self._listen_s)
+                pipe = self._blocking.pipeline(transaction=False)
+                pipe.blpop(keys, timeout=self._listen_s)
+                for _waiting, _call_id, record in reading:
+                    pipe.hget(record, CallField.RESULT)
+                # A failed read only costs its waiter a read of its own: the BLPOP's reply counts.
+                popped, *raw = await pipe.execute(raise_on_error=False)
+                if isinstance(popped, Exception):
+                    raise popped
             except redis.RedisError as exc:
                 self._fail_all(StoreError(f"redis: {type(exc).__name__}: {exc}"))
                 return
             finally:
                 self._listening = frozenset()
             if popped is not None and popped[0] != self._poke_key:
-                await self._deliver(str(popped[0]), str(popped[1]))
+                await self._deliver(str(popped[0]), str(popped[1]), _read_by_waiter(reading, raw))
 
-    async def _deliver(self, done_key: str, signal: str) -> None:
+    def _reads(self) -> list[tuple[_Waiting, str, str]]:
+        """The results to read behind the next BLPOP: every waiter's, or none past ``_MAX_READS``."""
+        reading: list[tuple[_Waiting, str, str]] = []
+        for waiters in self._waiters.values():
+            for waiting in waiters:
+                if not waiting.woken.done():
+                    reading.extend((waiting, call_id, record) for call_id, record in waiting.reads.items())
+                    if len(reading) > _MAX_READS:
+                        return []  # with thousands waiting, stop counting early
+        return reading
+
+    async def _deliver(
+        self, done_key: str, signal: str, read: Mapping[_Waiting, dict[str, str | None]] | None = None
+    ) -> None:
         waiters = self._waiters.get(done_key, [])
         if not waiters:
             self._kept.setdefault(done_key, _Kept()).signals.append(signal)
@@ -130,7 +178,7 @@ class DoneListener:
         owners = [w for w in waiters if call_id in w.mine or not w.mine]
         if owners or signal.startswith(_HANDED_BACK):
             for waiting in owners or waiters:  # a marked signal of nobody here: let them all look
-                _wake(waiting)
+                _wake(waiting, (read or {}).get(waiting))
             return
         await self._hand_back(done_key, signal)
 
@@ -153,6 +201,15 @@ class DoneListener:
         except redis.RedisError as exc:
             log.debug("could not hand back a signal on %s: %s", done_key, exc)  # its owner checks anyway
 
+    def _anyone_unwoken(self) -> bool:
+        """Whether a waiter still needs a signal.
+
+        Woken waiters are still listed until they resume; listening again for them alone would
+        put a ``BLPOP`` before their results are read, on every answer's path. A woken
+        waiter that waits again starts a new listening task.
+        """
+        return any(not w.woken.done() for waiters in self._waiters.values() for w in waiters)
+
     def _forget_old_kept(self) -> None:
         now = time.monotonic()
         for key in [k for k, kept in self._kept.items() if now - kept.since > _KEEP_UNCLAIMED_S]:
@@ -166,6 +223,20 @@ class DoneListener:
                     waiting.woken.set_exception(failure)
 
 
-def _wake(waiting: _Waiting) -> None:
+def _read_by_waiter(
+    reading: list[tuple[_Waiting, str, str]], raw: list[Any]
+) -> dict[_Waiting, dict[str, str | None]]:
+    """Each waiter's reads, for waiters all of whose reads succeeded."""
+    by_waiter: dict[_Waiting, dict[str, str | None]] = {}
+    failed: set[_Waiting] = set()
+    for (waiting, call_id, _record), reply in zip(reading, raw, strict=True):
+        if isinstance(reply, Exception):
+            failed.add(waiting)
+        else:
+            by_waiter.setdefault(waiting, {})[call_id] = None if reply is None else str(reply)
+    return {waiting: read for waiting, read in by_waiter.items() if waiting not in failed}
+
+
+def _wake(waiting: _Waiting, read: dict[str, str | None] | None) -> None:
     if not waiting.woken.done():
-        waiting.woken.set_result(True)
+        waiting.woken.set_result(read)
