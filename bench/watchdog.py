@@ -2,7 +2,8 @@
 
 Starts its own redis-server on a free loopback port (never the shared one) and stops it at
 the end. 100 000 running runs hold their lanes, each with one running call whose worker
-renews its lease (so 100 000 unanswered calls sit in the due and lease indexes, none due):
+renews its lease (so 100 000 unanswered calls sit in the due and lease indexes, none due,
+as the sweep's first look at each left them):
 90 000 progressed recently; 10 000 are due, the run index having seen no progress for
 longer than ``stalled_after_s``. The due runs are built through the real write paths
 (``begin_run``, ``register_call``, ``claim``, ``heartbeat``, ``renew_leases``), in two
@@ -104,6 +105,9 @@ def _populate_due(client: redis.Redis, now: int, run_id: str, *, heartbeat: bool
         }
         ledger.register_call(keys, "c1", now_ms=old, deadline_ms=now + 600_000, fields=job)
         ledger.claim(keys, "c1", worker_id="w:1", now_ms=old + 5, tool="exec", job_digest="d")
+        # Submitted long ago, the call had its first look (due one lease after submission): it
+        # left the call due at its deadline, its lease in the lease index.
+        client.zadd(keys.index.due, {keys.due_member("c1"): now + 600_000}, xx=True)
         if heartbeat:
             ledger.heartbeat(keys, "c1", now_ms=now - 500, details={"step": n})
     pairs = [(ledger.keys(f"agent:main:s{n}", run_id), "c1") for n in range(DUE)]

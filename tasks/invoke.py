@@ -61,6 +61,7 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
         now_ms=now_ms(),
         tool=parsed.call.name,
         job_digest=job_digest(parsed),
+        submitted_ms=parsed.submitted_ms,
     )
     # Only the job a gateway registered runs: anything else is refused here, before any tool code.
     # The refused message is not the call's own task, so it reports no outcome of the call.
@@ -104,9 +105,10 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
         deadline_ms=parsed.deadline_ms,
         now_ms=finished_ms,
     )
-    won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id())
-    if answer is not result:
-        rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id())  # kept as late (audit)
+    submitted_ms = parsed.submitted_ms
+    won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
+    if answer is not result:  # kept as late (audit)
+        rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
     # The ledger stored the configured fallback if one covers this answer: report what it holds.
     return rt.ledger.with_fallback(answer) if won else None
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.harness import CLUSTER_LEG, store_client
-from workers.core.models import SyntheticReason, ToolCall
+from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.settings import Settings
 from workers.store.keys import RunKeys
@@ -112,10 +112,91 @@ def test_lease_index_follows_claim_renewal_and_finish(store: SessionStore) -> No
     # When it finishes and a renewal races in afterwards
     _answer(store, keys, "c1", T0 + 2000)
     led.renew_leases([(keys, "c1")], "w:1", now_ms=T0 + 2500)
-    # Then neither index holds it, and the lease was not brought back
+    # Then neither index holds it, and its lease, left to run out (the answer does not delete
+    # it: readers read the call's state first), lasts no longer than one lease from now
     assert store.client.zscore(index, member) is None
     assert store.client.zscore(keys.index.due, member) is None
-    assert not store.client.exists(keys.lease("c1"))
+    assert store.client.hget(keys.call("c1"), "state") == "done"
+    assert 0 < store.client.pttl(keys.lease("c1")) <= LEASE_MS
+
+
+def _cancelled(call_id: str) -> ToolResult:
+    call = ToolCall(id=call_id, name="echo")
+    return synthetic_result(call, SyntheticReason.CANCELLED, elapsed_ms=1, attempt=1)
+
+
+def test_a_call_claimed_and_answered_soon_after_submission_never_touches_the_lease_index(
+    store: SessionStore,
+) -> None:
+    # Given a call registered at T0: due for the sweep's first look one lease later
+    keys, led = store.ledger.keys("s", "r1"), store.ledger
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    member = keys.due_member("c1")
+    assert store.client.zscore(keys.index.due, member) == T0 + LEASE_MS
+    # When a worker claims it at once (its message says when it was submitted)
+    led.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 5, tool="echo", job_digest="d", submitted_ms=T0)
+    # Then no lease-index entry was written
+    assert store.client.zscore(keys.index.leases, member) is None
+    # When a stray entry is there anyway and the worker answers soon, giving the submission time
+    store.client.zadd(keys.index.leases, {member: T0 + 1})
+    assert led.finish(keys, _cancelled("c1"), now_ms=T0 + 10, writer="w:1", submitted_ms=T0)
+    # Then the answer sent no removal for it (the sweep drops such a stray), and left the due index
+    assert store.client.zscore(keys.index.leases, member) == T0 + 1
+    assert store.client.zscore(keys.index.due, member) is None
+
+
+def test_a_claim_or_answer_past_half_a_lease_writes_and_removes_the_lease_index(store: SessionStore) -> None:
+    # Given a call that waited in the queue for half a lease
+    keys, led = store.ledger.keys("s", "r1"), store.ledger
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    member, late = keys.due_member("c1"), T0 + LEASE_MS // 2
+    # When a worker claims it then
+    led.claim(keys, "c1", worker_id="w:1", now_ms=late, tool="echo", job_digest="d", submitted_ms=T0)
+    # Then its lease is indexed by its end; and the answer removes it
+    assert store.client.zscore(keys.index.leases, member) == late + LEASE_MS
+    assert led.finish(keys, _cancelled("c1"), now_ms=late + 1, writer="w:1", submitted_ms=T0)
+    assert store.client.zscore(keys.index.leases, member) is None
+
+
+@pytest.mark.parametrize("server_side", **SWEEP_PATHS)
+def test_the_first_look_indexes_a_running_calls_lease_and_finds_a_lost_one(
+    store: SessionStore, server_side: bool
+) -> None:
+    # Given two calls claimed at once (no lease-index entry), one of whose worker hosts vanished
+    keys, led = store.ledger.keys("s", "r1"), store.ledger
+    for call_id in ("live", "lost"):
+        _register(store, keys, call_id, now_ms=T0, deadline_ms=T0 + 50 * MIN)
+        led.claim(keys, call_id, worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d", submitted_ms=T0)
+    store.client.delete(keys.lease("lost"))
+    # When the sweep makes its first look, one lease after submission
+    now = T0 + LEASE_MS + 1
+    answered = _sweep(store, now, server_side=server_side)
+    # Then the lost call was answered worker_lost; the live one is in the lease index by its
+    # lease's real end and due again only at its deadline
+    assert answered == 1
+    assert led.results(keys, ["lost"])["lost"].reason == SyntheticReason.WORKER_LOST.value
+    member = keys.due_member("live")
+    lease_end = store.client.zscore(keys.index.leases, member)
+    assert lease_end is not None
+    assert now < lease_end <= now + LEASE_MS
+    assert store.client.zscore(keys.index.due, member) == T0 + 50 * MIN
+
+
+@pytest.mark.parametrize("server_side", **SWEEP_PATHS)
+def test_a_queued_call_at_its_first_look_waits_for_its_deadline_and_a_late_claim_indexes_it(
+    store: SessionStore, server_side: bool
+) -> None:
+    # Given a call still queued (dispatched, unclaimed) at its first look
+    keys, led = store.ledger.keys("s", "r1"), store.ledger
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + 50 * MIN)
+    member, now = keys.due_member("c1"), T0 + LEASE_MS + 1
+    assert _sweep(store, now, server_side=server_side) == 0
+    # Then it is due at its deadline, outside the lease index
+    assert store.client.zscore(keys.index.due, member) == T0 + 50 * MIN
+    assert store.client.zscore(keys.index.leases, member) is None
+    # When a worker claims it now, then its lease is indexed (a lost worker is found by it)
+    led.claim(keys, "c1", worker_id="w:1", now_ms=now + 1, tool="echo", job_digest="d", submitted_ms=T0)
+    assert store.client.zscore(keys.index.leases, member) == now + 1 + LEASE_MS
 
 
 @pytest.mark.parametrize("server_side", **SWEEP_PATHS)

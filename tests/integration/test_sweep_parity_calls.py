@@ -54,8 +54,8 @@ from workers.store.sweep_probe import _probe_verdict
 from workers.watchdog.due_calls import sweep_due_calls
 
 CALLS_BOUNDARY = (
-    "elseif (tonumber(f[2] or 0) or 0) <= now then",
-    "elseif (tonumber(f[2] or 0) or 0) < now then",
+    "elseif deadline <= now then",
+    "elseif deadline < now then",
 )
 
 
@@ -162,19 +162,19 @@ def expected_call(case: CallCase, verdict: str | None = None) -> CallOutcome:
     verdict = verdict or probe_verdict(case)
     if verdict == "drop":
         return replace(before, due=None, leases=None)
+    # A member left in the due index is due at its deadline again: as written here, unchanged.
     if verdict == "unhold":
         return replace(before, leases=None)
-    if verdict == "rescore":
+    if verdict == "rescore":  # into the lease index by the lease's real end, present or not
         left = LEASE_LEFT[case.lease]
-        score = lease_score(NOW + (left if left > 0 else LEASE_MS))
-        return replace(before, leases=None if before.leases is None else score)
+        return replace(before, leases=lease_score(NOW + (left if left > 0 else LEASE_MS)))
     if verdict == "keep":
         return before
     actions = decide([_open_call(case)], now_ms=NOW, min_rerun_ms=LEASE_MS, undispatched_after_ms=LEASE_MS)
     if not actions:
         return before
     reason = actions[0].reason or SyntheticReason.WORKER_LOST  # nobody re-dispatches in a sweep
-    return CallOutcome("done", reason.value, None, None, False)
+    return CallOutcome("done", reason.value, None, None, before.lease_key)  # the answer leaves the lease
 
 
 def write_call(ledger: Ledger, n: int, case: CallCase) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.models import CallState, SyntheticReason
-from workers.core.reaper import Action, ActionKind, OpenCall, decide
+from workers.core.reaper import Action, ActionKind, OpenCall, decide, next_look_ms, past_first_look
 
 NOW_MS = 1_000_000
 MIN_RERUN_MS = 2_000
@@ -172,3 +172,18 @@ def test_judge_running_call(changes: dict[str, object], child_alive: bool, expec
 def test_host_names_may_contain_colons() -> None:
     call = replace(RUNNING, worker="[::1]:99")
     assert judge_running_call(call, host="[::1]", child_alive=True, now_ms=NOW_MS) is ChildVerdict.RENEW
+
+
+def test_a_call_is_first_looked_at_one_lease_after_submission_unless_its_deadline_is_sooner() -> None:
+    assert next_look_ms(deadline_ms=100_000, submitted_ms=1_000, lease_ms=10_000) == 11_000
+    assert next_look_ms(deadline_ms=5_000, submitted_ms=1_000, lease_ms=10_000) == 5_000
+
+
+@pytest.mark.parametrize(
+    ("now_ms", "submitted_ms", "expected"),
+    [(1000, 1000, False), (5999, 1000, False), (6000, 1000, True), (900, 1000, False), (1, None, True)],
+)
+def test_past_first_look_from_half_a_lease_after_submission(
+    now_ms: int, submitted_ms: int | None, expected: bool
+) -> None:
+    assert past_first_look(now_ms=now_ms, submitted_ms=submitted_ms, lease_ms=10_000) is expected

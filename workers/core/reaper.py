@@ -9,7 +9,16 @@ from dataclasses import dataclass
 from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import deadline_result, synthetic_result
 
-__all__ = ["Action", "ActionKind", "DueVerdict", "OpenCall", "answer_open_call", "decide"]
+__all__ = [
+    "Action",
+    "ActionKind",
+    "DueVerdict",
+    "OpenCall",
+    "answer_open_call",
+    "decide",
+    "next_look_ms",
+    "past_first_look",
+]
 
 
 @dataclass(frozen=True)
@@ -28,13 +37,35 @@ class OpenCall:
 
 
 class DueVerdict(enum.StrEnum):
-    """What a sweep does with one member of the due or lease index (the branches of ``sweep_calls.lua``)."""
+    """What a sweep does with one member of the due or lease index (the branches of ``sweep_calls.lua``).
+
+    The due index scores a call by its deadline, or by one lease after its submission when
+    that comes first (:func:`next_look_ms`): the sweep's first look, which a call answered
+    sooner (most) never gets. The lease index holds calls that may outlive their lease.
+    """
 
     REAP = "reap"  # overdue, lost or never dispatched: decide() answers or requeues it
     DROP = "drop"  # record gone or answered: leave both indexes
-    RESCORE = "rescore"  # its lease is alive: the lease index lags, move its score
-    UNHOLD = "unhold"  # pending in the queue: its deadline covers it, leave the lease index
+    RESCORE = "rescore"  # its lease is alive: into the lease index by its end, due by its deadline
+    UNHOLD = "unhold"  # pending in the queue: due by its deadline, out of the lease index
     KEEP = "keep"  # nothing to do yet
+
+
+def next_look_ms(deadline_ms: int, submitted_ms: int, lease_ms: int) -> int:
+    """A new call's due-index score: its deadline, or one lease after submission if sooner."""
+    return min(deadline_ms, submitted_ms + lease_ms)
+
+
+def past_first_look(*, now_ms: int, submitted_ms: int | None, lease_ms: int) -> bool:
+    """Whether the sweep may have looked at a call submitted at ``submitted_ms`` by ``now_ms``.
+
+    The first look comes one lease after submission (:func:`next_look_ms`); a call claimed
+    before it needs no lease-index entry, since that look finds a running call and puts it
+    in the lease index itself (by its lease's real end), and a call answered before it was
+    never put there. A claim or answer later than that writes or removes the entry. Half a
+    lease leaves room for clocks that disagree; ``submitted_ms`` None (unknown) counts as past.
+    """
+    return submitted_ms is None or now_ms - submitted_ms >= lease_ms // 2
 
 
 class ActionKind(enum.Enum):

@@ -32,11 +32,12 @@ key                                type    TTL              written by          
                                            minute per
                                            process (see
                                            index_ttl)
-``P:{B}:leases``                   ZSET    as ``due``       worker (claim,      watchdog
-                                                            renew XX GT),
-                                                            finish (remove),
-                                                            watchdog (re-score
-                                                            or drop a hint)
+``P:{B}:leases``                   ZSET    as ``due``       worker (a late      watchdog
+                                                            claim, renew XX
+                                                            GT), finish
+                                                            (remove), watchdog
+                                                            (first look adds;
+                                                            re-score or drop)
 ``P:events``                       STREAM  ledger.ttl_s,    finish (synthetic   unstuck up
                                            refreshed on     winners), gateway
                                            every write;     (loop verdicts),
@@ -106,10 +107,14 @@ run's index writes mostly land on the run's own shard (one round trip for the pi
 carries a script and its index update). The index keys are outside the run's slot, so each
 script writes the run's keys and the pipelined command after it the index: indexes are
 hints the watchdog re-checks against the ledger, so they never need to change atomically
-with a run's keys. ``B:due`` scores every unanswered call by its deadline; ``B:leases``
-scores every claimed call by when its worker's lease runs out (as last written), so a
-sweep finds lost workers by score (O(due)) instead of probing every lease. The sweep works
-bucket by bucket (:func:`all_index_keys`).
+with a run's keys. ``B:due`` scores every unanswered call by its deadline, or by the sweep's
+first look one lease after submission when that is sooner; ``B:leases`` scores a claimed call
+by when its worker's lease runs out (as last written), so a sweep finds lost workers by score
+(O(due)) instead of probing every lease. A call is put in ``B:leases`` by that first look
+(which finds it running) or by a claim later than half a lease after submission, and is
+removed by an answer after that: a call answered sooner (most) never touches ``B:leases``
+and costs the indexes one write and one removal (``workers.core.reaper.past_first_look``).
+The sweep works bucket by bucket (:func:`all_index_keys`).
 
 The run record carries a summary of its calls, kept by the ledger scripts in the run's
 own slot (``lib_run_summary.lua``), so that a sweep reads one hash per due run and never

@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 
 from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ClaimStatus, ToolResult
-from workers.core.reaper import OpenCall
+from workers.core.reaper import OpenCall, past_first_look
 from workers.errors import StoreError
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key, index_keys
@@ -149,9 +149,9 @@ class Ledger:
         self._open = load_script(client, "ledger_open.lua")
 
     def _pipelined(
-        self, script: Script, keys: list[str], args: list[Any], then: Callable[[Pipeline], None]
+        self, script: Script, keys: list[str], args: list[Any], then: Callable[[Pipeline], None] | None
     ) -> Any:
-        """Run ``script`` and one more command in a single round trip; returns the script's reply.
+        """Run ``script`` and the commands ``then`` adds in a single round trip; returns the script's reply.
 
         ``EVALSHA`` goes straight into the pipeline (redis-py would first ask ``SCRIPT EXISTS``,
         an extra round trip); after a Redis restart that lost its scripts, load and retry once.
@@ -161,7 +161,8 @@ class Ledger:
             # By name, not pipe.evalsha: redis-py's cluster pipeline blocks that method.
             evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
             pipe.execute_command(*evalsha, **self._route(keys[0]))  # type: ignore[no-untyped-call]
-            then(pipe)
+            if then is not None:
+                then(pipe)
             try:
                 return pipe.execute()[0]
             except NoScriptError:
@@ -192,11 +193,12 @@ class Ledger:
         pipe.zadd(keys.index.due, members, nx=True)
         self._refresh_index_ttl(pipe, keys.index.due)
 
-    def _unindex_call(self, pipe: Pipeline, keys: RunKeys, call_id: str) -> None:
+    def _unindex_call(self, pipe: Pipeline, keys: RunKeys, call_id: str, *, lease_indexed: bool) -> None:
         member = keys.due_member(call_id)
         pipe.zrem(keys.index.due, member)
         self._refresh_index_ttl(pipe, keys.index.due)
-        pipe.zrem(keys.index.leases, member)
+        if lease_indexed:
+            pipe.zrem(keys.index.leases, member)
 
     def _index_lease(self, pipe: Pipeline, keys: RunKeys, call_id: str, until_ms: int) -> None:
         member = keys.due_member(call_id)
@@ -253,32 +255,44 @@ class Ledger:
 
     def mark_dispatched(self, keys: RunKeys, call_id: str, task_id: str) -> None:
         """Note that the broker accepted the call's message."""
-        # The registration's hold in the lease index stays: a worker may already have claimed
-        # the call and re-scored it. The sweep drops it once it finds the call queued.
+        # The due index keeps the registration's score (the sweep's first look, at most one
+        # lease after submission): a worker may already have claimed the call by now.
         with store_errors():
             self.client.hset(
                 keys.call(call_id), mapping={CallField.DISPATCHED: "1", CallField.TASK_ID: task_id}
             )
 
     def claim(
-        self, keys: RunKeys, call_id: str, *, worker_id: str, now_ms: int, tool: str, job_digest: str
+        self,
+        keys: RunKeys,
+        call_id: str,
+        *,
+        worker_id: str,
+        now_ms: int,
+        tool: str,
+        job_digest: str,
+        submitted_ms: int | None = None,
     ) -> Claim:
         """Claim a registered call for running; a finished call is never claimed again.
 
-        ``tool`` and ``job_digest`` are those of the message received: a call that was never
-        registered, or registered with another tool or digest, is refused (never claimed).
+        ``tool``, ``job_digest`` and ``submitted_ms`` are those of the message received: a
+        call that was never registered, or registered with another tool or digest, is refused
+        (never claimed). A claim within half a lease of submission writes no lease-index entry
+        (:func:`~workers.core.reaper.past_first_look`): one command less per call.
         """
         script_keys, args = claim_call(
             keys, call_id, now_ms=now_ms, worker_id=worker_id, lease_ttl_ms=self.lease_ttl_ms,
             tool=tool, job_digest=job_digest,
         )  # fmt: skip
+        index = None
+        if past_first_look(now_ms=now_ms, submitted_ms=submitted_ms, lease_ms=self.lease_ttl_ms):
+            lease_end_ms = now_ms + self.lease_ttl_ms
+
+            def index(pipe: Pipeline) -> None:
+                self._index_lease(pipe, keys, call_id, lease_end_ms)
+
         with store_errors():
-            status, attempt, registered_tool = self._pipelined(
-                self._claim,
-                script_keys,
-                args,
-                lambda pipe: self._index_lease(pipe, keys, call_id, now_ms + self.lease_ttl_ms),
-            )
+            status, attempt, registered_tool = self._pipelined(self._claim, script_keys, args, index)
         status = reply_member(ClaimStatus, status, where="ledger_claim.lua")
         return Claim(status, int(attempt), registered_tool)
 
@@ -286,18 +300,26 @@ class Ledger:
         """``result``, or its tool's configured fallback when it is a failure the fallback covers."""
         return apply_fallback(result, self.fallbacks.get(result.tool_name))
 
-    def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
+    def finish(
+        self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str, submitted_ms: int | None = None
+    ) -> bool:
         """Store ``result`` (or its configured fallback) if it is the first, else keep it as late.
 
         True when it won. This is where every result enters the ledger, so ``tools.fallbacks``
-        is applied here once for every writer and every reason.
+        is applied here once for every writer and every reason. ``submitted_ms``, when the
+        writer knows it (the worker, from its message), spares the lease-index removal of a
+        call answered within half a lease of submission, which was never put there.
         """
         result = self.with_fallback(result)
         call_id = result.tool_call_id
+        lease_indexed = past_first_look(now_ms=now_ms, submitted_ms=submitted_ms, lease_ms=self.lease_ttl_ms)
         script_keys, args = finish_call(keys, result, now_ms=now_ms, ttl_s=self.ttl_s, writer=writer)
         with store_errors():
             won = self._pipelined(
-                self._finish, script_keys, args, lambda pipe: self._unindex_call(pipe, keys, call_id)
+                self._finish,
+                script_keys,
+                args,
+                lambda pipe: self._unindex_call(pipe, keys, call_id, lease_indexed=lease_indexed),
             )
         if won and result.synthetic:
             self.publish_event("synthetic", **synthetic_event_fields(keys, result, writer))
@@ -344,6 +366,8 @@ class Ledger:
         """Extend live leases and their scores in the lease index, in one round trip.
 
         ``XX`` on both: a finished call's lease, or its index member, is never brought back.
+        A call not in the lease index yet (claimed soon after submission) is put there by the
+        sweep's first look, by its lease's end as this renewal left it.
         """
         if not calls:
             return

@@ -440,7 +440,7 @@ KEY_RECORDS: Final = (
     KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",
               "member '<seq>|<entry json>', score seq (see loop_history.py)"),
     KeyRecord("due", "index_keys.due", "ZSET", _REFRESHED,
-              "member 'S/R/C' (quoted parts), score the call's deadline ms"),
+              "member 'S/R/C' (quoted parts), score the deadline ms or the first look's"),
     KeyRecord("leases", "index_keys.leases", "ZSET", _REFRESHED,
               "member 'S/R/C', score the lease's expiry ms as last written"),
     KeyRecord("events", "events_stream_key", "STREAM", _REFRESHED + "; MAXLEN ~10000",

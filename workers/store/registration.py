@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from workers.core.reaper import next_look_ms
 from workers.core.run_health import RunStatus
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys
@@ -78,21 +79,20 @@ class RegisterStep:
         )
 
     def index(self, pipe: _IndexPipe, index_ttl: IndexTtl, lease_ttl_ms: int) -> None:
-        """The index writes pipelined after the script.
+        """The index write pipelined after the script.
 
-        The indexes are hints the watchdog re-checks, so they may be added even when the id
-        existed or the run refused it. A call not yet marked dispatched is held by this
-        process until it publishes: if it dies first, the sweep finds the call by that
-        hold's expiry instead of waiting for the deadline.
+        The indexes are hints the watchdog re-checks, so they may be written even when the id
+        existed or the run refused it. The call is due for the sweep's first look at its
+        deadline, or one lease after submission when that is sooner: a call answered by then
+        (most) is never looked at; a running one is put in the lease index then (by its
+        lease's real end) and a queued one is due again at its deadline; one never dispatched
+        (its gateway died before publishing) is found without waiting for its deadline.
         """
         keys, member = self.keys, self.keys.due_member(self.call_id)
-        pipe.zadd(keys.index.due, {member: self.deadline_ms}, nx=True)
+        score = next_look_ms(self.deadline_ms, self.now_ms, lease_ttl_ms)
+        pipe.zadd(keys.index.due, {member: score}, nx=True)
         if index_ttl.due(keys.index.due):
             pipe.expire(keys.index.due, index_ttl.expire_s)
-        if self.fields.get(CallField.DISPATCHED) != "1":
-            pipe.zadd(keys.index.leases, {member: self.now_ms + lease_ttl_ms})
-            if index_ttl.due(keys.index.leases):
-                pipe.expire(keys.index.leases, index_ttl.expire_s)
 
     def registration(self, reply: Any) -> Registration:
         """The script's reply as a :class:`Registration`."""

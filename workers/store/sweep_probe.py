@@ -87,8 +87,10 @@ def probe_due_calls(ledger: Ledger, *, now_ms: int, lease_ms: int, limit: int) -
                 fix.zrem(due, member)
                 fix.zrem(leases, member)
             elif verdict is DueVerdict.RESCORE:
-                fix.zadd(leases, {member: now_ms + (left if left > 0 else lease_ms)}, xx=True)
+                fix.zadd(leases, {member: now_ms + (left if left > 0 else lease_ms)})
+                fix.zadd(due, {member: row.integer(CallField.DEADLINE_MS)}, xx=True)
             elif verdict is DueVerdict.UNHOLD:
                 fix.zrem(leases, member)
+                fix.zadd(due, {member: row.integer(CallField.DEADLINE_MS)}, xx=True)
         fix.execute()
     return found

@@ -25,8 +25,9 @@ def sweep_due_calls(
 ) -> int:
     """Answer overdue and lost calls; returns how many were answered.
 
-    Candidates come by score: overdue calls from the due index (by deadline), lost workers
-    from the lease index (by lease expiry as last renewed). Each is checked against its
+    Candidates come by score: overdue calls and first looks from the due index (by deadline,
+    or one lease after submission), lost workers from the lease index (by lease expiry as
+    last renewed). Each is checked against its
     record and lease key inside Redis with ``scripts`` (one round trip, single node), else
     pipelined. Only the runs with an overdue, lost or never-dispatched call are then read
     in full and reaped.

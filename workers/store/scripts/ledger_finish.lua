@@ -1,4 +1,4 @@
--- Store a call's result, first writer wins. KEYS: call, late, done, lease, run.
+-- Store a call's result, first writer wins. KEYS: call, late, done, run.
 -- ARGV: call_id, result_json, reason, now_ms, ttl_s, writer, refresh_s.
 -- Returns 1 when this result is the one delivered, 0 when it was kept as late (audit only).
 -- State 'done' is written together with the result (below), so one read of the state tells
@@ -7,6 +7,10 @@
 -- answer past the deadline (or a record the registration did not write) extends it; the done
 -- list is given its TTL when this push created it or its last TTL is a refresh interval old
 -- (done_ttl_ms, see lib_run_summary.lua).
+-- The worker's lease is not deleted: it runs out by itself within lease.ttl_s (its keeper
+-- stops renewing when the task ends), and every reader of a lease reads the call's state
+-- first, so a lease on an answered call means nothing. That saves a DEL per call; the price
+-- is up to lease.ttl_s of a small key per answered call (the record itself lives ledger.ttl_s).
 local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms')
 local state = call[1]
 local ttl, refresh = tonumber(ARGV[5]), tonumber(ARGV[7])
@@ -23,13 +27,12 @@ if tonumber(ARGV[4]) > (tonumber(call[2] or 0) or 0) then
   redis.call('EXPIRE', KEYS[1], ttl)
 end
 local signals = redis.call('RPUSH', KEYS[3], ARGV[1])
-local run = read_run(KEYS[5])
-redis.call('DEL', KEYS[4])
+local run = read_run(KEYS[4])
 local open_delta, claimed_delta = was_open and -1 or 0, was_claimed and -1 or 0
 if signals > 1 and ttl_fresh(run, DONE_TTL, ARGV[4], refresh) then
-  write_summary(KEYS[5], run, ARGV[4], open_delta, claimed_delta)
+  write_summary(KEYS[4], run, ARGV[4], open_delta, claimed_delta)
 else
   redis.call('EXPIRE', KEYS[3], ttl + 2 * refresh)
-  write_summary(KEYS[5], run, ARGV[4], open_delta, claimed_delta, 'done_ttl_ms', ARGV[4])
+  write_summary(KEYS[4], run, ARGV[4], open_delta, claimed_delta, 'done_ttl_ms', ARGV[4])
 end
 return 1
