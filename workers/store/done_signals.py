@@ -1,18 +1,19 @@
 """The wake-up signals on a run's ``done`` list: which call was answered, and its result.
 
-The winning finish (``ledger_finish.lua``) pushes ``<call id> US <result JSON>``, ``US`` being
+The winning finish (``ledger_finish.lua``) pushes ``<result JSON> US <call id>``, ``US`` being
 the ASCII unit separator U+001F, so that the waiter it wakes has the answer without reading
 the call record. JSON text never holds a raw U+001F (RFC 8259: control characters in strings
-are escaped, and only space, tab, CR and LF may stand between tokens), so the *last* U+001F of
-a signal is the separator, whatever a call id holds. That costs a concatenation in Lua and a
-reverse scan in Python; a length prefix would need Lua's byte count to agree with Python's
-code-point count, which it does not for non-ASCII ids.
+are escaped, and only space, tab, CR and LF may stand between tokens), so the *first* U+001F
+of a signal is the separator, whatever the call id holds; and JSON never starts with
+:data:`HANDED_BACK`, so a handed-back signal is told apart from one whose call id starts with
+it. That costs a concatenation in Lua and one scan in Python; a length prefix would need
+Lua's byte count to agree with Python's code-point count, which it does not for non-ASCII.
 
 A signal without a separator is the older form, the bare call id (pushed by a worker not yet
 upgraded): it carries no result, and its waiter reads the record as before. A bare id that
-happens to contain U+001F reads as a signal with a result; that result is used only when it
-parses as the answer to the call it names (:meth:`Signal.answer`), so such a signal costs at
-worst a read, never a wrong answer.
+holds U+001F reads as a signal with a result; that result is used only when it parses as the
+answer to the call it names (:meth:`Signal.answer`), so such a signal costs at worst a read,
+never a wrong answer.
 
 A signal one waiter gives back to the run's other waiters is the popped signal, result and
 all, behind :data:`HANDED_BACK` (see :meth:`workers.store.ledger.Ledger.wait_for_done`).
@@ -29,12 +30,12 @@ from workers.core.models import ToolResult
 __all__ = ["HANDED_BACK", "SEPARATOR", "Signal", "encode", "results_of"]
 
 HANDED_BACK: Final = "\x00"  # marks a wake-up signal one waiter gave back to the run's other waiters
-SEPARATOR: Final = "\x1f"  # between the call id and the result JSON ('\31' in ledger_finish.lua)
+SEPARATOR: Final = "\x1f"  # between the result JSON and the call id ('\31' in ledger_finish.lua)
 
 
 def encode(call_id: str, result_json: str) -> str:
     """The signal a winning finish pushes: the Python twin of ``ledger_finish.lua``'s."""
-    return call_id + SEPARATOR + result_json
+    return result_json + SEPARATOR + call_id
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Signal:
     def parse(cls, raw: str) -> Signal:
         """Read a signal of either form, handed back or not."""
         body = raw.removeprefix(HANDED_BACK)
-        call_id, separator, result = body.rpartition(SEPARATOR)
+        result, separator, call_id = body.partition(SEPARATOR)
         if not separator:
             return cls(raw, body, None, raw.startswith(HANDED_BACK))
         return cls(raw, call_id, result, raw.startswith(HANDED_BACK))
