@@ -152,7 +152,8 @@ def test_a_handed_back_signal_that_recreates_done_gives_it_a_ttl(store: SessionS
     assert store.ledger.wait_for_done(keys, 1.0, mine={"mine"})
     # Then the list exists again, with a TTL
     [handed] = store.client.lrange(keys.done, 0, -1)
-    assert Signal.parse(handed).handed_back and Signal.parse(handed).call_id == "theirs"
+    signal = Signal.parse(str(handed))
+    assert (signal.call_id, signal.handed_back) == ("theirs", True)
     assert store.client.ttl(keys.done) > TTL_S
 
 
