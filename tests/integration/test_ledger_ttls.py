@@ -15,6 +15,7 @@ import pytest
 from tests.harness import store_client
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
+from workers.store.done_signals import Signal
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.ledger_args import KEYS_REFRESH_S
@@ -150,7 +151,9 @@ def test_a_handed_back_signal_that_recreates_done_gives_it_a_ttl(store: SessionS
     # When a waiter for another call pops it (emptying the list) and hands it back
     assert store.ledger.wait_for_done(keys, 1.0, mine={"mine"})
     # Then the list exists again, with a TTL
-    assert store.client.lrange(keys.done, 0, -1) == ["\x00theirs"]
+    [handed] = store.client.lrange(keys.done, 0, -1)
+    signal = Signal.parse(str(handed))
+    assert (signal.call_id, signal.handed_back) == ("theirs", True)
     assert store.client.ttl(keys.done) > TTL_S
 
 

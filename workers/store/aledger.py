@@ -28,6 +28,7 @@ from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
 from workers.errors import StoreError
 from workers.store.done_listener import DoneListener
+from workers.store.done_signals import results_of
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key
 from workers.store.keys import run_member as run_index_member
@@ -176,17 +177,19 @@ class AsyncLedger:
     ) -> dict[str, ToolResult] | None:
         """:meth:`wait_for_done`, then the delivered results among ``read`` (``Ledger.wait_for_results``).
 
-        None when no signal came within ``timeout_s``. The listener reads them behind its
-        ``BLPOP`` while few calls are waited on; otherwise they take one more round trip.
+        None when no signal came within ``timeout_s``. One call's answer usually comes with its
+        signal, and the listener reads several behind its ``BLPOP`` while few calls are waited
+        on; otherwise they take one more round trip.
         """
         woke = await self._listener.wait_reading(
             keys.done, timeout_s, mine=mine, reads={call_id: keys.call(call_id) for call_id in read}
         )
         if woke is None:
             return None
-        if isinstance(woke, bool):  # woken without them
+        learned = None if isinstance(woke, bool) else results_of(woke)
+        if learned is None:  # woken without them (or with a result that is not its call's)
             return await self.results(keys, read)
-        return {cid: ToolResult.from_json(raw) for cid, raw in woke.items() if raw}
+        return learned
 
     async def register_call(
         self,

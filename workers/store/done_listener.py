@@ -11,9 +11,13 @@ with sync waiters in other processes: a signal for a call no local waiter owns i
 once, marked; a marked signal is never handed back again. A signal popped while its run's
 waiter is between two waits is kept for that waiter's next wait.
 
-While few calls are waited on, the results they wait for are read in the same round trip,
-pipelined behind the ``BLPOP`` (as :meth:`workers.store.ledger.Ledger.wait_for_results`
-does): a woken waiter then has its answers without another round trip.
+The signal of the winning finish carries its result (:mod:`workers.store.done_signals`): a
+waiter of one call woken by that call's signal has its answer with it, and nothing is read
+for it behind the ``BLPOP``. Woken by any other signal (another call's, marked, or a bare id
+from an older worker), it reads its call itself, at once. The results of waiters of several
+calls are read in the same round trip, pipelined behind the ``BLPOP`` (as
+:meth:`workers.store.ledger.Ledger.wait_for_results` does) while few are waited on: a woken
+waiter then has its answers without another round trip.
 
 Multi-key ``BLPOP`` needs the ``done`` lists on one node: a single Redis, as the ledger's
 client (``redis.Redis``) is.
@@ -33,8 +37,8 @@ import redis
 import redis.asyncio as aredis
 
 from workers.errors import StoreError
+from workers.store.done_signals import Signal
 from workers.store.keys import listener_poke_key
-from workers.store.ledger import _HANDED_BACK
 from workers.store.ledger_args import done_expire_s
 from workers.store.records import CallField
 
@@ -52,8 +56,8 @@ _MAX_READS = 32
 class _Waiting:
     mine: frozenset[str]
     reads: dict[str, str]  # call id -> the key of its call record
-    # The results read behind the signal that woke it (call id -> stored JSON, or None when
-    # none yet), or None when they were not read with it.
+    # The results it learned with the signal that woke it, read behind it or carried by it
+    # (call id -> stored JSON, or None when none yet), or None when it must read them itself.
     woken: asyncio.Future[dict[str, str | None] | None]
 
 
@@ -157,28 +161,31 @@ class DoneListener:
                 await self._deliver(str(popped[0]), str(popped[1]), _read_by_waiter(reading, raw))
 
     def _reads(self) -> list[tuple[_Waiting, str, str]]:
-        """The results to read behind the next BLPOP: every waiter's, or none past ``_MAX_READS``."""
+        """The results to read behind the next BLPOP, or none past ``_MAX_READS``.
+
+        Only waiters of several calls: a waiter of one gets its answer with its signal.
+        """
         reading: list[tuple[_Waiting, str, str]] = []
         for waiters in self._waiters.values():
             for waiting in waiters:
-                if not waiting.woken.done():
+                if not waiting.woken.done() and len(waiting.reads) > 1:
                     reading.extend((waiting, call_id, record) for call_id, record in waiting.reads.items())
                     if len(reading) > _MAX_READS:
                         return []  # with thousands waiting, stop counting early
         return reading
 
     async def _deliver(
-        self, done_key: str, signal: str, read: Mapping[_Waiting, dict[str, str | None]] | None = None
+        self, done_key: str, raw: str, read: Mapping[_Waiting, dict[str, str | None]] | None = None
     ) -> None:
         waiters = self._waiters.get(done_key, [])
         if not waiters:
-            self._kept.setdefault(done_key, _Kept()).signals.append(signal)
+            self._kept.setdefault(done_key, _Kept()).signals.append(raw)
             return
-        call_id = signal.removeprefix(_HANDED_BACK)
-        owners = [w for w in waiters if call_id in w.mine or not w.mine]
-        if owners or signal.startswith(_HANDED_BACK):
+        signal = Signal.parse(raw)
+        owners = [w for w in waiters if signal.call_id in w.mine or not w.mine]
+        if owners or signal.handed_back:
             for waiting in owners or waiters:  # a marked signal of nobody here: let them all look
-                _wake(waiting, (read or {}).get(waiting))
+                _wake(waiting, _learned(waiting, signal, (read or {}).get(waiting)))
             return
         await self._hand_back(done_key, signal)
 
@@ -186,16 +193,17 @@ class DoneListener:
         kept = self._kept.pop(done_key, None)
         if kept is None:
             return False
-        for signal in kept.signals:
-            if mine and not signal.startswith(_HANDED_BACK) and signal not in mine:
+        for raw in kept.signals:
+            signal = Signal.parse(raw)
+            if mine and not signal.handed_back and signal.call_id not in mine:
                 await self._hand_back(done_key, signal)
         return True
 
-    async def _hand_back(self, done_key: str, signal: str) -> None:
+    async def _hand_back(self, done_key: str, signal: Signal) -> None:
         try:
             # The pop may have emptied (deleted) the list: a push that creates it sets its TTL.
             pipe = self._quick.pipeline(transaction=False)
-            pipe.rpush(done_key, _HANDED_BACK + signal)
+            pipe.rpush(done_key, signal.marked())
             pipe.expire(done_key, self._done_expire_s)
             await pipe.execute()
         except redis.RedisError as exc:
@@ -235,6 +243,23 @@ def _read_by_waiter(
         else:
             by_waiter.setdefault(waiting, {})[call_id] = None if reply is None else str(reply)
     return {waiting: read for waiting, read in by_waiter.items() if waiting not in failed}
+
+
+def _learned(
+    waiting: _Waiting, signal: Signal, read: dict[str, str | None] | None
+) -> dict[str, str | None] | None:
+    """What a woken waiter knows without a read of its own.
+
+    What was read behind the BLPOP and the result the signal carries; None when that does
+    not cover every call it reads.
+    """
+    if signal.result is None or signal.call_id not in waiting.reads:
+        return read
+    if read is not None:
+        return {**read, signal.call_id: signal.result}
+    if len(waiting.reads) == 1:
+        return {signal.call_id: signal.result}
+    return None
 
 
 def _wake(waiting: _Waiting, read: dict[str, str | None] | None) -> None:

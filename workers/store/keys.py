@@ -18,8 +18,9 @@ key                                type    TTL              written by          
                                                             main (renew)
 ``P:{tag}:calls``                  ZSET    ledger.ttl_s     register script     collect, CLI
                                            + 120 s (**)
-``P:{tag}:done``                   LIST    as ``calls``     finish script       gateway (BLPOP wake-up)
-                                           (**)
+``P:{tag}:done``                   LIST    as ``calls``     finish script       gateway (BLPOP wake-up
+                                           (**)             (result + call id,  carrying the answer)
+                                                            see (***))
 ``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
 ``P:{tag}:loops``                  HASH    loops.ttl_s      loop-check script   loop-check script
 ``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog,  gateway, watchdog, CLI
@@ -90,6 +91,12 @@ still has ``ledger.ttl_s`` ahead of it. ``done`` likewise from a finish, by ``do
 open while its record's state is not ``done``, and the run summary counts them (``open_n``).
 ``done`` empties on every wake-up, so the push that creates it (``RPUSH`` returns 1, in finish
 or in a waiter's hand-back) sets its TTL too.
+
+(***) A ``done`` entry is the winning result's JSON, U+001F, then the call id
+(:mod:`workers.store.done_signals`; older workers pushed the bare id; a waiter handing it
+to the run's other waiters pushes it again behind a NUL), so its waiter needs no read of the
+record. A result so sits twice for a moment, in the record and in the list until
+popped; a list nobody pops expires with it by the ``done`` TTL above.
 
 What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
 this table: the fields of the seven HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``,

@@ -23,6 +23,7 @@ from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall, past_first_look
 from workers.errors import StoreError
+from workers.store.done_signals import Signal
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key, index_keys
 from workers.store.ledger_args import claim_call, done_expire_s, finish_call
@@ -105,9 +106,6 @@ class CallRecord:
     def row(self) -> Row[CallField]:
         """The stored fields with their declared types and defaults."""
         return Row(CALL, self.fields)
-
-
-_HANDED_BACK = "\x00"  # marks a wake-up signal one waiter gave back to the run's other waiters
 
 
 # What the gateway and watchdog need of an unanswered call (ledger_open.lua reads these).
@@ -417,7 +415,8 @@ class Ledger:
         waiters may share a run (concurrent batches): a signal for a call not in ``mine`` is
         handed back once, marked, so its own waiter (served first: Redis wakes blocked
         clients in order) gets it at once instead of at its next check; a marked signal is
-        never handed back again, so a stale one cannot circulate.
+        never handed back again, so a stale one cannot circulate. A handed-back signal keeps the
+        result it carries (see :mod:`workers.store.done_signals`).
         """
         return self.wait_for_results(keys, timeout_s, mine=mine, read=()) is not None
 
@@ -426,25 +425,47 @@ class Ledger:
     ) -> dict[str, ToolResult] | None:
         """:meth:`wait_for_done`, then the delivered results among ``read``, in one round trip.
 
-        None when no signal came within ``timeout_s``. The reads are pipelined behind the
-        ``BLPOP`` on its connection, so Redis runs them the moment the signal is popped.
+        None when no signal came within ``timeout_s``. The signal of the winning finish carries
+        its result (:mod:`workers.store.done_signals`), so for one call nothing is read behind
+        the ``BLPOP``: its own signal is its answer, and after any other the record is read in
+        the round trip that may hand that signal back, in the same wake as before. For several
+        calls the reads are pipelined behind the ``BLPOP`` on its connection, so Redis runs
+        them the moment the signal is popped.
         """
+        behind = read if len(read) > 1 else ()
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
             pipe.blpop([keys.done], timeout=max(0.01, timeout_s))
-            for call_id in read:
+            for call_id in behind:
                 pipe.hget(keys.call(call_id), CallField.RESULT)
             popped, *raw = pipe.execute()
             if popped is None:
                 return None
-            signal = str(popped[1])
-            if mine and not signal.startswith(_HANDED_BACK) and signal not in mine:
-                # The pop may have emptied (deleted) the list: a push that creates it sets its TTL.
-                pipe = self.client.pipeline(transaction=False)
-                pipe.rpush(keys.done, _HANDED_BACK + signal)
-                pipe.expire(keys.done, done_expire_s(self.ttl_s))
-                pipe.execute()
-        return {cid: ToolResult.from_json(r) for cid, r in zip(read, raw, strict=True) if r}
+            signal = Signal.parse(str(popped[1]))
+            answers = {cid: ToolResult.from_json(r) for cid, r in zip(behind, raw, strict=True) if r}
+            if signal.call_id in read and (inline := signal.answer()) is not None:
+                answers[signal.call_id] = inline
+            follow = [] if behind else [cid for cid in read if cid not in answers]
+            answers.update(self._after_signal(keys, signal, mine, follow))
+        return answers
+
+    def _after_signal(
+        self, keys: RunKeys, signal: Signal, mine: Collection[str], follow: Sequence[str]
+    ) -> dict[str, ToolResult]:
+        """Hand ``signal`` back if it is not for ``mine``, and read ``follow``: one round trip."""
+        hand_back = bool(mine) and not signal.handed_back and signal.call_id not in mine
+        if not hand_back and not follow:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        if hand_back:
+            # The pop may have emptied (deleted) the list: a push that creates it sets its TTL.
+            pipe.rpush(keys.done, signal.marked())
+            pipe.expire(keys.done, done_expire_s(self.ttl_s))
+        for call_id in follow:
+            pipe.hget(keys.call(call_id), CallField.RESULT)
+        replies = pipe.execute()
+        raw = replies[len(replies) - len(follow) :]
+        return {cid: ToolResult.from_json(r) for cid, r in zip(follow, raw, strict=True) if r}
 
     def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""

@@ -436,7 +436,9 @@ KEY_RECORDS: Final = (
     KeyRecord("calls", "RunKeys.calls", "ZSET", _RUN_KEYS_TTL,
               "member call id, score submitted ms"),
     KeyRecord("done", "RunKeys.done", "LIST", _DONE_TTL + " (done_ttl_ms)",
-              "ids of answered calls (the waiting gateway's wake-up)"),
+              "'<result JSON>\\x1f<call id>' per answered call (done_signals.py; a bare id from"
+              " older workers): the waiting gateway's wake-up with its answer. The result sits"
+              " here too until popped; an unpopped list expires with the done TTL"),
     KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",
               "member '<seq>|<entry json>', score seq (see loop_history.py)"),
     KeyRecord("due", "index_keys.due", "ZSET", _REFRESHED,

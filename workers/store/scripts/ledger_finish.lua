@@ -7,6 +7,9 @@
 -- answer past the deadline (or a record the registration did not write) extends it; the done
 -- list is given its TTL when this push created it or its last TTL is a refresh interval old
 -- (done_ttl_ms, see lib_run_summary.lua).
+-- The done signal is the result, then '\31' (U+001F, which JSON never holds raw), then the call
+-- id: the waiter it wakes has the answer without reading the record back (the result sits in
+-- the list too until popped). workers/store/done_signals.py reads it; keep the two agreeing.
 -- The worker's lease is not deleted: it runs out by itself within lease.ttl_s (its keeper
 -- stops renewing when the task ends), and every reader of a lease reads the call's state
 -- first, so a lease on an answered call means nothing. That saves a DEL per call; the price
@@ -26,7 +29,7 @@ redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3
 if tonumber(ARGV[4]) > (tonumber(call[2] or 0) or 0) then
   redis.call('EXPIRE', KEYS[1], ttl)
 end
-local signals = redis.call('RPUSH', KEYS[3], ARGV[1])
+local signals = redis.call('RPUSH', KEYS[3], ARGV[2] .. '\31' .. ARGV[1])
 local run = read_run(KEYS[4])
 local open_delta, claimed_delta = was_open and -1 or 0, was_claimed and -1 or 0
 if signals > 1 and ttl_fresh(run, DONE_TTL, ARGV[4], refresh) then
