@@ -96,6 +96,8 @@ def copy_prefix(raw: redis.Redis, source: str, target: str) -> None:
     rows = pipe.execute()
     pipe = raw.pipeline(transaction=False)
     for n, key in enumerate(keys):
+        if rows[2 * n] is None:  # expired since the scan (a lease an answer left to run out)
+            continue
         name = target.encode() + key[len(source) :]
         pipe.restore(name, max(0, rows[2 * n + 1]), rows[2 * n], replace=True)
     pipe.execute()
@@ -125,7 +127,9 @@ def _lease_indexes(prefix: str) -> set[str]:
 
 def _values(client: redis.Redis, prefix: str) -> list[tuple[str, str, Any, bool]]:
     """(name without the prefix, type, value, whether it expires) of every key under ``prefix``."""
-    keys = sorted(client.scan_iter(match=f"{prefix}:*", count=1000))
+    # Lease keys are left out: no sweep writes one, and an answer leaves its lease to run out
+    # on the clock, so whether it is still there says when the copy was read, not what a path did.
+    keys = sorted(k for k in client.scan_iter(match=f"{prefix}:*", count=1000) if ":lease:" not in k)
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.type(key)
