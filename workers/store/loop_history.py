@@ -31,7 +31,7 @@ from workers.core.loops.signals import WindowSignals
 from workers.errors import StoreError
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, store_errors
-from workers.store.lua import LOOP_STATE_LIBRARY, load_script
+from workers.store.lua import LOOP_STATE_LIBRARY, load_script, run_script
 from workers.store.records import RunField
 
 __all__ = ["RedisLoopHistory"]
@@ -135,7 +135,7 @@ class RedisLoopHistory:
         body = _entry_body(entry, now_ms)
         args = [size, body, self._ttl_s, now_ms, mode, evidence_at, entry.tool_name, entry.args_hash]
         try:
-            return self._record_call(keys=[keys.history, keys.loop_state], args=args)
+            return run_script(self._client, self._record_call, [keys.history, keys.loop_state], args)
         except redis.RedisError as exc:
             raise StoreError(f"loop history append failed: {exc}") from exc
 
@@ -143,7 +143,7 @@ class RedisLoopHistory:
         """Remove a call appended by :meth:`record_call` that was then blocked."""
         keys = self._keys(scope)
         try:
-            self._discard(keys=[keys.history, keys.loop_state], args=[seq])
+            run_script(self._client, self._discard, [keys.history, keys.loop_state], [seq])
         except redis.RedisError as exc:
             raise StoreError(f"loop history discard failed: {exc}") from exc
 
@@ -170,7 +170,9 @@ class RedisLoopHistory:
             now_ms,
         ]
         try:
-            window = self._record_outcome(keys=[keys.history, keys.run, keys.loop_state], args=args)
+            window = run_script(
+                self._client, self._record_outcome, [keys.history, keys.run, keys.loop_state], args
+            )
         except redis.RedisError as exc:
             raise StoreError(f"loop outcome record failed: {exc}") from exc
         if not window:

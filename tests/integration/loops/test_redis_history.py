@@ -127,3 +127,17 @@ def test_cli_replays_through_redis_and_deletes_its_keys(loop_redis: redis.Redis,
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == replay(json.loads(fixture.read_text()), InMemoryLoopHistory)
     assert loop_redis.dbsize() == 0
+
+
+def test_a_server_that_lost_its_scripts_is_given_them_again(loop_redis: redis.Redis) -> None:
+    # Given a store whose scripts were loaded, then flushed (as a Redis restart loses them)
+    store = _store(loop_redis)
+    store.record_call(SCOPE, HistoryEntry(0, "read", "read:1", "c1"), 3, now_ms=1)
+    loop_redis.script_flush()
+    # When the next check, outcome and discard run
+    signals, seq = store.check_call(SCOPE, HistoryEntry(0, "read", "read:1", "c2"), 3, 20, now_ms=2)
+    store.record_outcome(SCOPE, HistoryEntry(0, "read", "read:1", "c1", result_hash="h"), 3, None, now_ms=3)
+    store.discard_call(SCOPE, seq)
+    # Then each loaded its script again and did its work
+    assert signals.recent == 1  # the record of c1, read through the reloaded script
+    assert loop_redis.zcard(RunKeys("t", "sess", "run-1").history) == 1

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 import redis
 
 from workers.core.loops import HistoryEntry, InMemoryLoopHistory, RunScope
+from workers.store.keys import RunKeys
 from workers.store.loop_history import RedisLoopHistory
+from workers.store.lua import LOOP_STATE_LIBRARY, script_text
 
 TOOLS = ("a", "b")
 ARGS = ("x", "y", "z")
@@ -75,7 +77,26 @@ class Twin:
             self.redis.discard_call(self.scope, redis_seq)
 
 
-def _random_run(seed: int, client: redis.Redis) -> Twin:
+# The library's own rebuild, into a scratch hash beside the run's state (same hash tag).
+_REBUILD = script_text(LOOP_STATE_LIBRARY) + "rebuild(KEYS[1], KEYS[2], tonumber(ARGV[1]))\nreturn 1"
+# Kept for loop_discard.lua only: the state before the last append, never rebuilt.
+_APPEND_UNDO = {"alt_prev", "alt_seq"}
+
+
+def _state_and_rebuild(
+    client: redis.Redis, scope: RunScope, size: int
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The run's incrementally kept state and the state rebuilt from its window, as hashes."""
+    keys = RunKeys("p", scope.session_key, scope.run_id)
+    scratch = keys.loop_state + ":rebuilt"
+    client.eval(_REBUILD, 2, keys.history, scratch, size)
+    kept = {str(k): str(v) for k, v in client.hgetall(keys.loop_state).items()}
+    rebuilt = {str(k): str(v) for k, v in client.hgetall(scratch).items()}
+    client.delete(scratch)
+    return {k: v for k, v in kept.items() if k not in _APPEND_UNDO}, rebuilt
+
+
+def _random_run(seed: int, client: redis.Redis, *, compare_state: bool = False) -> Twin:
     rng = random.Random(seed)
     store = RedisLoopHistory(client, prefix="p", ttl_s=60)
     twin = Twin(InMemoryLoopHistory(), store, RunScope("s", f"r{seed}"))
@@ -90,6 +111,10 @@ def _random_run(seed: int, client: redis.Redis) -> Twin:
             twin.check(rng, size, evidence_at=rng.choice((2, 3, 4)), n=n)
         else:
             twin.outcome(rng, size, n)
+        if compare_state and n % 7 == 0:
+            kept, rebuilt = _state_and_rebuild(client, twin.scope, size)
+            if "size" in kept and kept["size"] == str(size):  # not marked for a rebuild, and not resized
+                assert kept == rebuilt, (seed, n, size)
     return twin
 
 
@@ -104,6 +129,14 @@ def test_signals_match_the_reference_through_random_runs(loop_redis: redis.Redis
         seen |= twin.seen
     # And the runs met every kind of signal, so each was compared
     assert seen == {"stalled", "repeats", "unknown", "alternation", "evidence"}
+
+
+def test_the_kept_state_equals_a_rebuild_from_the_window(loop_redis: redis.Redis) -> None:
+    # Given random runs (checks, outcomes in and out of order, discards, resizes)
+    # When the state kept step by step is compared with one rebuilt from the window
+    # Then every counter, streak and the alternating tail are equal, field by field
+    for seed in range(100, 106):
+        assert _random_run(seed, loop_redis, compare_state=True).checks > 100
 
 
 def test_a_ping_pong_with_evidence_and_an_unknown_streak_are_seen_alike(loop_redis: redis.Redis) -> None:

@@ -78,18 +78,23 @@ local function put(list, field, value)
   list[#list + 1] = value
 end
 
--- The oldest record of the window leaves it: one read and at most one write and one delete.
-local function remove_oldest(state, entry)
+-- The oldest record of the window leaves it: at most one read here; its writes are added to
+-- `set` and `gone`, for the caller's one HSET and one HDEL (flush). `entering` is 1 when the
+-- append that pushes it out is a pending record of the same call (its count is then written
+-- here, net of both), else 0.
+local function remove_oldest(state, entry, set, gone, entering)
   local call = call_of(entry.t, entry.a)
   if entry.h == nil then
-    bump(state, 'n:' .. call, -1)
+    if entering == 0 then
+      bump(state, 'n:' .. call, -1)
+    end
     return
   end
   local triple = 'x:' .. triple_of(entry)
   local row = redis.call('HMGET', state, 'n:' .. call, 'm:' .. call, 'k:' .. call, triple, 'res', 'dist')
-  local n, m, k = tonumber(row[1] or '0') - 1, tonumber(row[2] or '0'), tonumber(row[3] or '0')
+  local n, m, k = tonumber(row[1] or '0') - 1 + entering, tonumber(row[2] or '0'), tonumber(row[3] or '0')
   local x, res, dist = tonumber(row[4] or '0') - 1, tonumber(row[5] or '0') - 1, tonumber(row[6] or '0')
-  local set, gone = {'res', res}, {}
+  put(set, 'res', res)
   if n > 0 then
     put(set, 'n:' .. call, n)
   else
@@ -109,7 +114,13 @@ local function remove_oldest(state, entry)
     gone[#gone + 1] = triple
     put(set, 'dist', dist - 1)
   end
-  redis.call('HSET', state, unpack(set))
+end
+
+-- Write what remove_oldest and its caller collected: one HSET, and one HDEL when needed.
+local function flush(state, set, gone)
+  if #set > 0 then
+    redis.call('HSET', state, unpack(set))
+  end
   if #gone > 0 then
     redis.call('HDEL', state, unpack(gone))
   end

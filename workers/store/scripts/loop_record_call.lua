@@ -84,13 +84,21 @@ if last[2] then
 end
 entry.s = seq
 redis.call('ZADD', hist, seq, seq .. '|' .. ARGV[2])
-bump(state, 'n:' .. call, 1) -- a pending record: only its count changes
+-- The state's writes, folded into one HSET: the new alternating tail (and the one it replaces,
+-- for loop_discard.lua), this call's count, and the leaving record's counts.
+local set, gone = {'alt', cjson.encode(next_alt(alt, entry, n)), 'alt_prev', row[2] or cjson.encode(NO_ALT),
+                   'alt_seq', seq}, {}
 local leaving = redis.call('ZRANGE', hist, -(n + 1), -(n + 1))
-if leaving[1] then
-  remove_oldest(state, decode(leaving[1]))
+local old = leaving[1] and decode(leaving[1])
+if old and call_of(old.t, old.a) == call then
+  remove_oldest(state, old, set, gone, 1) -- one record of this call enters, one leaves
+else
+  put(set, 'n:' .. call, tonumber(row[3] or '0') + 1) -- a pending record: only its count changes
+  if old then
+    remove_oldest(state, old, set, gone, 0)
+  end
 end
-redis.call('HSET', state, 'alt', cjson.encode(next_alt(alt, entry, n)), 'alt_prev', row[2] or cjson.encode(NO_ALT),
-           'alt_seq', seq)
+flush(state, set, gone)
 redis.call('ZREMRANGEBYRANK', hist, 0, -(n + 2))
 redis.call('EXPIRE', hist, ttl)
 redis.call('EXPIRE', state, ttl)

@@ -64,11 +64,11 @@ if ARGV[1] ~= '' then
     local alt = read_alt(state)
     add(state, entry, true)
     local leaving = redis.call('ZRANGE', hist, -(n + 1), -(n + 1))
+    local set, gone = {'alt', cjson.encode(next_alt(alt, entry, n))}, {'alt_prev', 'alt_seq'}
     if leaving[1] then
-      remove_oldest(state, decode(leaving[1]))
+      remove_oldest(state, decode(leaving[1]), set, gone, 0)
     end
-    redis.call('HSET', state, 'alt', cjson.encode(next_alt(alt, entry, n)))
-    redis.call('HDEL', state, 'alt_prev', 'alt_seq')
+    flush(state, set, gone)
   end
   redis.call('ZREMRANGEBYRANK', hist, 0, -(n + 1))
   ensure_state(hist, state, n)
