@@ -37,8 +37,9 @@ from workers.core.models import CallState
 from workers.core.run_health import RunStatus
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
+from workers.store.connection import connect
 from workers.store.keys import SessionKeys, all_index_keys, index_keys, member_bucket, run_member
-from workers.store.ledger import Ledger, connect
+from workers.store.ledger import Ledger
 from workers.store.records import CallField, LaneField, RunField
 from workers.store.sessions import SessionStore
 from workers.watchdog.alerts import AlertSink

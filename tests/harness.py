@@ -27,7 +27,7 @@ from workers.core.models import CallJob
 from workers.errors import StoreError
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.ledger import connect
+from workers.store.connection import connect
 
 if TYPE_CHECKING:
     import pytest

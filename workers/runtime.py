@@ -11,7 +11,8 @@ from functools import cache
 from workers.core.failure_policy import NO_RULES, FailureRules
 from workers.settings import Settings, load_settings
 from workers.store.aledger import AsyncLedger, DoneListener, aconnect
-from workers.store.ledger import Ledger, connect
+from workers.store.connection import connect
+from workers.store.ledger import Ledger
 from workers.tools.loader import load_tools
 from workers.tools.registry import ToolSpec
 

@@ -32,7 +32,8 @@ from workers.core.models import CallJob, ToolCall
 from workers.core.run_health import RunStatus
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
-from workers.store.ledger import Ledger, connect
+from workers.store.connection import connect
+from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
 from workers.task_names import INVOKE_TASK, SWEEP_TASK
 

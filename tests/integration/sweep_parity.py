@@ -26,8 +26,9 @@ import redis
 
 from workers.core.models import TextBlock, ToolResult
 from workers.settings import Settings
+from workers.store.connection import connect
 from workers.store.keys import all_index_keys
-from workers.store.ledger import Ledger, connect
+from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
 from workers.store.sweep_scripts import RunSweep, SweepScripts
 from workers.watchdog.alerts import AlertSink

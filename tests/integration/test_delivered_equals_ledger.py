@@ -20,7 +20,8 @@ from workers.core.results import answer_by_deadline, deadline_result, success_re
 from workers.gateway.persister import Persister
 from workers.gateway.waiting import Batch, Waiter
 from workers.settings import Settings
-from workers.store.ledger import Ledger, connect
+from workers.store.connection import connect
+from workers.store.ledger import Ledger
 from workers.watchdog.due_calls import sweep_due_calls
 
 pytestmark = pytest.mark.timeout(30)

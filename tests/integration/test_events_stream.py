@@ -9,7 +9,8 @@ import pytest
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import success_result, synthetic_result
 from workers.local.up_events import StreamWatcher
-from workers.store.ledger import Ledger, connect
+from workers.store.connection import connect
+from workers.store.ledger import Ledger
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from workers import ToolCall, ToolGateway
 from workers.answering import reap
 from workers.core.failure_policy import FallbackRule
 from workers.core.models import SyntheticReason, ToolResult
-from workers.store.ledger import Ledger, connect
+from workers.store.connection import connect
+from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,7 +18,8 @@ from workers.core.refusals import RefusalReason
 from workers.core.results import success_result, synthetic_result, tool_error_result
 from workers.local.embedded_redis import free_port
 from workers.ops.metrics import LedgerCollector
-from workers.store.ledger import Ledger, connect
+from workers.store.connection import connect
+from workers.store.ledger import Ledger
 from workers.store.refused import count_refusal
 from workers.store.runs import AgentBeats, ensure_run
 from workers.store.sessions import SessionStore

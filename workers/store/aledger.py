@@ -27,12 +27,12 @@ from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
 from workers.errors import StoreError
+from workers.store.call_views import OPEN_FIELDS, announce, event_entry, open_call, synthetic_event_fields
 from workers.store.done_listener import DoneListener
 from workers.store.done_signals import results_of
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key
 from workers.store.keys import run_member as run_index_member
-from workers.store.ledger import _OPEN_FIELDS, _open_call, announce, event_entry, synthetic_event_fields
 from workers.store.ledger_args import finish_call
 from workers.store.lua import script_source
 from workers.store.records import CALL, CallField
@@ -56,7 +56,7 @@ async def astore_errors() -> AsyncIterator[None]:
 def aconnect(
     url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, max_connections: int
 ) -> aredis.Redis:
-    """An asyncio client for ``url`` with bounded timeouts (like :func:`~workers.store.ledger.connect`).
+    """An asyncio client for ``url`` with bounded timeouts (like :func:`~workers.store.connection.connect`).
 
     Its pool holds at most ``max_connections``; a command finding them all busy waits for one
     (up to the socket timeout) instead of connecting again: under load, connecting is what
@@ -264,12 +264,12 @@ class AsyncLedger:
             return []
         script_keys = [k for cid in call_ids for k in (keys.call(cid), keys.lease(cid))]
         async with astore_errors():
-            replies = await self._script(self._open, script_keys, list(_OPEN_FIELDS))
+            replies = await self._script(self._open, script_keys, list(OPEN_FIELDS))
         calls = []
         for call_id, (lease_alive, reply) in zip(call_ids, replies, strict=True):
-            row = Row.zip(CALL, _OPEN_FIELDS, reply, where=keys.call(call_id))
+            row = Row.zip(CALL, OPEN_FIELDS, reply, where=keys.call(call_id))
             if CallField.CALL_ID in row:  # registered (not expired, not a stray write)
-                calls.append(_open_call(row, bool(lease_alive)))
+                calls.append(open_call(row, bool(lease_alive)))
         return [call for call in calls if call.state is not CallState.DONE]
 
     async def run_call_ids(self, keys: RunKeys) -> list[str]:

@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workers.core.breakers import BreakerPolicy, BreakerSnapshot, BreakerState, Transition, describe
+from workers.store.connection import store_errors
 from workers.store.keys import BreakerKeys, RunKeys
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.lua import load_script
 from workers.store.records import BREAKER, BreakerField
 from workers.store.rows import Row

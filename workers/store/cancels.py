@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from workers.core.models import CallState
 from workers.errors import StoreError
+from workers.store.connection import store_errors
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.lua import load_script
 from workers.store.records import CallField
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers.store.connection import store_errors
 from workers.store.keys import events_stream_key
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 
 __all__ = ["last_event_id", "read_events", "recent_events"]
 

@@ -7,11 +7,9 @@ Every multi-step change is one Lua script over the keys of a single run (see
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.client import Pipeline
@@ -22,65 +20,25 @@ from redis.exceptions import NoScriptError
 from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall, past_first_look
-from workers.errors import StoreError
-from workers.store.done_signals import Signal
+from workers.store.call_views import (
+    OPEN_FIELDS,
+    CallRecord,
+    announce,
+    event_entry,
+    open_call,
+    synthetic_event_fields,
+)
+from workers.store.connection import store_errors
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key, index_keys
-from workers.store.ledger_args import claim_call, done_expire_s, finish_call
+from workers.store.ledger_args import claim_call, finish_call
 from workers.store.lua import load_script
-from workers.store.records import CALL, CallField, EventField, pgid_field, pgid_of
+from workers.store.records import CALL, CallField, pgid_field, pgid_of
 from workers.store.registration import RegisterStep, Registration
 from workers.store.rows import Row, reply_member
+from workers.store.waiting import wait_for_results
 
-__all__ = [
-    "CallRecord",
-    "Claim",
-    "Ledger",
-    "Registration",
-    "connect",
-    "store_errors",
-]
-
-log = logging.getLogger(__name__)
-
-
-@contextmanager
-def store_errors() -> Iterator[None]:
-    """Turn redis-py connection and protocol errors into ``StoreError``."""
-    try:
-        yield
-    except redis.RedisError as exc:
-        raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
-
-
-def connect(
-    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, cluster: bool = False
-) -> redis.Redis:
-    """A client for ``url`` with bounded timeouts, so no store call can hang a caller.
-
-    With ``cluster`` it is a :class:`~redis.cluster.RedisCluster` that finds every master
-    from ``url``'s node. It is typed as ``redis.Redis`` on purpose: the store calls only
-    commands both share, each script's keys share one slot (see :mod:`workers.store.keys`),
-    and the one place that needs a single node, the sweep's scripts, checks the real class
-    (:func:`workers.store.sweep_scripts.server_side_ok`).
-    """
-    if not url:
-        raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
-    if cluster:
-        client = RedisCluster.from_url(
-            url,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_connect_timeout_s,
-            decode_responses=True,
-        )
-        return cast(redis.Redis, client)
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=socket_connect_timeout_s,
-        health_check_interval=5,
-        decode_responses=True,
-    )
+__all__ = ["Claim", "Ledger", "Registration"]
 
 
 @dataclass(frozen=True)
@@ -92,27 +50,6 @@ class Claim:
     registered_tool: str = ""  # the tool the call was registered with ('' when unregistered)
 
 
-@dataclass(frozen=True)
-class CallRecord:
-    """A call as the ledger holds it; ``fields`` as stored, ``row`` to read them by declared name."""
-
-    call_id: str
-    tool: str
-    state: CallState
-    result: ToolResult | None
-    fields: dict[str, str]
-
-    @property
-    def row(self) -> Row[CallField]:
-        """The stored fields with their declared types and defaults."""
-        return Row(CALL, self.fields)
-
-
-# What the gateway and watchdog need of an unanswered call (ledger_open.lua reads these).
-_OPEN_FIELDS = (
-    CallField.CALL_ID, CallField.STATE, CallField.DEADLINE_MS, CallField.ATTEMPT, CallField.IDEMPOTENT,
-    CallField.DISPATCHED, CallField.SUBMITTED_MS, CallField.TOOL,
-)  # fmt: skip
 _RUNNING_FIELDS = (CallField.STATE, CallField.WORKER, CallField.HB_MS)
 
 
@@ -423,49 +360,11 @@ class Ledger:
     def wait_for_results(
         self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()
     ) -> dict[str, ToolResult] | None:
-        """:meth:`wait_for_done`, then the delivered results among ``read``, in one round trip.
+        """:meth:`wait_for_done`, then the delivered results among ``read``.
 
-        None when no signal came within ``timeout_s``. The signal of the winning finish carries
-        its result (:mod:`workers.store.done_signals`), so for one call nothing is read behind
-        the ``BLPOP``: its own signal is its answer, and after any other the record is read in
-        the round trip that may hand that signal back, in the same wake as before. For several
-        calls the reads are pipelined behind the ``BLPOP`` on its connection, so Redis runs
-        them the moment the signal is popped.
+        See :func:`workers.store.waiting.wait_for_results`.
         """
-        behind = read if len(read) > 1 else ()
-        with store_errors():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.blpop([keys.done], timeout=max(0.01, timeout_s))
-            for call_id in behind:
-                pipe.hget(keys.call(call_id), CallField.RESULT)
-            popped, *raw = pipe.execute()
-            if popped is None:
-                return None
-            signal = Signal.parse(str(popped[1]))
-            answers = {cid: ToolResult.from_json(r) for cid, r in zip(behind, raw, strict=True) if r}
-            if signal.call_id in read and (inline := signal.answer()) is not None:
-                answers[signal.call_id] = inline
-            follow = [] if behind else [cid for cid in read if cid not in answers]
-            answers.update(self._after_signal(keys, signal, mine, follow))
-        return answers
-
-    def _after_signal(
-        self, keys: RunKeys, signal: Signal, mine: Collection[str], follow: Sequence[str]
-    ) -> dict[str, ToolResult]:
-        """Hand ``signal`` back if it is not for ``mine``, and read ``follow``: one round trip."""
-        hand_back = bool(mine) and not signal.handed_back and signal.call_id not in mine
-        if not hand_back and not follow:
-            return {}
-        pipe = self.client.pipeline(transaction=False)
-        if hand_back:
-            # The pop may have emptied (deleted) the list: a push that creates it sets its TTL.
-            pipe.rpush(keys.done, signal.marked())
-            pipe.expire(keys.done, done_expire_s(self.ttl_s))
-        for call_id in follow:
-            pipe.hget(keys.call(call_id), CallField.RESULT)
-        replies = pipe.execute()
-        raw = replies[len(replies) - len(follow) :]
-        return {cid: ToolResult.from_json(r) for cid, r in zip(follow, raw, strict=True) if r}
+        return wait_for_results(self.client, keys, timeout_s, mine=mine, read=read, ttl_s=self.ttl_s)
 
     def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""
@@ -473,12 +372,12 @@ class Ledger:
             return []
         script_keys = [k for cid in call_ids for k in (keys.call(cid), keys.lease(cid))]
         with store_errors():
-            replies = self._open(keys=script_keys, args=list(_OPEN_FIELDS))
+            replies = self._open(keys=script_keys, args=list(OPEN_FIELDS))
         calls = []
         for call_id, (lease_alive, reply) in zip(call_ids, replies, strict=True):
-            row = Row.zip(CALL, _OPEN_FIELDS, reply, where=keys.call(call_id))
+            row = Row.zip(CALL, OPEN_FIELDS, reply, where=keys.call(call_id))
             if CallField.CALL_ID in row:  # registered (not expired, not a stray write)
-                calls.append(_open_call(row, bool(lease_alive)))
+                calls.append(open_call(row, bool(lease_alive)))
         return [call for call in calls if call.state is not CallState.DONE]
 
     def run_call_ids(self, keys: RunKeys) -> list[str]:
@@ -490,63 +389,10 @@ class Ledger:
         """The full record of one call, or None."""
         with store_errors():
             raw = self.client.hgetall(keys.call(call_id))
-        fields = {str(k): str(v) for k, v in raw.items()}
-        if not fields:
-            return None
-        row = Row(CALL, fields, where=keys.call(call_id))
-        stored = row.raw(CallField.RESULT)
-        result = ToolResult.from_json(stored) if stored is not None else None
-        state = row.member(CallField.STATE, CallState)
-        return CallRecord(call_id, row.text(CallField.TOOL), state, result, fields)
+        return CallRecord.of(keys, call_id, {str(k): str(v) for k, v in raw.items()})
 
     def late_results(self, keys: RunKeys, call_id: str) -> list[ToolResult]:
         """Results that lost the race for a call (audit)."""
         with store_errors():
             raw = self.client.lrange(keys.late(call_id), 0, -1)
         return [ToolResult.from_json(r) for r in raw]
-
-
-def _open_call(row: Row[CallField], lease_alive: bool) -> OpenCall:
-    return OpenCall(
-        call_id=row.text(CallField.CALL_ID),
-        tool=row.text(CallField.TOOL),
-        state=row.member(CallField.STATE, CallState),
-        deadline_ms=row.integer(CallField.DEADLINE_MS),
-        attempt=row.integer(CallField.ATTEMPT),
-        lease_alive=lease_alive,
-        idempotent=row.flag(CallField.IDEMPOTENT),
-        dispatched=row.flag(CallField.DISPATCHED),
-        submitted_ms=row.integer(CallField.SUBMITTED_MS),
-    )
-
-
-def synthetic_event_fields(keys: RunKeys, result: ToolResult, writer: str) -> dict[str, Any]:
-    """The fields of the ``synthetic`` event a writer publishes when its synthetic answer won."""
-    return dict(  # keywords, as publish_event takes them: no field literals in the store
-        session=keys.session_key,
-        run=keys.run_id,
-        call=result.tool_call_id,
-        tool=result.tool_name,
-        reason=result.reason or "",
-        writer=writer,
-        elapsed_s=round(int(result.details.get("elapsed_ms", 0)) / 1000, 2),
-    )
-
-
-def event_entry(kind: str, fields: dict[str, Any]) -> dict[str, str]:
-    """An events-stream entry: the kind, and every other field as a string (JSON when not one)."""
-    return {
-        EventField.KIND: kind,
-        **{k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()},
-    }
-
-
-def announce(
-    listeners: Sequence[Callable[[RunKeys, ToolResult], None]], keys: RunKeys, result: ToolResult
-) -> None:
-    """Tell ``listeners`` that ``result`` was stored first; a listener never fails the write."""
-    for listener in listeners:
-        try:
-            listener(keys, result)
-        except Exception as exc:  # noqa: BLE001 - a listener never makes a stored answer fail
-            log.warning("answer listener failed for call %s: %s", result.tool_call_id, exc)

@@ -29,8 +29,9 @@ from workers.core.loops.guard import GuardTriple
 from workers.core.loops.history import WARNING_KEY_LIMIT, HistoryEntry, RunScope
 from workers.core.loops.signals import WindowSignals
 from workers.errors import StoreError
+from workers.store.connection import store_errors
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.lua import LOOP_STATE_LIBRARY, load_script, run_script
 from workers.store.records import RunField
 

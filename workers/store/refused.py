@@ -9,8 +9,8 @@ from __future__ import annotations
 import redis
 
 from workers.core.refusals import RefusalReason
+from workers.store.connection import store_errors
 from workers.store.keys import refused_key
-from workers.store.ledger import store_errors
 from workers.store.records import REFUSED
 from workers.store.rows import Row
 

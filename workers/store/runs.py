@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workers.core.run_health import RunStatus
+from workers.store.connection import store_errors
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.lua import load_script
 from workers.store.records import RUN, RunField
 from workers.store.rows import Row

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from workers.store.ledger import connect
+from workers.store.connection import connect
 
 __all__ = ["PingProbe", "ping_error"]
 

@@ -15,6 +15,7 @@ import redis
 
 from workers.core.models import CallState
 from workers.core.run_health import CallActivity
+from workers.store.connection import store_errors
 from workers.store.keys import (
     RunKeys,
     SessionKeys,
@@ -23,7 +24,7 @@ from workers.store.keys import (
     parse_lane_key,
     parse_run_member,
 )
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.records import CALL, LANE, RUN, CallField, LaneField, RunField
 from workers.store.rows import Row
 

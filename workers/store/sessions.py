@@ -27,8 +27,9 @@ from collections.abc import Iterable
 from workers.core.models import SyntheticReason
 from workers.core.reaper import answer_open_call
 from workers.core.run_health import RunStatus
+from workers.store.connection import store_errors
 from workers.store.keys import RunKeys, index_keys, member_bucket, run_member, sweep_lock_key
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.lua import load_script
 from workers.store.records import CallField, RunField
 from workers.store.session_reads import Lane, RunInfo, SessionReads

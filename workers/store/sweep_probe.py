@@ -12,8 +12,9 @@ import redis
 
 from workers.core.models import CallState
 from workers.core.reaper import DueVerdict
+from workers.store.connection import store_errors
 from workers.store.keys import RunKeys, all_index_keys, parse_due_member
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.records import CALL, CallField
 from workers.store.rows import Row
 

@@ -24,6 +24,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from workers.store.connection import store_errors
 from workers.store.keys import (
     RunKeys,
     all_index_keys,
@@ -31,7 +32,7 @@ from workers.store.keys import (
     parse_due_member,
     parse_run_member,
 )
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.lua import load_script
 from workers.store.sweep_probe import bucket_ranges
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workers.store.connection import store_errors
 from workers.store.keys import watchdog_key
-from workers.store.ledger import Ledger, store_errors
+from workers.store.ledger import Ledger
 from workers.store.lua import load_script
 from workers.store.records import WATCHDOG, WatchdogField
 from workers.store.rows import Row
