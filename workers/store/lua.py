@@ -60,7 +60,7 @@ def run_script(client: redis.Redis, script: Script, keys: list[str], args: list[
     whose target is measured in PINGs.
     """
     try:
-        return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
     except NoScriptError:
         script.sha = client.script_load(script.script)
-        return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
