@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError
 from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ClaimStatus, ToolResult
 from workers.core.reaper import OpenCall, past_first_look
+from workers.store.answer_wait import wait_for_results
 from workers.store.call_views import (
     OPEN_FIELDS,
     CallRecord,
@@ -36,7 +37,6 @@ from workers.store.lua import load_script
 from workers.store.records import CALL, CallField, pgid_field, pgid_of
 from workers.store.registration import RegisterStep, Registration
 from workers.store.rows import Row, reply_member
-from workers.store.waiting import wait_for_results
 
 __all__ = ["Claim", "Ledger", "Registration"]
 
@@ -362,7 +362,7 @@ class Ledger:
     ) -> dict[str, ToolResult] | None:
         """:meth:`wait_for_done`, then the delivered results among ``read``.
 
-        See :func:`workers.store.waiting.wait_for_results`.
+        See :func:`workers.store.answer_wait.wait_for_results`.
         """
         return wait_for_results(self.client, keys, timeout_s, mine=mine, read=read, ttl_s=self.ttl_s)
 
