@@ -25,18 +25,28 @@ def reap(
 ) -> int:
     """Check ``call_ids`` of one run and act; returns how many calls were answered here.
 
-    Without ``redispatch`` (nobody can send tasks) lost calls are answered ``worker_lost``.
+    Without ``redispatch`` (nobody can send tasks) lost calls are answered ``worker_lost`` and
+    lost messages wait for their deadline; with it, an unclaimed message is published again
+    once it has waited ``min_rerun_ms`` (a lease), then twice that, and so on.
     """
     snapshot = ledger.open_calls(keys, call_ids)
     actions = decide(
-        snapshot, now_ms=now_ms, min_rerun_ms=min_rerun_ms, undispatched_after_ms=undispatched_after_ms
+        snapshot,
+        now_ms=now_ms,
+        min_rerun_ms=min_rerun_ms,
+        undispatched_after_ms=undispatched_after_ms,
+        republish_after_ms=min_rerun_ms if redispatch is not None else None,
     )
     by_id = {call.call_id: call for call in snapshot}
     answered = 0
     for action in actions:
         call = by_id[action.call_id]
-        if action.kind is ActionKind.REQUEUE and redispatch is not None:
-            if ledger.requeue(keys, call.call_id, expected_attempt=call.attempt):
+        if redispatch is not None and action.kind is ActionKind.REQUEUE:
+            if ledger.requeue(keys, call.call_id, expected_attempt=call.attempt, now_ms=now_ms):
+                redispatch(keys, call.call_id)
+            continue
+        if redispatch is not None and action.kind is ActionKind.REPUBLISH:
+            if ledger.count_republish(keys, call.call_id, expected=call.republishes, now_ms=now_ms):
                 redispatch(keys, call.call_id)
             continue
         result = answer_open_call(call, action.reason or SyntheticReason.WORKER_LOST, now_ms=now_ms)

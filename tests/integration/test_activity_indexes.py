@@ -256,7 +256,7 @@ def test_run_summary_counts_open_and_claimed_calls_through_every_change(store: S
     led.claim(keys, "a", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
     seen.append(counts())
     store.client.delete(keys.lease("a"))
-    assert led.requeue(keys, "a", expected_attempt=1)
+    assert led.requeue(keys, "a", expected_attempt=1, now_ms=T0 + 2)
     seen.append(counts())
     led.claim(keys, "a", worker_id="w:2", now_ms=T0 + 2, tool="echo", job_digest="d")
     led.claim(

@@ -115,6 +115,54 @@ def test_undispatched_rule_is_off_without_a_threshold() -> None:
     assert decide([call], now_ms=NOW_MS, min_rerun_ms=MIN_RERUN_MS) == []
 
 
+REPUBLISH_MS = 4_000
+# Published 3 s ago, claimed by nobody since: what a message lost in a killed worker looks like.
+QUEUED = replace(LIVE, state=CallState.PENDING, attempt=0, lease_alive=False)
+
+
+@pytest.mark.parametrize(
+    ("changes", "republished"),
+    [
+        ({}, False),  # 3 s in the queue: not yet one republish interval
+        ({"submitted_ms": NOW_MS - REPUBLISH_MS}, True),  # boundary, inclusive
+        ({"submitted_ms": NOW_MS - REPUBLISH_MS + 1}, False),
+        # requeued or republished since submission: the wait counts from then
+        ({"submitted_ms": 0, "queued_ms": NOW_MS - REPUBLISH_MS + 1}, False),
+        ({"submitted_ms": 0, "queued_ms": NOW_MS - REPUBLISH_MS}, True),
+        # each republish doubles the wait: a real backlog gets few copies
+        ({"queued_ms": NOW_MS - 2 * REPUBLISH_MS + 1, "republishes": 1}, False),
+        ({"queued_ms": NOW_MS - 2 * REPUBLISH_MS, "republishes": 1}, True),
+        ({"queued_ms": NOW_MS - 8 * REPUBLISH_MS + 1, "republishes": 3}, False),
+        ({"queued_ms": NOW_MS - 8 * REPUBLISH_MS, "republishes": 3}, True),
+        # a requeued call (earlier attempts) whose new message is lost
+        ({"attempt": 2, "queued_ms": NOW_MS - REPUBLISH_MS}, True),
+        # claimed since, leased, or never published: not a lost message
+        ({"submitted_ms": 0, "state": CallState.RUNNING, "lease_alive": True}, False),
+        ({"submitted_ms": 0, "lease_alive": True}, False),
+        ({"submitted_ms": NOW_MS - REPUBLISH_MS, "dispatched": False}, False),
+    ],
+)
+def test_an_unclaimed_message_is_published_again_after_a_doubling_wait(
+    changes: dict[str, object], republished: bool
+) -> None:
+    # Given
+    call = replace(QUEUED, **changes)  # type: ignore[arg-type]
+    # When
+    actions = decide([call], now_ms=NOW_MS, min_rerun_ms=MIN_RERUN_MS, republish_after_ms=REPUBLISH_MS)
+    # Then
+    assert [a.kind for a in actions] == ([ActionKind.REPUBLISH] if republished else [])
+
+
+def test_without_a_republish_interval_a_lost_message_waits_for_its_deadline() -> None:
+    # The watchdog publishes nothing: it passes no interval, and answers at the deadline.
+    call = replace(QUEUED, submitted_ms=0)
+    assert decide([call], now_ms=NOW_MS, min_rerun_ms=MIN_RERUN_MS) == []
+    overdue = replace(call, deadline_ms=NOW_MS)
+    assert [a.reason for a in decide([overdue], now_ms=NOW_MS, min_rerun_ms=MIN_RERUN_MS)] == [
+        SyntheticReason.DEADLINE_EXCEEDED
+    ]
+
+
 def test_decide_keeps_input_order_and_skips_live_calls() -> None:
     # Given
     calls = [

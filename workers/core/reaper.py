@@ -34,6 +34,23 @@ class OpenCall:
     idempotent: bool
     dispatched: bool
     submitted_ms: int
+    # When it last went into a queue (registration, requeue, republish); None: at submission.
+    queued_ms: int | None = None
+    republishes: int = 0  # times its message was published again, unclaimed (see decide)
+
+    @property
+    def waiting_in_queue(self) -> bool:
+        """Published and not claimed by any worker since (pending, no lease)."""
+        return self.state is CallState.PENDING and self.dispatched and not self.lease_alive
+
+    def republish_due(self, now_ms: int, after_ms: int) -> bool:
+        """Whether it has waited unclaimed ``after_ms`` doubled per earlier republish.
+
+        The doubling keeps a real backlog (calls that wait in a queue longer than a lease
+        because every worker is busy) from filling with copies: log2(wait / after) at most.
+        """
+        queued_ms = self.submitted_ms if self.queued_ms is None else self.queued_ms
+        return self.waiting_in_queue and now_ms - queued_ms >= after_ms << min(self.republishes, 16)
 
 
 class DueVerdict(enum.StrEnum):
@@ -72,7 +89,8 @@ class ActionKind(enum.Enum):
     """What to do with a call."""
 
     ANSWER = "answer"
-    REQUEUE = "requeue"
+    REQUEUE = "requeue"  # its worker is lost: make it pending again and publish it again
+    REPUBLISH = "republish"  # its message is lost: publish the same message again
 
 
 @dataclass(frozen=True)
@@ -87,7 +105,11 @@ class Action:
 
 
 def _decide_one(
-    call: OpenCall, now_ms: int, min_rerun_ms: int, undispatched_after_ms: int | None
+    call: OpenCall,
+    now_ms: int,
+    min_rerun_ms: int,
+    undispatched_after_ms: int | None,
+    republish_after_ms: int | None,
 ) -> Action | None:
     elapsed = max(0, now_ms - call.submitted_ms)
     if now_ms >= call.deadline_ms:
@@ -105,6 +127,8 @@ def _decide_one(
         and elapsed >= undispatched_after_ms
     ):
         return Action(call.call_id, ActionKind.ANSWER, SyntheticReason.DISPATCH_FAILED, elapsed, call.attempt)
+    if republish_after_ms is not None and call.republish_due(now_ms, republish_after_ms):
+        return Action(call.call_id, ActionKind.REPUBLISH, None, elapsed, call.attempt)
     return None
 
 
@@ -114,6 +138,7 @@ def decide(
     now_ms: int,
     min_rerun_ms: int,
     undispatched_after_ms: int | None = None,
+    republish_after_ms: int | None = None,
 ) -> list[Action]:
     """Actions for every call that cannot be left alone.
 
@@ -121,9 +146,17 @@ def decide(
     * running with its worker's lease expired → re-run elsewhere when the tool is idempotent
       and at least ``min_rerun_ms`` remain, else answered ``worker_lost``;
     * never handed to the broker (the gateway died in between) for ``undispatched_after_ms``
-      → answered ``dispatch_failed``; ``None`` disables this rule for a live gateway.
+      → answered ``dispatch_failed``; ``None`` disables this rule for a live gateway;
+    * published but claimed by no worker for ``republish_after_ms`` (doubled per earlier
+      republish) → its message published again: a worker killed between taking a message and
+      claiming its call loses the message, and nothing else would run the call before its
+      deadline. Safe for any tool: a call is claimed once while pending, a second copy finds
+      it running or answered and runs nothing. ``None`` (the watchdog, which publishes
+      nothing) disables the rule.
     """
-    actions = (_decide_one(call, now_ms, min_rerun_ms, undispatched_after_ms) for call in calls)
+    actions = (
+        _decide_one(call, now_ms, min_rerun_ms, undispatched_after_ms, republish_after_ms) for call in calls
+    )
     return [action for action in actions if action is not None]
 
 

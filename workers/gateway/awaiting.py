@@ -106,17 +106,27 @@ class AsyncWaiter:
         """:func:`workers.answering.reap`, awaited: answer lost or overdue calls, re-run idempotent ones."""
         snapshot = await self.ledger.open_calls(keys, call_ids)
         now_ms = self.now_ms()
+        lease_ms = int(self.settings.lease.ttl_s * 1000)
         actions = decide(
             snapshot,
             now_ms=now_ms,
-            min_rerun_ms=int(self.settings.lease.ttl_s * 1000),
+            min_rerun_ms=lease_ms,
             undispatched_after_ms=undispatched_after_ms,
+            republish_after_ms=lease_ms,
         )
         by_id = {call.call_id: call for call in snapshot}
         for action in actions:
             call = by_id[action.call_id]
             if action.kind is ActionKind.REQUEUE:
-                if await self.ledger.requeue(keys, call.call_id, expected_attempt=call.attempt):
+                if await self.ledger.requeue(
+                    keys, call.call_id, expected_attempt=call.attempt, now_ms=now_ms
+                ):
+                    await self.offload(self.redispatch, keys, call.call_id)
+                continue
+            if action.kind is ActionKind.REPUBLISH:
+                if await self.ledger.count_republish(
+                    keys, call.call_id, expected=call.republishes, now_ms=now_ms
+                ):
                     await self.offload(self.redispatch, keys, call.call_id)
                 continue
             result = answer_open_call(call, action.reason or SyntheticReason.WORKER_LOST, now_ms=now_ms)

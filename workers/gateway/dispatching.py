@@ -281,10 +281,14 @@ class Dispatcher:
         return None
 
     def redispatch(self, keys: RunKeys, call_id: str) -> None:
-        """Publish a lost idempotent call again (after the ledger handed it back)."""
+        """Publish a call's latest message again, after the ledger counted why.
+
+        A requeue (lost worker) counted itself first, so the message gets the next task id
+        (attempt 0 was the first message); a republish (lost message) sends the same message
+        under the same task id, so Flower shows one task that ends as the call did.
+        """
         record = self._ledger.record(keys, call_id)
         if record is None or CallField.JOB not in record.row:
             return
         job = CallJob.model_validate_json(record.row.text(CallField.JOB))
-        # The requeue that handed the call back counted itself: attempt 0 was the first message.
-        self.dispatch(keys, job, attempt=max(1, record.row.integer(CallField.REQUEUES)))
+        self.dispatch(keys, job, attempt=record.row.integer(CallField.REQUEUES))

@@ -117,6 +117,7 @@ class AsyncLedger:
         self._register = _Script.named("ledger_register.lua", with_summary=True)
         self._finish = _Script.named("ledger_finish.lua", with_summary=True)
         self._requeue = _Script.named("ledger_requeue.lua", with_summary=True)
+        self._republish = _Script.named("ledger_republish.lua")
         self._open = _Script.named("ledger_open.lua")
         self._touch = _Script.named("session_touch.lua")
 
@@ -252,11 +253,17 @@ class AsyncLedger:
         except redis.RedisError:
             pass  # an event is a convenience for operators, never a reason to fail a call
 
-    async def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int) -> bool:
+    async def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int, now_ms: int) -> bool:
         """Make a lost idempotent call pending again; True when this caller should re-dispatch."""
         async with astore_errors():
             script_keys = [keys.call(call_id), keys.lease(call_id), keys.run]
-            return bool(await self._script(self._requeue, script_keys, [expected_attempt]))
+            return bool(await self._script(self._requeue, script_keys, [expected_attempt, now_ms]))
+
+    async def count_republish(self, keys: RunKeys, call_id: str, *, expected: int, now_ms: int) -> bool:
+        """:meth:`workers.store.ledger.Ledger.count_republish`, awaited."""
+        async with astore_errors():
+            script_keys = [keys.call(call_id), keys.lease(call_id)]
+            return bool(await self._script(self._republish, script_keys, [expected, now_ms]))
 
     async def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""

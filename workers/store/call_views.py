@@ -55,7 +55,8 @@ class CallRecord:
 # What the gateway and watchdog need of an unanswered call (ledger_open.lua reads these).
 OPEN_FIELDS = (
     CallField.CALL_ID, CallField.STATE, CallField.DEADLINE_MS, CallField.ATTEMPT, CallField.IDEMPOTENT,
-    CallField.DISPATCHED, CallField.SUBMITTED_MS, CallField.TOOL,
+    CallField.DISPATCHED, CallField.SUBMITTED_MS, CallField.TOOL, CallField.QUEUED_MS,
+    CallField.REPUBLISHES,
 )  # fmt: skip
 
 
@@ -71,6 +72,8 @@ def open_call(row: Row[CallField], lease_alive: bool) -> OpenCall:
         idempotent=row.flag(CallField.IDEMPOTENT),
         dispatched=row.flag(CallField.DISPATCHED),
         submitted_ms=row.integer(CallField.SUBMITTED_MS),
+        queued_ms=row.maybe_integer(CallField.QUEUED_MS),
+        republishes=row.integer(CallField.REPUBLISHES),
     )
 
 

@@ -81,6 +81,7 @@ class Ledger:
         self._finish = load_script(client, "ledger_finish.lua", with_summary=True)
         self._heartbeat = load_script(client, "ledger_heartbeat.lua", with_summary=True)
         self._requeue = load_script(client, "ledger_requeue.lua", with_summary=True)
+        self._republish = load_script(client, "ledger_republish.lua")
         self._open = load_script(client, "ledger_open.lua")
 
     def _pipelined(
@@ -274,11 +275,21 @@ class Ledger:
         except redis.RedisError:
             pass  # an event is a convenience for operators, never a reason to fail a call
 
-    def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int) -> bool:
+    def requeue(self, keys: RunKeys, call_id: str, *, expected_attempt: int, now_ms: int) -> bool:
         """Make a lost idempotent call pending again; True when this caller should re-dispatch."""
         with store_errors():
             script_keys = [keys.call(call_id), keys.lease(call_id), keys.run]
-            return bool(self._requeue(keys=script_keys, args=[expected_attempt]))
+            return bool(self._requeue(keys=script_keys, args=[expected_attempt, now_ms]))
+
+    def count_republish(self, keys: RunKeys, call_id: str, *, expected: int, now_ms: int) -> bool:
+        """Count one more publish of a pending, unclaimed call's message (``ledger_republish.lua``).
+
+        True when this caller should publish it: the call is still pending with no lease, and
+        nobody counted a republish since ``expected`` was read.
+        """
+        with store_errors():
+            script_keys = [keys.call(call_id), keys.lease(call_id)]
+            return bool(self._republish(keys=script_keys, args=[expected, now_ms]))
 
     def heartbeat(self, keys: RunKeys, call_id: str, *, now_ms: int, details: Any) -> None:
         """Record a tool's progress report (and so the run's progress)."""

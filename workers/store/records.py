@@ -145,6 +145,8 @@ class CallField(enum.StrEnum):
     JOB_DIGEST = "job_digest"
     TASK_ID = "task_id"
     REQUEUES = "requeues"
+    REPUBLISHES = "republishes"
+    QUEUED_MS = "queued_ms"
     STARTED_MS = "started_ms"
     HB_MS = "hb_ms"
     WORKER = "worker"
@@ -181,7 +183,15 @@ CALL: Final = HashRecord[CallField](
             "job_digest of the CallJob registered to run; a message whose digest differs runs nothing"
         ),
         CallField.TASK_ID: _str("the Celery task id of its latest message"),
-        CallField.REQUEUES: _int("times the watchdog handed it back to the queue"),
+        CallField.REQUEUES: _int(
+            "times a gateway handed it back to the queue (lost worker, idempotent tool)"
+        ),
+        CallField.REPUBLISHES: _int(
+            "times a gateway published its unclaimed message again (ledger_republish.lua)"
+        ),
+        CallField.QUEUED_MS: _ms(
+            "when it last went into a queue (requeue, republish); missing: at submission"
+        ),
         CallField.STARTED_MS: _ms("latest claim; 0 before the first"),
         CallField.HB_MS: _ms("latest tool heartbeat (or the claim); 0 before it"),
         CallField.WORKER: _str("host:pid of the claiming worker child"),

@@ -1,4 +1,4 @@
--- Hand a lost idempotent call back to the queue. KEYS: call, lease, run. ARGV: expected_attempt.
+-- Hand a lost idempotent call back to the queue. KEYS: call, lease, run. ARGV: expected_attempt, now_ms.
 -- Succeeds only if it is still unanswered, still running that attempt, and its lease is gone.
 if redis.call('HEXISTS', KEYS[1], 'result') == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
@@ -6,7 +6,7 @@ end
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'pending')
+redis.call('HSET', KEYS[1], 'state', 'pending', 'queued_ms', ARGV[2])
 touch_run(KEYS[3], nil, 0, -1)
 redis.call('HINCRBY', KEYS[1], 'requeues', 1)
 return 1

@@ -1,0 +1,138 @@
+"""A task message lost before any worker claimed its call is published again, not waited out.
+
+Tool workers take Redis messages without acks: a worker killed between taking a message and
+claiming its call loses it (the short chaos soak once left a call waiting 150 s for its
+deadline that way). The waiting gateway publishes an unclaimed call's message again one
+lease after it went into the queue, then after two leases, four...; a call is claimed once
+while pending, so however many copies there are, its tool runs once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.harness import Proc, WorkerOn, base_env, wait_until
+from workers import ToolGateway
+from workers.core.models import ToolCall, ToolResult
+from workers.settings import Settings
+from workers.store.keys import broker_queue_key
+from workers.store.records import CallField
+
+LEASE_S = 3  # base_env's lease: the first republish comes one lease after submission
+
+
+@pytest.fixture
+def env(redis_url: str, runs_file: Path) -> dict[str, str]:
+    return base_env(redis_url, RECORD_RUN_FILE=str(runs_file))
+
+
+@pytest.fixture
+def broker(settings: Settings) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.broker_url)
+    yield client
+    client.close()
+
+
+def _call_in_thread(
+    gateway: ToolGateway, session: str, call: ToolCall
+) -> tuple[threading.Thread, list[ToolResult]]:
+    results: list[ToolResult] = []
+
+    def run() -> None:
+        results.extend(gateway.call_tools(session_key=session, run_id="r", calls=[call]))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, results
+
+
+def _runs(runs_file: Path) -> list[str]:
+    return runs_file.read_text().splitlines() if runs_file.exists() else []
+
+
+@pytest.mark.timeout(60)
+def test_a_message_lost_before_its_claim_is_published_again_and_runs(
+    gateway: ToolGateway, settings: Settings, broker: redis.Redis, env: dict[str, str], worker_on: WorkerOn,
+    runs_file: Path,
+) -> None:  # fmt: skip
+    # Given a call whose message a worker took and lost (taken off the queue, never claimed)
+    queue = broker_queue_key(settings.broker.queue)
+    started = time.monotonic()
+    thread, results = _call_in_thread(
+        gateway, "lost", ToolCall(id="c1", name="record_run", arguments={"tag": "once"})
+    )
+    wait_until(lambda: broker.llen(queue) == 1, timeout_s=10, what="the call's message in the queue")
+    assert broker.delete(queue) == 1
+    # When a worker comes up afterwards
+    worker_on(env)
+    thread.join(timeout=40)
+    # Then the call ran and got its tool's own answer, about one lease after submission
+    waited_s = time.monotonic() - started
+    [result] = results
+    assert (result.is_error, result.text) == (False, "recorded once"), result
+    assert LEASE_S <= waited_s < 20, waited_s  # its deadline is 5 s tool + 3 s queue allowance + grace
+    assert _runs(runs_file) == ["once"]
+    record = gateway._rt.ledger.record(gateway._rt.ledger.keys("lost", "r"), "c1")
+    assert record is not None
+    assert record.row.integer(CallField.REPUBLISHES) == 1
+    # the same message again: one task in Flower, ending as the call did
+    assert record.row.text(CallField.TASK_ID).endswith("#0")
+
+
+@pytest.mark.timeout(90)
+def test_a_call_queued_behind_a_busy_worker_runs_once_however_many_copies(
+    gateway: ToolGateway, worker_on: WorkerOn, env: dict[str, str], runs_file: Path, broker: redis.Redis,
+    settings: Settings,
+) -> None:  # fmt: skip
+    # Given one worker slot, busy for longer than two leases
+    worker: Proc = worker_on(env, concurrency=1)
+    hog_thread, hog = _call_in_thread(
+        gateway, "busy", ToolCall(id="h", name="slow", arguments={"seconds": 2.5 * LEASE_S})
+    )
+    wait_until(
+        lambda: broker.llen(broker_queue_key(settings.broker.queue)) == 0, timeout_s=10, what="the hog taken"
+    )
+    # When a call waits in the queue behind it (a real backlog, not a lost message)
+    thread, results = _call_in_thread(
+        gateway, "queued", ToolCall(id="c1", name="record_run", arguments={"tag": "queued"})
+    )
+    thread.join(timeout=60)
+    hog_thread.join(timeout=30)
+    # Then it was published again while it waited, and still ran exactly once
+    [result] = results
+    assert (result.is_error, result.text) == (False, "recorded queued"), result
+    assert [r.is_error for r in hog] == [False]
+    record = gateway._rt.ledger.record(gateway._rt.ledger.keys("queued", "r"), "c1")
+    assert record is not None
+    assert record.row.integer(CallField.REPUBLISHES) >= 1
+    wait_until(
+        lambda: broker.llen(broker_queue_key(settings.broker.queue)) == 0, timeout_s=10, what="copies drained"
+    )
+    wait_until(lambda: worker.log().count("record_run [queued/r]") >= 2, timeout_s=10, what="the copy taken")
+    assert _runs(runs_file) == ["queued"]
+
+
+@pytest.mark.timeout(60)
+async def test_the_async_gateway_publishes_a_lost_message_again_too(
+    agateway: ToolGateway, settings: Settings, broker: redis.Redis, env: dict[str, str], worker_on: WorkerOn
+) -> None:
+    # Given a call whose message was lost before any worker claimed it
+    queue = broker_queue_key(settings.broker.queue)
+    call = ToolCall(id="c1", name="echo", arguments={"text": "again"})
+    waiting = asyncio.ensure_future(agateway.acall_tools(session_key="alost", run_id="r", calls=[call]))
+    while broker.llen(queue) != 1:
+        assert not waiting.done(), waiting.result()
+        await asyncio.sleep(0.02)  # the broker has no async client here; polling it is the test's clock
+    assert broker.delete(queue) == 1
+    # When a worker comes up afterwards
+    await asyncio.to_thread(worker_on, env)
+    # Then the call gets its tool's own answer, well before its deadline
+    [result] = await asyncio.wait_for(waiting, timeout=30)
+    assert (result.is_error, result.text) == (False, "again"), result
