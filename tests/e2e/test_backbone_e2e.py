@@ -191,7 +191,8 @@ def test_a_call_queued_behind_a_busy_worker_runs_elsewhere_when_that_worker_dies
     reserved = gateway._app.control.inspect(timeout=5).reserved() or {}
     # Then the busy worker has not taken it (it would die with the worker's main process)
     assert [tasks for name, tasks in reserved.items() if name.startswith("w1@")] == [[]], reserved
-    assert ledger.client.llen(queue) == 1
+    # (a lease after it was published the waiting gateway adds a copy: the queue may hold two)
+    assert ledger.client.llen(queue) >= 1
     # When that worker's host dies and another worker starts
     orphans = busy.children()
     processes.strays.extend(orphans)
