@@ -22,7 +22,9 @@ key                                type    TTL              written by          
                                            (**)             (result + call id,  carrying the answer)
                                                             see (***))
 ``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
-``P:{tag}:loops``                  HASH    loops.ttl_s      loop-check script   loop-check script
+                                           (0.9-1x: see
+                                           its ttl_ms)
+``P:{tag}:loops``                  HASH    as ``history``   loop-check script   loop-check script
 ``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog,  gateway, watchdog, CLI
                                                             worker (progress
                                                             on claim, beat,

@@ -65,6 +65,35 @@ def test_run_hash_ttl_is_only_extended(loop_redis: redis.Redis) -> None:
     assert loop_redis.ttl(keys.run) > 300
 
 
+def test_a_check_refreshes_the_ttls_only_a_tenth_of_a_ttl_after_the_last_refresh(
+    loop_redis: redis.Redis,
+) -> None:
+    # Given a run whose first check set both keys' TTLs (300 s), which then ran down
+    store, keys = _store(loop_redis), RunKeys("t", "sess", "run-1")
+    entry = HistoryEntry(0, "read", "read:a", "c1")
+    store.check_call(SCOPE, entry, 5, 20, now_ms=1_000)
+    for key in (keys.history, keys.loop_state):
+        loop_redis.expire(key, 100)
+
+    def ttls() -> list[int]:
+        return [loop_redis.ttl(keys.history), loop_redis.ttl(keys.loop_state)]
+
+    # When checks come within a tenth of the TTL (30 s) of that refresh: untouched
+    store.check_call(SCOPE, entry, 5, 20, now_ms=1_000 + 29_999)
+    assert max(ttls()) <= 100
+    # ... from a clock 30 s ahead or behind: refreshed
+    store.check_call(SCOPE, entry, 5, 20, now_ms=31_000)
+    assert min(ttls()) > 290
+    for key in (keys.history, keys.loop_state):
+        loop_redis.expire(key, 100)
+    store.check_call(SCOPE, entry, 5, 20, now_ms=1_000)
+    assert min(ttls()) > 290
+    # ... and a history that expired ahead of its state gets its TTL at once
+    loop_redis.delete(keys.history)
+    store.check_call(SCOPE, entry, 5, 20, now_ms=1_001)
+    assert loop_redis.ttl(keys.history) > 290
+
+
 def test_history_is_trimmed_and_blocked_calls_leave_no_trace(loop_redis: redis.Redis) -> None:
     store = _store(loop_redis)
     for n in range(6):

@@ -13,6 +13,7 @@
 --   alt            the window's alternating tail: {l = length, a = newest args, b = the
 --                  other args or false, t = newest tool}; alt_prev/alt_seq: alt before the
 --                  append of record alt_seq, restored when that record is discarded
+--   ttl_ms         when loop_record_call.lua last refreshed both keys' TTLs
 -- Every update is O(1) except two rare paths, which rebuild from the window: an outcome
 -- attached out of order (to an older record of a call than its newest outcome), and a
 -- discard that is not of the newest record. The unknown-tool and ping-pong evidence walks

@@ -10,6 +10,10 @@
 -- ARGV[6]  evidence_at: the ping-pong count from which its no-progress evidence is checked
 -- ARGV[7]  the entry's tool     ARGV[8] its args hash (as in the json, so it is not decoded)
 --
+-- Both keys' TTLs are refreshed when the last refresh (the state's ttl_ms) is a tenth of the TTL
+-- old, or from a clock that disagrees by as much, or the history is new: most checks then send
+-- no EXPIRE, and the keys live between 0.9 and 1 TTL past a run's last check.
+--
 -- Up to N + 1 records are kept, so that discarding a blocked call (loop_discard.lua) leaves
 -- exactly the N records the reference keeps when it never records a blocked call.
 -- Returns {seq, {member, ...}} with the window oldest first, or one JSON array (a single bulk
@@ -23,7 +27,8 @@ local call = call_of(entry.t, entry.a)
 
 -- One read of the state: what the signals need, and the size it was built for.
 local function read_state()
-  return redis.call('HMGET', state, 'size', 'alt', 'n:' .. call, 'k:' .. call, 'h:' .. call, 'res', 'dist')
+  return redis.call('HMGET', state, 'size', 'alt', 'n:' .. call, 'k:' .. call, 'h:' .. call, 'res', 'dist',
+                    'ttl_ms')
 end
 local row = read_state()
 if tonumber(row[1]) ~= n then
@@ -98,10 +103,17 @@ else
     remove_oldest(state, old, set, gone, 0)
   end
 end
+local now = tonumber(ARGV[4])
+local refresh = not last[1] or not row[8] or math.abs(now - tonumber(row[8])) >= ttl * 100
+if refresh then
+  put(set, 'ttl_ms', now)
+end
 flush(state, set, gone)
 redis.call('ZREMRANGEBYRANK', hist, 0, -(n + 2))
-redis.call('EXPIRE', hist, ttl)
-redis.call('EXPIRE', state, ttl)
+if refresh then
+  redis.call('EXPIRE', hist, ttl)
+  redis.call('EXPIRE', state, ttl)
+end
 table.insert(reply, 1, seq)
 if ARGV[5] == 'signals' then
   return cjson.encode(reply)
