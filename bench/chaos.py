@@ -276,6 +276,7 @@ class Report:
     duplicates: int = 0
     differs: int = 0
     late: int = 0
+    republished: int = 0  # messages published again, unclaimed after a lease (lost or queued)
     stuck_sessions: int = 0
     worst_batch_ms: int = -(10**9)
     worst_call_ms: int = -(10**9)
@@ -327,6 +328,7 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
                     report.worst_call_ms, record.row.integer(CallField.FINISHED_MS) - deadlines[key]
                 )
             report.late += len(ledger.late_results(keys, call_id))
+            report.republished += record.row.integer(CallField.REPUBLISHES)
             delivered = tally.delivered.get(key, [])
             for result in delivered:
                 if stored.get(call_id) != result:
@@ -549,7 +551,7 @@ def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
     print(
         f"calls {report.calls}, results {report.results}, missing {report.missing}, "
         f"duplicates {report.duplicates}, differing from ledger {report.differs}, "
-        f"late (audit only) {report.late}\n"
+        f"late (audit only) {report.late}, messages republished {report.republished}\n"
         f"worst answer vs deadline: batch return {report.worst_batch_ms:+d} ms, ledger write "
         f"{report.worst_call_ms:+d} ms (grace {grace_ms} ms)\n"
         f"stuck sessions {report.stuck_sessions}\n"
