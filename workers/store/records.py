@@ -387,6 +387,7 @@ class LoopStateField(enum.StrEnum):
     ALT = "alt"
     ALT_PREV = "alt_prev"
     ALT_SEQ = "alt_seq"
+    TTL_MS = "ttl_ms"
 
 
 _CALL_PAIR = "<call> is '<#tool>:<tool><argsHash>' (length-prefixed)"
@@ -394,7 +395,7 @@ _CALL_PAIR = "<call> is '<#tool>:<tool><argsHash>' (length-prefixed)"
 LOOPS: Final = HashRecord[LoopStateField](
     name="loops",
     builder="RunKeys.loop_state",
-    ttl="loops.ttl_s, refreshed with the history",
+    ttl="loops.ttl_s, refreshed with the history when ttl_ms is a tenth of it old",
     fields={
         LoopStateField.SIZE: _int("the history size the state describes; missing or other: rebuilt"),
         LoopStateField.RES: _int("outcomes in the window"),
@@ -402,6 +403,7 @@ LOOPS: Final = HashRecord[LoopStateField](
         LoopStateField.ALT: _str("the alternating tail, JSON {l, a, b, t}"),
         LoopStateField.ALT_PREV: _str("alt before the append of record alt_seq (restored on discard)"),
         LoopStateField.ALT_SEQ: _int("the seq whose append produced alt"),
+        LoopStateField.TTL_MS: _ms("when a check last refreshed this hash's and the history's TTLs"),
     },
     families={
         "n:": _int(f"n:<call> records of the call in the window; {_CALL_PAIR}"),
