@@ -22,12 +22,13 @@ def reap(
     writer: str,
     redispatch: Callable[[RunKeys, str], None] | None,
     undispatched_after_ms: int | None = None,
+    republish_after_ms: int | None = None,
 ) -> int:
     """Check ``call_ids`` of one run and act; returns how many calls were answered here.
 
     Without ``redispatch`` (nobody can send tasks) lost calls are answered ``worker_lost`` and
     lost messages wait for their deadline; with it, an unclaimed message is published again
-    once it has waited ``min_rerun_ms`` (a lease), then twice that, and so on.
+    once it has waited ``republish_after_ms`` (None: never), then twice that, and so on.
     """
     snapshot = ledger.open_calls(keys, call_ids)
     actions = decide(
@@ -35,7 +36,7 @@ def reap(
         now_ms=now_ms,
         min_rerun_ms=min_rerun_ms,
         undispatched_after_ms=undispatched_after_ms,
-        republish_after_ms=min_rerun_ms if redispatch is not None else None,
+        republish_after_ms=republish_after_ms if redispatch is not None else None,
     )
     by_id = {call.call_id: call for call in snapshot}
     answered = 0

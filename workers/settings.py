@@ -394,6 +394,11 @@ class GatewaySettings(BaseModel):
 
     grace_s: PositiveFloat = 2.0
     check_interval_s: PositiveFloat = 0.5
+    # A call no worker claimed a lease TTL after it was published gets its message published
+    # again (then after 2, 4, ... TTLs): a worker killed between taking a message and claiming
+    # its call loses the message. Off: such a call waits for its deadline, and calls that
+    # routinely queue longer than a lease get no refused copies.
+    republish_unclaimed: bool = True
 
 
 class LedgerSettings(BaseModel):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.harness import Proc, WorkerOn, base_env, wait_until
+from tests.harness import GatewayOn, Proc, WorkerOn, base_env, wait_until
 from workers import ToolGateway
 from workers.core.models import ToolCall, ToolResult
 from workers.settings import Settings
@@ -136,3 +136,24 @@ async def test_the_async_gateway_publishes_a_lost_message_again_too(
     # Then the call gets its tool's own answer, well before its deadline
     [result] = await asyncio.wait_for(waiting, timeout=30)
     assert (result.is_error, result.text) == (False, "again"), result
+
+
+@pytest.mark.timeout(60)
+def test_with_republishing_off_a_lost_message_waits_for_its_deadline(
+    redis_url: str, runs_file: Path, gateway_on: GatewayOn, worker_on: WorkerOn, broker: redis.Redis,
+    settings: Settings,
+) -> None:  # fmt: skip
+    # Given a gateway told not to republish, and a call whose message was lost
+    env = base_env(redis_url, RECORD_RUN_FILE=str(runs_file), UNSTUCK_GATEWAY__REPUBLISH_UNCLAIMED="false")
+    gateway = gateway_on(env)
+    queue = broker_queue_key(settings.broker.queue)
+    call = ToolCall(id="c1", name="record_run", arguments={"tag": "never"})
+    thread, results = _call_in_thread(gateway, "off", call)
+    wait_until(lambda: broker.llen(queue) == 1, timeout_s=10, what="the call's message in the queue")
+    assert broker.delete(queue) == 1
+    # When a worker comes up afterwards
+    worker_on(env)
+    thread.join(timeout=40)
+    # Then nothing runs it: the call is answered at its deadline, as before the rule existed
+    assert [r.reason for r in results] == ["deadline_exceeded"]
+    assert _runs(runs_file) == []

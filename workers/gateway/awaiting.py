@@ -112,7 +112,7 @@ class AsyncWaiter:
             now_ms=now_ms,
             min_rerun_ms=lease_ms,
             undispatched_after_ms=undispatched_after_ms,
-            republish_after_ms=lease_ms,
+            republish_after_ms=lease_ms if self.settings.gateway.republish_unclaimed else None,
         )
         by_id = {call.call_id: call for call in snapshot}
         for action in actions:

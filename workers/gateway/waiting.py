@@ -221,15 +221,17 @@ class Waiter:
         batch = out.batch
         if self.on_check is not None:
             self.on_check(batch.keys)  # the run is visibly alive while its calls run
+        lease_ms = int(self.settings.lease.ttl_s * 1000)
         reap(
             self.ledger,
             batch.keys,
             out.waiting,
             now_ms=self.now_ms(),
-            min_rerun_ms=int(self.settings.lease.ttl_s * 1000),
+            min_rerun_ms=lease_ms,
             writer=self.writer,
             redispatch=self.redispatch,
             undispatched_after_ms=undispatched_after_ms,
+            republish_after_ms=lease_ms if self.settings.gateway.republish_unclaimed else None,
         )
         out.learn(self.ledger.results(batch.keys, out.waiting))
 
