@@ -206,6 +206,36 @@ def test_sweep_reads_real_activity_and_moves_the_index(store: SessionStore) -> N
     assert store.client.zscore(by_progress, run_member("s", "r1")) == T0 + 5 * MIN
 
 
+def test_a_runs_progress_is_never_earlier_than_its_start(store: SessionStore) -> None:
+    # The run sweep script reads progress_ms alone as the run's latest activity (judge() takes
+    # the later of it and started_ms): every write path must keep progress_ms >= started_ms,
+    # whatever the writers' clocks say.
+    # Given a run opened by a host whose clock is ahead of everyone else's
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    keys = store.ledger.keys("s", "r1")
+
+    def progress_and_start() -> tuple[int, int]:
+        progress, started = store.client.hmget(keys.run, ["progress_ms", "started_ms"])
+        return int(progress), int(started)
+
+    assert progress_and_start() == (T0, T0)
+    # When every writer reports from a clock behind the start
+    store.touch_progress("s", "r1", T0 - 9_000)
+    _register(store, "s", "r1", "c1", T0 + 50 * MIN)  # registered at T0 itself
+    store.ledger.register(
+        keys, "c2", now_ms=T0 - 8_000, deadline_ms=T0 + MIN,
+        fields={"tool": "echo", "dispatched": "1", "job_digest": "d"},
+    )  # fmt: skip
+    store.ledger.claim(keys, "c2", worker_id="w:1", now_ms=T0 - 7_000, tool="echo", job_digest="d")
+    store.ledger.heartbeat(keys, "c2", now_ms=T0 - 6_000, details={})
+    store.begin_run("s", "r1", "main", T0 - 5_000, T0 + 60 * MIN, writer="gw")  # the same run again
+    # Then the start is kept and the progress never went below it
+    assert progress_and_start() == (T0, T0)
+    # And a later report moves the progress, never the start
+    store.ledger.heartbeat(keys, "c2", now_ms=T0 + 7, details={})
+    assert progress_and_start() == (T0 + 7, T0)
+
+
 def test_stale_lanes_are_found_and_cleaned(store: SessionStore) -> None:
     # Given one live lane and one whose run record vanished
     store.begin_run("live", "r1", "main", T0, T0 + 60 * MIN, writer="gw")

@@ -13,7 +13,7 @@ prefix per path (:mod:`tests.integration.sweep_parity`), swept, and checked case
 
 Inputs: status (running, ended three ways, no status, record gone), deadline (none, one ms
 ahead, exactly now, past), idle time (one ms under, exactly at, twice ``stalled_after``), where
-the latest activity is recorded (``progress_ms`` missing, newer or older than ``started_ms``),
+the latest activity is recorded (``progress_ms`` missing, newer than or equal to ``started_ms``),
 the summary counts ``open_n``/``claimed_n``, the class the last sweep stored, ``auto_recover``,
 the progress index score (exactly at the quiet boundary, or one ms after), the call read to
 confirm an alert or a recovery (none, queued, running with or without a live lease, answered,
@@ -76,7 +76,10 @@ NEWER_RUN = "r-newer"
 
 DEADLINES = {"none": 0, "ahead": NOW + 1, "now": NOW, "past": NOW - 1}
 IDLE = {"S-1": STALL_MS - 1, "S": STALL_MS, "2S": 2 * STALL_MS}
-PROGRESS = ("absent", "newer", "older")  # progress_ms against started_ms
+# progress_ms against started_ms. Never older: session_start writes it no earlier than
+# started_ms and no writer lowers it (tests/integration/test_sessions.py), which lets the
+# script read progress_ms alone.
+PROGRESS = ("absent", "newer", "equal")
 INDEXED = {"quiet": NOW - STALL_MS, "recent": NOW - STALL_MS + 1}  # by_progress score
 CLASSES = ("", *(k.value for k in SessionClass))
 RUN_CALLS = ("summary", "none", "pending", "running", "lost", "done", "beat")
@@ -119,7 +122,7 @@ class RunCase:
 
     @property
     def progress_ms(self) -> int | None:
-        return {"absent": None, "newer": self.last_ms, "older": self.last_ms - STALL_MS}[self.progress]
+        return None if self.progress == "absent" else self.last_ms
 
     @property
     def call(self) -> str:
@@ -214,10 +217,14 @@ def pure_verdict(case: RunCase) -> RunVerdict:
 
 
 def script_hands_back(case: RunCase) -> bool:
-    """Whether the script must return the run: anything but a running run judged steady."""
+    """Whether the script must return the run: anything but a running run judged steady.
+
+    A run past its deadline (by its index score) is returned unread, and so is one without
+    ``progress_ms``: the caller judges both from the whole record.
+    """
     if not case.due:
         return False
-    if case.status != "running":
+    if DEADLINES[case.deadline] <= NOW or case.status != "running" or case.progress_ms is None:
         return True
     verdict = judge(_summary(case), now_ms=NOW, policy=WatchdogPolicy(STALL_MS, case.recover))
     return needs_confirmation(verdict) or verdict.action is not WatchdogAction.NONE

@@ -8,14 +8,18 @@
 -- slots, so the cluster-safe path is pipelined.
 --
 -- The members are the bucket's runs past their deadline and the runs quiet for
--- stalled_after_ms in the index. Each is classified from its record's summary exactly as
--- workers.core.run_health.judge does: the later of started_ms and progress_ms (latest
--- activity of any call), open_n (calls without a result) and claimed_n (calls a worker
--- holds), kept by the ledger scripts. One hash read per run. A running run that needs no
--- alert and no action is settled here: its class stored when it changed, its progress
--- score moved forward to its latest activity when active or long_running (out of the quiet
--- range, so the next page's skip counts only what stayed). Every other run (record gone,
--- not running, alert, time-out, recovery) is returned for the caller to confirm and act on.
+-- stalled_after_ms in the index. A run past its deadline (by its by_deadline score, which
+-- begin_run writes from the record's deadline_ms and nothing changes later) ends this sweep:
+-- it is returned unread. Every other run is classified from its record's summary exactly as
+-- workers.core.run_health.judge does: progress_ms (latest activity of the run or any call:
+-- session_start sets it no earlier than started_ms and no writer lowers it, so it is the
+-- later of the two judge() takes), open_n (calls without a result) and claimed_n (calls a
+-- worker holds), kept by the ledger scripts. One five-field hash read per run. A running run
+-- that needs no alert and no action is settled here: its class stored when it changed, its
+-- progress score moved forward to its latest activity when active or long_running (out of
+-- the quiet range, so the next page's skip counts only what stayed). Every other run (past
+-- its deadline, record gone, no progress_ms, not running, alert, recovery) is returned for
+-- the caller to judge from the whole record and act on.
 -- tests/integration/test_sweep_parity_runs.py holds this to judge() on every generated row
 -- of the decision table.
 -- Returns {{class, count, ...}, {member, ...}, deadline members read, quiet members read,
@@ -38,52 +42,40 @@ local function positive(text)
   return (tonumber(text) or 0) > 0
 end
 
+local function hand_back(member)
+  n_rest = n_rest + 1
+  rest[n_rest] = member
+end
+
 -- Settles one running run (its class stored when it changed, its score queued for the page's
 -- one ZADD when active or long_running) and returns whether it moved forward; a run the
--- caller must judge goes to rest. Written for speed, as it runs once per due run: one HMGET,
--- the judgement inlined, the stored time string reused as the new index score. EVALSHA time
--- (bench.watchdog data, 2-core VM): about 3.8 us per run. Most of it is memory, not this code:
--- finding a record Redis has not touched lately about 1.1 (the same EXISTS on a cached key
--- costs 0.1), the HMGET with its reply into Lua about 1.3, the ZADD about 0.5, the rest 0.6-0.9.
+-- caller must judge is handed back. Written for speed, as it runs once per due run: one
+-- HMGET of the five fields the judgement needs (each field read costs about 0.2 us more:
+-- its reply becomes a Lua string), the judgement inlined, the stored time string reused as
+-- the new index score. Most of the time is memory, not this code: finding a record Redis
+-- has not touched lately about 1.1 us (the same EXISTS on a cached key costs 0.1).
 local function settle(member)
-  local run = call('HMGET', key_head .. member .. '}:run', 'status', 'progress_ms', 'started_ms',
-                   'open_n', 'class', 'deadline_ms', 'claimed_n')
-  if run[1] ~= 'running' then
-    n_rest = n_rest + 1
-    rest[n_rest] = member
+  local run_key = key_head .. member .. '}:run'
+  local run = call('HMGET', run_key, 'status', 'progress_ms', 'open_n', 'class', 'claimed_n')
+  local last_text = run[2]
+  if run[1] ~= 'running' or not last_text then
+    hand_back(member)
     return false
   end
-  -- The latest activity is the later of start and progress, as judge() takes it: progress_ms
-  -- may be missing, or behind started_ms when the record was opened by a host whose clock is
-  -- ahead of the one that reported the progress.
-  local last_text, started_text = run[2], run[3]
-  local last = last_text and tonumber(last_text) or 0
-  local started = started_text and tonumber(started_text) or 0
-  if started > last then
-    last, last_text = started, started_text
-  elseif last == 0 then
-    last_text = '0'
-  end
+  local last = tonumber(last_text) or 0
   local klass, forward = nil, false
   if last > fresh_after then
     forward = true
-    klass = positive(run[4]) and 'long_running' or 'active'
+    klass = positive(run[3]) and 'long_running' or 'active'
   else
-    klass = positive(run[7]) and 'stalled' or 'stuck'
-    if run[5] ~= klass or (klass == 'stuck' and recover) then -- alert, or recovery
-      n_rest = n_rest + 1
-      rest[n_rest] = member
+    klass = positive(run[5]) and 'stalled' or 'stuck'
+    if run[4] ~= klass or (klass == 'stuck' and recover) then -- alert, or recovery
+      hand_back(member)
       return false
     end
   end
-  local deadline = tonumber(run[6] or 0) or 0
-  if deadline ~= 0 and now >= deadline then -- time-out
-    n_rest = n_rest + 1
-    rest[n_rest] = member
-    return false
-  end
-  if run[5] ~= klass then
-    call('HSET', key_head .. member .. '}:run', 'class', klass)
+  if run[4] ~= klass then
+    call('HSET', run_key, 'class', klass)
   end
   counts[klass] = (counts[klass] or 0) + 1
   if forward then
@@ -97,23 +89,21 @@ end
 local due = call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', ARGV[6], page)
 local quiet = call('ZRANGEBYSCORE', KEYS[2], '-inf', fresh_after, 'LIMIT', ARGV[7], page)
 local stayed = #quiet
--- Past-deadline runs are few (each ends this sweep): only then a lookup table, to read a
--- run in both ranges once, and to count it out of the quiet range when it moved forward.
+-- Past-deadline runs are few (each ends this sweep): only then a lookup table, to hand a run
+-- in both ranges back once and count it as staying in the quiet range (it is not moved).
 if #due == 0 then
   for i = 1, #quiet do
     if settle(quiet[i]) then stayed = stayed - 1 end
   end
 else
-  local due_moved = {}
-  for i = 1, #due do due_moved[due[i]] = settle(due[i]) end
+  local past = {}
+  for i = 1, #due do
+    past[due[i]] = true
+    hand_back(due[i])
+  end
   for i = 1, #quiet do
     local member = quiet[i]
-    local in_due = due_moved[member]
-    if in_due == nil then
-      if settle(member) then stayed = stayed - 1 end
-    elseif in_due then
-      stayed = stayed - 1
-    end
+    if not past[member] and settle(member) then stayed = stayed - 1 end
   end
 end
 if n_moved > 0 then
