@@ -216,6 +216,8 @@ def test_a_runs_progress_is_never_earlier_than_its_start(store: SessionStore) ->
 
     def progress_and_start() -> tuple[int, int]:
         progress, started = store.client.hmget(keys.run, ["progress_ms", "started_ms"])
+        assert progress is not None
+        assert started is not None
         return int(progress), int(started)
 
     assert progress_and_start() == (T0, T0)
