@@ -266,8 +266,13 @@ RUN: Final = HashRecord[RunField](
         RunField.AGENT_ID: _str("the agent that opened the run"),
         RunField.TOKEN: _int("the lane's fencing token the run began under; 0 before begin_run"),
         RunField.STARTED_MS: _ms("when the run was opened; 0 for a record no gateway opened"),
-        RunField.DEADLINE_MS: _ms("when the watchdog times the run out; 0: no deadline"),
-        RunField.PROGRESS_MS: _ms("latest activity of the run or any call (never lowered); 0: none"),
+        RunField.DEADLINE_MS: _ms(
+            "when the watchdog times the run out, set once (the by_deadline score mirrors it); 0: no deadline"
+        ),
+        RunField.PROGRESS_MS: _ms(
+            "latest activity of the run or any call (never lowered, never before started_ms once"
+            " begun: sweep_runs.lua reads it alone); 0: none"
+        ),
         RunField.OPEN_N: _int("calls without a result (summary kept by lib_run_summary.lua)"),
         RunField.CLAIMED_N: _int("calls claimed and not answered (summary kept by lib_run_summary.lua)"),
         RunField.KEYS_TTL_MS: _ms(
