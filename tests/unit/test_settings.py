@@ -1,4 +1,4 @@
-"""Settings: defaults, environment, the reference-shaped config file, and their precedence."""
+"""Settings: defaults, environment, the OpenClaw-shaped config file, and their precedence."""
 
 from __future__ import annotations
 
@@ -330,7 +330,7 @@ def test_duplicate_agent_ids_are_rejected_in_the_model() -> None:
 
 
 def test_unknown_unrelated_keys_inside_blocks_are_ignored(tmp_path: Path) -> None:
-    # Given keys of the reference system unstuck has no use for
+    # Given keys of OpenClaw unstuck has no use for
     config = {"agents": {"defaults": {"model": "big", "workspace": "/w"}}, "tools": {"allow": ["exec"]}}
     # When / Then
     assert load_settings(config=_write(tmp_path, config)).agents.defaults.run_timeout_s == 1800
@@ -562,7 +562,7 @@ def test_invalid_tool_lists_name_the_variable(
 
 
 def test_config_file_tool_lists_and_agent_narrowing(tmp_path: Path) -> None:
-    # Given the reference shape: global lists, builtins, and one agent's own lists
+    # Given OpenClaw's shape: global lists, builtins, and one agent's own lists
     path = _write(
         tmp_path,
         {

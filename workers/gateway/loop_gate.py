@@ -1,7 +1,7 @@
 """Loop detection in the gateway's call path: judge before dispatch, record after the result.
 
 Critical verdicts answer the call with a ``loop_blocked`` synthetic result and nothing runs;
-warnings let the call run and append the warning to the text the model sees (the reference
+warnings let the call run and append the warning to the text the model sees (OpenClaw
 system only logs it). A loop that survives context compaction, or the opt-in run-wide
 breaker, aborts the run.
 """

@@ -3,7 +3,7 @@
 :func:`judge` is pure: it judges one call from the :class:`WindowSignals` of the earlier
 records of the same run and returns a :class:`LoopVerdict`; :func:`evaluate` does the same
 from the window itself. The first matching rule wins, in this order: unknown-tool streak,
-global circuit breaker, run-wide breaker (beyond the reference, opt-in), known-poll
+global circuit breaker, run-wide breaker (beyond OpenClaw, opt-in), known-poll
 no-progress, ping-pong, generic repeat.
 """
 

@@ -149,7 +149,7 @@ def _stable(value: Any, active: set[int]) -> str:
 def _number(value: float) -> str:
     if not math.isfinite(value):
         return json.dumps("Infinity" if value > 0 else "-Infinity" if value < 0 else "NaN")
-    # JSON numbers 1 and 1.0 are the same number to the reference implementation.
+    # JSON numbers 1 and 1.0 are the same number to OpenClaw.
     return str(int(value)) if value.is_integer() else repr(value)
 
 

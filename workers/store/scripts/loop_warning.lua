@@ -21,7 +21,7 @@ else
   end
   local held = tonumber(redis.call('HGET', run, 'loop_warn_count') or '0')
   if held >= limit then
-    -- Full: evict the key inserted first, as the reference's insertion-ordered map does.
+    -- Full: evict the key inserted first, as OpenClaw's insertion-ordered map does.
     local all = redis.call('HGETALL', run)
     local oldest_field, oldest_seq = nil, nil
     for i = 1, #all, 2 do
