@@ -105,7 +105,11 @@ class RedisSettings(BaseModel):
 
     model_config = _FROZEN
 
-    url: str = Field("", description="redis:// or rediss:// URL; empty starts an embedded redis-server")
+    url: str = Field(
+        "",
+        description="redis:// or rediss:// URL of the ledger; empty: `unstuck up` and `unstuck demo` "
+        "start an embedded redis-server, other commands refuse to start",
+    )
     key_prefix: str = Field(
         "unstuck",
         min_length=1,
@@ -126,7 +130,7 @@ class SigningSettings(BaseModel):
 
     Every process (worker, watchdog, beat, gateway, CLI) signs what it sends with its key and
     refuses any message not signed by a certificate in ``cert_store``. Set all three paths or
-    none; see ``deploy/signing.md``.
+    none; it needs the ``unstuck[signing]`` extra (``cryptography``). See ``deploy/signing.md``.
     """
 
     model_config = _FROZEN
@@ -455,7 +459,8 @@ class GatewaySettings(BaseModel):
     republish_unclaimed: bool = Field(
         True,
         description="publish a call's message again when no worker claimed it a lease.ttl_s after "
-        "it was published (then after 2, 4, ... TTLs); off: such a call waits for its deadline",
+        "it was published (then after 2, 4, ... TTLs); off: such a call waits for its deadline "
+        "(for calls that routinely queue longer than a lease, where the refused copies cost more)",
     )
 
 
@@ -657,8 +662,8 @@ def load_settings(**overrides: Any) -> Settings:
 def check_loop_blocks(settings: Settings) -> None:
     """Loop-detection blocks are validated strictly at start-up (spec §2), not when first used.
 
-    A misordered threshold triple is no error: it is raised into order at resolution, as the
-    reference system does, and logged here as a warning naming the key and the new value.
+    A misordered threshold triple is no error: it is raised into order at resolution, as
+    OpenClaw does, and logged here as a warning naming the key and the new value.
     """
     blocks = [("tools.loopDetection", settings.tools.loop_detection)]
     blocks.append(("agents.defaults.tools.loopDetection", settings.agents.defaults.tools.loop_detection))

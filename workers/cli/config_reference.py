@@ -64,7 +64,7 @@ class Row:
 
 @dataclass(frozen=True)
 class Section:
-    """A nested model: its path, its docstring's first paragraph and its settings."""
+    """A nested model: its path, its docstring and its settings."""
 
     path: str
     summary: str
@@ -130,7 +130,7 @@ def _default(field: FieldInfo) -> str:
 
 def _summary(model: type[BaseModel]) -> str:
     doc = (model.__doc__ or "").strip()
-    return " ".join(doc.split("\n\n")[0].split()).replace("``", "`")
+    return " ".join(doc.split()).replace("``", "`")
 
 
 def _env(path: str) -> str | None:
