@@ -10,7 +10,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 
 from workers.core.limits import RetryPolicy
 from workers.core.models import CallJob, SyntheticReason, ToolCall
-from workers.errors import HeartbeatInterrupt, ToolExecutionError
+from workers.errors import ToolExecutionError
 from workers.tools.context import ToolContext
 from workers.tools.registry import get_tool, tool
 from workers.worker.execution import interrupted_result, run_tool
@@ -345,7 +345,7 @@ def test_interrupt_on_a_retry_still_propagates() -> None:
     assert len(attempts) == 2
 
 
-@pytest.mark.parametrize("stop", [HeartbeatInterrupt, KeyboardInterrupt])
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt])
 def test_base_exception_interrupts_propagate_without_declaring_them(stop: type[BaseException]) -> None:
     def silent() -> None:
         raise stop()
