@@ -237,7 +237,7 @@ def read_config_file(path: str) -> dict[str, Any]:
     toml = file.suffix.lower() == ".toml"
     try:
         # JSON5 is a superset of JSON: OpenClaw's file (comments, trailing commas,
-        # unquoted keys) loads as written, and plain JSON loads as before.
+        # unquoted keys) loads as written, and plain JSON is JSON5.
         data: Any = tomllib.loads(text) if toml else json5.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         kind = "toml" if toml else "json/json5"

@@ -660,7 +660,7 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def check_loop_blocks(settings: Settings) -> None:
-    """Loop-detection blocks are validated strictly at start-up (spec §2), not when first used.
+    """Loop-detection blocks are validated strictly at start-up, not when first used.
 
     A misordered threshold triple is no error: it is raised into order at resolution, as
     OpenClaw does, and logged here as a warning naming the key and the new value.

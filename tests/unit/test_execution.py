@@ -74,7 +74,7 @@ def _run(job: CallJob, clock: FakeClock | None = None, **kwargs: Any) -> Any:
     return run_tool(job, _ctx(), clock_ms=clock.ms, sleep=clock.sleep, **kwargs)
 
 
-# --- success and errors ---------------------------------------------------------------------
+# --- success and errors ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_exception_becomes_an_error_result_with_type_and_message(
     assert result.details["attempt"] == 1
 
 
-# --- retries --------------------------------------------------------------------------------
+# --- retries --------------------------------------------------------------------------------------
 
 
 class Flaky(Exception):
@@ -219,7 +219,7 @@ def test_elapsed_counts_from_submission_across_retries() -> None:
     assert result.details["elapsed_ms"] == 1_100
 
 
-# --- fallback -------------------------------------------------------------------------------
+# --- fallback -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fallback", [{"results": []}, "no data", None])
@@ -251,7 +251,7 @@ def test_fallback_only_after_retries_are_spent() -> None:
     assert (result.text, result.details["attempt"], len(calls)) == ("fb", 3, 3)
 
 
-# --- calls that must not run ----------------------------------------------------------------
+# --- calls that must not run ----------------------------------------------------------------------
 
 
 def test_unknown_tool_is_rejected_with_closest_names() -> None:
@@ -297,7 +297,7 @@ def test_invalid_arguments_are_rejected_listing_each_problem() -> None:
         assert problem in result.text
 
 
-# --- interrupts (house style habit 4) -------------------------------------------------------
+# --- interrupts -----------------------------------------------------------------------------------
 
 
 class MyInterrupt(Exception):
@@ -354,7 +354,7 @@ def test_base_exception_interrupts_propagate_without_declaring_them(stop: type[B
         _run(_job(_register(silent, fallback="fb")))
 
 
-# --- interrupted_result ---------------------------------------------------------------------
+# --- interrupted_result ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

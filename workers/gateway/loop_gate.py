@@ -37,7 +37,7 @@ _BOOKKEEPING = frozenset({"synthetic", "elapsed_ms", "attempt", "fallback", "loo
 
 
 def detector_outcome(result: ToolResult) -> tuple[Any, bool]:
-    """The (result, is_error) pair the hashing rules of the loop spec expect."""
+    """The (result, is_error) pair the outcome hashing rules expect."""
     if result.is_error:
         return result.text, True
     details = {k: v for k, v in result.details.items() if k not in _BOOKKEEPING}

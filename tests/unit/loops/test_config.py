@@ -1,4 +1,4 @@
-"""Config: defaults, per-field fallback, merge, auto-raise of misordered thresholds (spec §2)."""
+"""Config: defaults, per-field fallback, merge, auto-raise of misordered thresholds."""
 
 from __future__ import annotations
 

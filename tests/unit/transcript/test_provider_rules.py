@@ -1,4 +1,4 @@
-"""Table tests for the failure classes of issue 14: what each provider's API rejects, repaired."""
+"""Table tests for the failure classes: what each provider's API rejects, repaired."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loop-detection configuration: schema, global + per-agent merge, fallback, auto-raise (spec §2).
+"""Loop-detection configuration: schema, global + per-agent merge, fallback, auto-raise.
 
 Two layers, as in OpenClaw:
 
@@ -8,7 +8,7 @@ Two layers, as in OpenClaw:
   :class:`~workers.errors.ConfigError` naming the key path.
 * :func:`resolve_loop_config` is the runtime resolver: every bad numeric value falls back
   to its default per field, unknown keys are ignored, and the thresholds are repaired by the
-  auto-raise of §2.3, as OpenClaw does: ``criticalThreshold`` and then
+  auto-raise, as OpenClaw does: ``criticalThreshold`` and then
   ``globalCircuitBreakerThreshold`` are raised above the threshold they must exceed.
   :func:`raised_thresholds` names each such raise, for the start-up warning and
   ``config check``.
@@ -136,7 +136,7 @@ def resolve_loop_config(
     global_block_path: str = GLOBAL_PATH,
     agent_block_path: str = agent_path(),
 ) -> LoopDetectionConfig:
-    """Merge the global and agent blocks and resolve the runtime values (spec §2.2, §2.3).
+    """Merge the global and agent blocks and resolve the runtime values.
 
     Never raises: a misordered threshold triple is raised into order, as in OpenClaw
     (``global_block_path`` and ``agent_block_path`` are kept for callers' messages).
@@ -224,7 +224,7 @@ def _resolve(block: Mapping[str, Any]) -> LoopDetectionConfig:
     warning = _int_or(block.get("warningThreshold"), 10)
     critical = _int_or(block.get("criticalThreshold"), 20)
     breaker = _int_or(block.get("globalCircuitBreakerThreshold"), 30)
-    # §2.3: warning is never changed; critical, then the breaker, are raised above it.
+    # The warning threshold is never changed; critical, then the breaker, are raised above it.
     critical = max(critical, warning + 1)
     breaker = max(breaker, critical + 1)
     detectors = block.get("detectors")

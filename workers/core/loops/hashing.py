@@ -1,4 +1,4 @@
-"""Stable hashing of tool-call arguments and outcomes (spec loop-detection §4).
+"""Stable hashing of tool-call arguments and outcomes.
 
 Only equality of hashes matters: the same logical value gives the same hash, whatever the
 key order. Outcome hashes ignore the fields that change on every call without meaning any
@@ -176,7 +176,7 @@ def hash_outcome(
     is_error: bool = False,
     send_tools: frozenset[str] = frozenset(),
 ) -> OutcomeHash:
-    """Hash an outcome by the precedence rules of spec §4; ``send_tools`` adds provider send tools."""
+    """Hash an outcome by the precedence rules below; ``send_tools`` adds provider send tools."""
     if is_error:
         return _error_hash(result)
     if result is UNDEFINED:

@@ -2,7 +2,7 @@
 
 History is kept **per run** (``session_key`` + ``run_id``), so one run's activity can never
 evict another run's records (OpenClaw trims per session; heartbeat and cron runs then
-inherit stale counts, spec §10 #71612).
+inherit stale counts).
 
 Storage rule shared by every implementation, so that a call that is appended and then
 vetoed leaves the history exactly as if it had never been appended (OpenClaw never
@@ -28,7 +28,7 @@ __all__ = [
     "RunScope",
 ]
 
-# Warning de-duplication remembers at most this many keys per run (spec §6).
+# Warning de-duplication remembers at most this many keys per run.
 WARNING_KEY_LIMIT = 256
 
 

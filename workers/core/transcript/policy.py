@@ -1,4 +1,4 @@
-"""Per-provider transcript policy (spec §3), resolved from provider, model API and model id.
+"""Per-provider transcript policy, resolved from provider, model API and model id.
 
 Unlike OpenClaw, every provider gets pairing repair with synthetic results by
 default, OpenAI included: an unanswered call is rejected by all of them. With

@@ -1,4 +1,4 @@
--- Warning de-duplication (spec loop-detection §6): emit only when the bucket grows.
+-- Warning de-duplication: emit only when the bucket grows.
 --
 -- KEYS[1]  run HASH: field "loop_warn:<key>" = "<insertion seq>:<last bucket>",
 --          loop_warn_seq (insertion counter), loop_warn_count (keys held)
