@@ -9,6 +9,7 @@ Every duration's name ends in ``_s`` or ``_ms``. The model is frozen.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from typing import Annotated, Any
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     NonNegativeFloat,
@@ -77,16 +79,32 @@ log = logging.getLogger(__name__)
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-def _split_modules(value: Any) -> Any:
-    """A comma-separated string or a JSON list (as in the environment) becomes a tuple."""
-    if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
+def _list_as_written(value: Any) -> Any:
+    """A list setting written as text (the environment's only way): a JSON list, or comma-separated.
+
+    Text that starts with ``[`` or ``{`` is read as JSON and must be a list without blank
+    entries (a blank token would admit an empty bearer); anything else is split at commas,
+    blanks dropped. An entry that holds a comma, or a first entry that starts with ``[`` or
+    ``{``, needs the JSON form.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text.startswith(("[", "{")):
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:  # the text itself is not quoted back: it may be a secret
+        raise ValueError(
+            f"looks like a JSON list but is not valid JSON ({exc.msg} at character {exc.pos}); "
+            'write a JSON list such as ["a", "b"] or a comma-separated list such as a,b'
+        ) from None
+    if not isinstance(parsed, list):
+        raise ValueError('expected a JSON list such as ["a", "b"] or a comma-separated list such as a,b')
+    blank = [i for i, item in enumerate(parsed) if isinstance(item, str) and not item.strip()]
+    if blank:
+        raise ValueError(f"entry {blank[0]} of the JSON list is blank")
+    return parsed
 
 
 def _known_groups(entries: tuple[str, ...]) -> tuple[str, ...]:
@@ -96,8 +114,10 @@ def _known_groups(entries: tuple[str, ...]) -> tuple[str, ...]:
     return entries
 
 
-#: A tool allow or deny list: names, ``group:builtins`` or ``*``; comma-separated in the environment.
-ToolList = Annotated[tuple[str, ...], NoDecode]
+#: A list of names: a JSON list or comma-separated as text (``NoDecode``: the text reaches the parser).
+NameList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list_as_written)]
+#: A tool allow or deny list: names, ``group:builtins`` or ``*``.
+ToolList = NameList
 
 
 class RedisSettings(BaseModel):
@@ -230,10 +250,9 @@ class AgentOverride(BaseModel):
     loop_detection: dict[str, Any] | None = Field(
         None, description="loop-detection block (file: tools.loopDetection), merged over the defaults'"
     )
-    tool_allow: tuple[str, ...] = Field((), description="agents.list[].tools.allow: narrows tools.allow")
-    tool_deny: tuple[str, ...] = Field((), description="agents.list[].tools.deny: added to tools.deny")
+    tool_allow: ToolList = Field((), description="agents.list[].tools.allow: narrows tools.allow")
+    tool_deny: ToolList = Field((), description="agents.list[].tools.deny: added to tools.deny")
 
-    _lists = field_validator("tool_allow", "tool_deny", mode="before")(_split_modules)
     _groups = field_validator("tool_allow", "tool_deny")(_known_groups)
 
 
@@ -243,7 +262,7 @@ class AgentsSettings(BaseModel):
     model_config = _FROZEN
 
     defaults: AgentProfile = AgentProfile()
-    list: tuple[AgentOverride, ...] = Field(
+    list: Annotated[tuple[AgentOverride, ...], NoDecode, BeforeValidator(_list_as_written)] = Field(
         (), description="per-agent overrides, one entry per agent id (JSON in the environment)"
     )
 
@@ -281,7 +300,7 @@ class FallbackSettings(BaseModel):
     model_config = _FROZEN
 
     value: Any = Field(description="returned as a normal result (strings as is, others as JSON)")
-    reasons: tuple[str, ...] = Field((), description="only these failure reasons (empty: every failure)")
+    reasons: NameList = Field((), description="only these failure reasons (empty: every failure)")
 
     @field_validator("reasons")
     @classmethod
@@ -300,7 +319,7 @@ class FailBranchSettings(BaseModel):
     model_config = _FROZEN
 
     tool: str = Field(min_length=1, description="the alternative tool; called with the same arguments")
-    reasons: tuple[str, ...] = Field(
+    reasons: NameList = Field(
         ("tool_error", "timeout_soft"), min_length=1, description="failures that try the branch"
     )
 
@@ -326,7 +345,7 @@ class RetrySettings(BaseModel):
         2.0, ge=1, allow_inf_nan=False, description="each later delay is the one before times this"
     )
     max_backoff_s: NonNegativeFloat = Field(10.0, description="longest delay between attempts, seconds")
-    errors: tuple[str, ...] = Field(
+    errors: NameList = Field(
         ("Exception",),
         min_length=1,
         description="exception class names retried (matched along the class's bases); "
@@ -374,8 +393,6 @@ class ToolsSettings(BaseModel):
     retry: dict[str, RetrySettings] = Field(
         default_factory=dict, description="retry policy per tool name (replaces the decorator's)"
     )
-
-    _lists = field_validator("builtins", "allow", "deny", mode="before")(_split_modules)
 
     @model_validator(mode="after")
     def _no_branch_to_itself(self) -> ToolsSettings:
@@ -537,8 +554,8 @@ class ApiSettings(BaseModel):
     host: str = Field("127.0.0.1", description="address both doors bind; off loopback only with tokens")
     port: int = Field(8765, ge=1, le=65535, description="port of `unstuck serve`")
     mcp_port: int = Field(8766, ge=1, le=65535, description="port of `unstuck mcp` (Streamable HTTP)")
-    tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
-        (), description="bearer tokens accepted (comma-separated); none: loopback only, no auth"
+    tokens: Annotated[tuple[SecretStr, ...], NoDecode, BeforeValidator(_list_as_written)] = Field(
+        (), description='bearer tokens accepted (a,b or ["a","b"]); none: loopback only, no auth'
     )
     max_body_bytes: PositiveInt = Field(
         1_048_576, description="request bodies larger than this many bytes are refused (HTTP 413)"
@@ -549,13 +566,6 @@ class ApiSettings(BaseModel):
     mcp_run_idle_s: PositiveFloat = Field(
         300.0, description="seconds with no call open after which the MCP door ends its run"
     )
-
-    @field_validator("tokens", mode="before")
-    @classmethod
-    def _split_tokens(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
 
 
 class Settings(BaseSettings):
@@ -581,12 +591,10 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     transcript: TranscriptSettings = TranscriptSettings()
     api: ApiSettings = ApiSettings()
-    tool_modules: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="modules that define tools, imported by workers and gateways (comma-separated)"
+    tool_modules: NameList = Field(
+        (), description='modules that define tools, imported by workers and gateways (a,b or ["a","b"])'
     )
     config: str = Field("", description="path of a JSON5 (or JSON) or TOML config file (UNSTUCK_CONFIG)")
-
-    _split = field_validator("tool_modules", mode="before")(_split_modules)
 
     @classmethod
     def settings_customise_sources(
@@ -639,7 +647,9 @@ def process_environment() -> dict[str, str]:
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:
-    return "UNSTUCK_" + "__".join(str(part).upper() for part in loc)
+    # A list entry has no variable of its own: the list's variable holds it (as JSON).
+    names = list(itertools.takewhile(lambda part: not isinstance(part, int), loc))
+    return "UNSTUCK_" + "__".join(str(part).upper() for part in names)
 
 
 def load_settings(**overrides: Any) -> Settings:

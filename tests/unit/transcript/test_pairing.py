@@ -162,10 +162,21 @@ def test_text_only_failed_turn_untouched() -> None:
     assert repair_pairing(given, errored_turns="drop").messages is given
 
 
-def test_result_without_id_adopted_by_single_call_and_marked_error() -> None:
-    result = repair_pairing([asst("c1"), res(None, "legacy")])
+@pytest.mark.parametrize("is_error", [False, True])
+def test_result_without_id_adopted_by_single_call_keeps_its_kind(is_error: bool) -> None:
+    result = repair_pairing([asst("c1"), res(None, "legacy", isError=is_error)])
     assert result.messages[1]["toolCallId"] == "c1"
-    assert result.messages[1]["isError"] is True
+    assert result.messages[1]["isError"] is is_error
+
+
+def test_result_without_id_not_adopted_while_an_earlier_call_of_its_name_holds_a_placeholder() -> None:
+    # Given an earlier call answered only by a placeholder, then a later call of the same name
+    given = [asst("c1"), syn("c1"), U1, asst("c2"), U2, res(None, "whose?")]
+    # When
+    result = repair_pairing(given)
+    # Then the id-less result could be either's: it is dropped, not given to the later call
+    assert result.messages == [asst("c1"), syn("c1"), U1, asst("c2"), syn("c2"), U2]
+    assert result.report.dropped_orphan_count == 1
 
 
 def test_result_without_id_and_conflicting_name_is_orphan() -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
 from tests.unit.transcript.factories import asst, call, res, text_asst, user
 from tests.unit.transcript.wire_scenarios import OPENCLAW_TEXT
 from workers.core.transcript import (
+    DEFAULT_MISSING_TEXT,
     TranscriptPolicy,
     is_synthetic,
     repair_pairing,
@@ -171,33 +172,130 @@ def _answers(contents: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
+def _kinds(contents: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Every response as (name, output or error, text); a synthetic one's text reads "synthetic"."""
+    kinds = []
+    for content in contents:
+        for part in content["parts"]:
+            if "functionResponse" in part:
+                response = part["functionResponse"]
+                key, text = next(iter(response["response"].items()))
+                text = "synthetic" if text in (DEFAULT_MISSING_TEXT, OPENCLAW_TEXT) else text
+                kinds.append((response["name"], key, text))
+    return kinds
+
+
+def _ferror(name: str, text: str) -> dict[str, Any]:
+    return {"functionResponse": {"name": name, "response": {"error": text}}}
+
+
+_GO: Final = {"role": "user", "parts": [{"text": "go"}]}
+_HM: Final = {"role": "user", "parts": [{"text": "hm"}]}
+
+
+def _model(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "model", "parts": list(parts)}
+
+
+def _user(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "parts": list(parts)}
+
+
+GEMINI_BY_POSITION: list[tuple[str, list[Any], list[tuple[str, str, str]]]] = [
+    (
+        "two calls of one name answered twice in the next turn: in order",
+        [_GO, _model(_fcall("exec"), _fcall("exec")), _user(_fresp("exec", "one"), _fresp("exec", "two"))],
+        [("exec", "output", "one"), ("exec", "output", "two")],
+    ),
+    (
+        "two calls of one name, three answers: the first two in order, the extra dropped",
+        [
+            _GO,
+            _model(_fcall("read"), _fcall("read")),
+            _user(_fresp("read", "one"), _fresp("read", "two"), _fresp("read", "three")),
+        ],
+        [("read", "output", "one"), ("read", "output", "two")],
+    ),
+    (
+        "two calls of one name, one answer: the first call's, by position",
+        [_GO, _model(_fcall("exec"), _fcall("exec")), _user(_fresp("exec", "one"))],
+        [("exec", "output", "one"), ("exec", "error", "synthetic")],
+    ),
+    (
+        "an extra real answer takes the place of a placeholder of its turn",
+        [
+            _GO,
+            _model(_fcall("read"), _fcall("read")),
+            _user(_ferror("read", OPENCLAW_TEXT), _fresp("read", "two"), _fresp("read", "late one")),
+        ],
+        [("read", "output", "late one"), ("read", "output", "two")],
+    ),
+    (
+        "names that do not line up are matched by name, in order",
+        [
+            _GO,
+            _model(_fcall("read"), _fcall("exec"), _fcall("read")),
+            _user(_fresp("exec", "e"), _fresp("read", "r1"), _fresp("ghost", "orphan"), _fresp("read", "r2")),
+        ],
+        [("read", "output", "r1"), ("exec", "output", "e"), ("read", "output", "r2")],
+    ),
+    (
+        "the only call of its name, answered after a user turn: moved back",
+        [
+            _GO,
+            _model(_fcall("read"), _fcall("exec")),
+            _user(_fresp("read", "r")),
+            _HM,
+            _user(_fresp("exec", "e")),
+        ],
+        [("read", "output", "r"), ("exec", "output", "e")],
+    ),
+    (
+        "a displaced success behind an orphan of another name stays a success",
+        [_GO, _model(_fcall("read")), _HM, _user(_fresp("ghost", "orphan"), _fresp("read", "R"))],
+        [("read", "output", "R")],
+    ),
+    (
+        "a displaced error stays an error",
+        [_GO, _model(_fcall("read")), _HM, _user(_ferror("read", "no such file"))],
+        [("read", "error", "no such file")],
+    ),
+    (
+        "a displaced response is not adopted while an earlier call of its name holds a placeholder",
+        [
+            _GO,
+            _model(_fcall("read")),
+            _user(_ferror("read", OPENCLAW_TEXT)),
+            _HM,
+            _model(_fcall("read")),
+            _HM,
+            _user(_fresp("ghost", "orphan"), _fresp("read", "whose?")),
+        ],
+        [("read", "error", "synthetic"), ("read", "error", "synthetic")],
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    ("contents", "expected"),
-    [
-        # two calls of one name answered twice in the next turn: in order
-        (
-            [_fcall("exec"), _fcall("exec")],
-            [[_fresp("exec", "one"), _fresp("exec", "two")]],
-        ),
-        # two calls of one name, one answer: whose it is cannot be told, so neither gets it
-        ([_fcall("exec"), _fcall("exec")], [[_fresp("exec", "one")]]),
-        # the only call of its name, answered after a user turn: moved back
-        ([_fcall("read"), _fcall("exec")], [[_fresp("read", "r")], [{"text": "hm"}], [_fresp("exec", "e")]]),
-    ],
+    ("wire", "expected"), [c[1:] for c in GEMINI_BY_POSITION], ids=[c[0] for c in GEMINI_BY_POSITION]
 )
-def test_gemini_id_less_responses_attributed_per_turn(contents: list[Any], expected: list[Any]) -> None:
-    wire = [{"role": "user", "parts": [{"text": "go"}]}, {"role": "model", "parts": contents}]
-    wire += [{"role": "user", "parts": parts} for parts in expected]
+def test_gemini_id_less_responses_answer_by_position(
+    wire: list[Any], expected: list[tuple[str, str, str]]
+) -> None:
+    # When an id-less Gemini transcript is repaired
     out = repair_wire("gemini", wire)
-    answers = _answers(out)
-    names = [p["functionCall"]["name"] for p in contents]
-    assert [name for name, _ in answers] == names
-    if len(expected[0]) == 1 and names == ["exec", "exec"]:
-        assert [text for _, text in answers] == ["synthetic", "synthetic"]
-    elif names == ["exec", "exec"]:
-        assert [text for _, text in answers] == ["one", "two"]
-    else:
-        assert [text for _, text in answers] == ["r", "e"]
+    # Then each call holds the response its position in the turn after it names, of the same kind
+    assert _kinds(out) == expected
+
+
+def test_gemini_extra_response_is_reported_as_a_dropped_duplicate() -> None:
+    # Given two calls of one name answered three times in the next turn
+    wire = GEMINI_BY_POSITION[1][1]
+    # When
+    report = repair_transcript(decode("gemini", wire), resolve_policy(None, "google-generative-ai")).report
+    # Then the third answer is the one dropped, as a duplicate
+    assert [p.dropped_duplicate_count for p in report.pairing] == [1]
+    assert [m["content"][0]["text"] for p in report.pairing for m in p.discarded] == ["three"]
 
 
 def test_gemini_late_response_with_two_unanswered_calls_of_its_name_is_not_guessed() -> None:

@@ -25,8 +25,8 @@ from google.genai.types import Content
 from openai.types.chat import ChatCompletionMessageParam
 from openai.types.responses import ResponseInputItemParam
 
-from tests.unit.transcript.wire_scenarios import Result, Scenario
-from workers.core.transcript import repair_transcript, resolve_policy
+from tests.unit.transcript.wire_scenarios import OPENCLAW_TEXT, Result, Scenario
+from workers.core.transcript import DEFAULT_MISSING_TEXT, repair_transcript, resolve_policy
 from workers.core.transcript.adapters import decode, default_model_api, encode
 
 _ANTHROPIC_ID: Final = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -272,3 +272,114 @@ def _certain_calls(scenario: Scenario) -> set[int]:
     keys = [(c.call_id, c.name if by_name or c.call_id is None else "") for c in scenario.calls]
     counts = Counter(keys)
     return {c.serial for c, key in zip(scenario.calls, keys, strict=True) if counts[key] == 1}
+
+
+# -- Gemini without ids: what the turn right after the calls says, by position --------------------
+
+_PLACEHOLDERS: Final = frozenset({OPENCLAW_TEXT, DEFAULT_MISSING_TEXT})
+
+
+@dataclass
+class _Group:
+    """The calls of one name in one call turn, and the id-less responses of that name right after."""
+
+    name: str
+    calls: list[int] = field(default_factory=list)
+    responses: list[tuple[str, str]] = field(default_factory=list)  # (output or error, text)
+
+
+def _call_serial(call: dict[str, Any]) -> int:
+    serial = _serial(call.get("args"))
+    return -1 if serial is None else serial
+
+
+def _response(part: dict[str, Any]) -> tuple[str, str, str]:
+    response = part["functionResponse"]
+    key, text = next(iter(response["response"].items()))
+    return response["name"], key, text
+
+
+def _positions(wire: list[dict[str, Any]]) -> tuple[list[_Group], dict[str, str]]:
+    """Each call turn's groups, and the responses no call of their name precedes (text -> name)."""
+    groups: list[_Group] = []
+    displaced: dict[str, str] = {}
+    previous: list[tuple[int, str]] = []
+    for content in wire:
+        parts = content.get("parts", [])
+        if content.get("role") == "model":
+            calls = [p["functionCall"] for p in parts if "functionCall" in p]
+            previous = [(_call_serial(c), c["name"]) for c in calls]
+            continue
+        by_name: dict[str, _Group] = {}
+        for serial, name in previous:
+            by_name.setdefault(name, _Group(name)).calls.append(serial)
+        for part in parts:
+            if "functionResponse" in part:
+                name, key, text = _response(part)
+                if name in by_name:
+                    by_name[name].responses.append((key, text))
+                else:
+                    displaced[text] = name
+        groups += by_name.values()
+        previous = []
+    return groups, displaced
+
+
+def _answers(wire: list[dict[str, Any]]) -> dict[int, tuple[str, str, str]]:
+    """Call serial -> (name, output or error, text) of a transcript the API rules accept."""
+    answers: dict[int, tuple[str, str, str]] = {}
+    for index, content in enumerate(wire[:-1]):
+        calls = [p["functionCall"] for p in content.get("parts", []) if "functionCall" in p]
+        responses = [p for p in wire[index + 1].get("parts", []) if "functionResponse" in p]
+        for call, part in zip(calls, responses, strict=False):
+            answers[_call_serial(call)] = _response(part)
+    return answers
+
+
+def positional_problems(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """How repair of an id-less Gemini transcript ``before`` into ``after`` broke Gemini's own rule.
+
+    Gemini attributes an id-less response by its position in the turn right after the calls
+    (the k-th response of a name answers the k-th call of that name), so the truth is read off
+    the wire, whatever the generator meant: every real result keeps its kind and its position's
+    call, a placeholder gives way to a real result of its group, extras go nowhere else, and a
+    displaced response never goes to a call while an earlier call of its name ends unanswered.
+    """
+    groups, displaced = _positions(before)
+    kinds = {
+        text: key
+        for _, key, text in (_response(p) for c in before for p in c["parts"] if "functionResponse" in p)
+    }
+    answers = _answers(after)
+    problems = [
+        f"call {serial}: {text} came back as {key}, was {kinds[text]}"
+        for serial, (_, key, text) in answers.items()
+        if text in kinds and kinds[text] != key
+    ]
+    for group in groups:
+        problems += _group_problems(group, answers)
+    for serial, (name, _, text) in answers.items():
+        if text not in displaced:
+            continue
+        earlier = [s for s, (n, _, t) in answers.items() if s < serial and n == name and t in _PLACEHOLDERS]
+        if earlier:
+            problems.append(f"displaced {text} went to call {serial}, earlier {earlier} left unanswered")
+    return problems
+
+
+def _group_problems(group: _Group, answers: dict[int, tuple[str, str, str]]) -> list[str]:
+    problems = []
+    for serial, (key, text) in zip(group.calls, group.responses, strict=False):
+        if text not in _PLACEHOLDERS and answers.get(serial, ("", "", ""))[1:] != (key, text):
+            problems.append(f"call {serial} lost {text}, its position's response (got {answers.get(serial)})")
+    reals = sum(text not in _PLACEHOLDERS for _, text in group.responses)
+    answered = sum(answers.get(s, ("", "", OPENCLAW_TEXT))[2] not in _PLACEHOLDERS for s in group.calls)
+    if answered < min(len(group.calls), reals):
+        problems.append(f"{group.name} calls {group.calls}: {answered} real answers of {reals} available")
+    for _, text in group.responses[len(group.calls) :]:
+        problems += [
+            f"extra {text} went to call {s} of another turn"
+            for s, (_, _, t) in answers.items()
+            if t == text and s not in group.calls and text not in _PLACEHOLDERS
+        ]
+    return problems

@@ -29,6 +29,8 @@ ILLEGAL_IDS: Final = (
     "a.b/{k}",
 )
 FATES: Final = ("ok",) * 6 + ("missing", "duplicate", "displaced", "late", "placeholder", "shuffled")
+# Fewer clean answers and more placeholders that a real result follows only after the next turn
+POSITIONAL_FATES: Final = ("ok",) * 3 + FATES[6:] + ("flushed",) * 2
 
 
 @dataclass(frozen=True)
@@ -68,17 +70,33 @@ class Scenario:
     fmt: str
     events: list[Event] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    names: tuple[str, ...] = NAMES
+    positional: bool = False
 
     def wire(self) -> list[dict[str, Any]]:
         return _RENDER[self.fmt](self.events)
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, fmt: str) -> Scenario:
-    """One damaged transcript in ``fmt``: gaps, duplicates, orphans, displaced and late results."""
-    scenario = Scenario(fmt)
-    with_ids = fmt != "gemini" or draw(st.booleans())
+def scenarios(
+    draw: st.DrawFn,
+    fmt: str,
+    *,
+    names: tuple[str, ...] = NAMES,
+    ids: bool | None = None,
+    positional: bool = False,
+) -> Scenario:
+    """One damaged transcript in ``fmt``: gaps, duplicates, orphans, displaced and late results.
+
+    ``names`` are the tool names calls draw from (few names, many calls of one name); ``ids``
+    False leaves Gemini ids out everywhere (None draws it). ``positional`` adds the shapes that
+    test attribution by position: id-less orphans with real tools' names, in the turn after the
+    calls or displaced, and placeholders whose real result comes only after the next turn.
+    """
+    scenario = Scenario(fmt, names=names, positional=positional)
+    with_ids = fmt != "gemini" or (draw(st.booleans()) if ids is None else ids)
     late: list[Result] = []
+    stale: list[Result] = []  # real results of flushed placeholders, displaced in the next frame
     if draw(st.booleans()):
         scenario.events.append(User(draw(_texts)))
     for _ in range(draw(st.integers(1, 5))):
@@ -86,10 +104,14 @@ def scenarios(draw: st.DrawFn, fmt: str) -> Scenario:
         scenario.events.append(Turn(draw(st.one_of(st.none(), _texts)), tuple(turn_calls)))
         scenario.events.extend(late)
         late = []
-        now, displaced = _results(draw, turn_calls, late)
+        displaced, stale = stale, []
+        now, displaced_now = _results(draw, scenario, turn_calls, late, stale)
+        displaced += displaced_now
         scenario.events.extend(now)
         if draw(st.integers(0, 5)) == 0:
-            scenario.events.append(_orphan(draw, scenario, with_ids))
+            orphan = _orphan(draw, scenario, with_ids)
+            displace = positional and draw(st.booleans())
+            (displaced if displace else scenario.events).append(orphan)
         if len(displaced) > 0 or draw(st.booleans()):
             scenario.events.append(User(draw(_texts)))
         scenario.events.extend(displaced)
@@ -104,7 +126,7 @@ _texts = st.sampled_from(["go on", "", "  ", "look at this"])
 
 def _call(draw: st.DrawFn, scenario: Scenario, with_ids: bool, *, aborted: bool = False) -> Call:
     k = len(scenario.calls)
-    name = draw(st.sampled_from(NAMES))
+    name = draw(st.sampled_from(scenario.names))
     call_id = _call_id(draw, scenario, k) if with_ids else None
     item_id = status = None
     if scenario.fmt == "openai-responses":
@@ -132,13 +154,15 @@ def _call_id(draw: st.DrawFn, scenario: Scenario, k: int) -> str:
     return f"call_{k}"
 
 
-def _results(draw: st.DrawFn, calls: list[Call], late: list[Result]) -> tuple[list[Result], list[Result]]:
+def _results(
+    draw: st.DrawFn, scenario: Scenario, calls: list[Call], late: list[Result], stale: list[Result]
+) -> tuple[list[Result], list[Result]]:
     now: list[Result] = []
     displaced: list[Result] = []
     shuffle = False
     for call in calls:
         real = Result(call.serial, call.call_id, call.name, f"out-{call.serial}-0", draw(st.booleans()))
-        fate = draw(st.sampled_from(FATES))
+        fate = draw(st.sampled_from(POSITIONAL_FATES if scenario.positional else FATES))
         shuffle = shuffle or fate == "shuffled"
         if fate in ("ok", "shuffled"):
             now.append(real)
@@ -148,9 +172,9 @@ def _results(draw: st.DrawFn, calls: list[Call], late: list[Result]) -> tuple[li
             displaced.append(real)
         elif fate == "late":
             late.append(real)
-        elif fate == "placeholder":
+        elif fate in ("placeholder", "flushed"):
             now.append(Result(call.serial, call.call_id, call.name, OPENCLAW_TEXT, True))
-            displaced.append(real)
+            (displaced if fate == "placeholder" else stale).append(real)
     if shuffle:
         now = draw(st.permutations(now))
     return now, displaced
@@ -159,7 +183,9 @@ def _results(draw: st.DrawFn, calls: list[Call], late: list[Result]) -> tuple[li
 def _orphan(draw: st.DrawFn, scenario: Scenario, with_ids: bool) -> Result:
     n = sum(1 for e in scenario.events if isinstance(e, Result) and e.owner is None)
     call_id = f"ghost_{n}" if with_ids else None
-    return Result(None, call_id, "ghost" if not with_ids else draw(st.sampled_from(NAMES)), f"orphan-{n}")
+    named = with_ids or scenario.positional
+    names = (*scenario.names, "ghost") if scenario.positional else scenario.names
+    return Result(None, call_id, draw(st.sampled_from(names)) if named else "ghost", f"orphan-{n}")
 
 
 def _args(call: Call) -> dict[str, int]:

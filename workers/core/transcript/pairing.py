@@ -7,9 +7,11 @@ order, followed by whatever else the frame held.
 
 Where calls share an id, a result carrying a call's name goes to that call, else to the earliest
 free one (names and order decide). A result with no id is adopted by the single call of its frame
-unless an earlier call of that name is unanswered too, and moved elsewhere only when
-exactly one unanswered call so far has its name (the Gemini adapter leaves ids out where its
-by-name, in-order attribution is ambiguous, so that the ambiguity reaches these rules).
+unless an earlier call of that name is unanswered too (no result, or only a
+placeholder), and moved elsewhere only when exactly one unanswered call so far has its name (the
+Gemini adapter leaves ids out where no call of the turn before has the response's name, so that
+these rules decide). Adoption keeps the result's ``isError``: a
+success the tool reported stays a success.
 """
 
 from __future__ import annotations
@@ -106,10 +108,10 @@ def repair_pairing(
     """
     tally = _Tally()
     prefix, frames = _split_frames(messages, tally)
-    open_names: set[str | None] = set()  # names of earlier calls still unanswered
+    open_names: set[str | None] = set()  # names of earlier calls still unanswered (or placeholders)
     for frame in frames:
         _claim_locally(frame, tally, open_names)
-        open_names.update(o.clean for o in frame.occurrences if o.result is None)
+        open_names.update(o.clean for o in frame.occurrences if o.rank < _ADOPTED)
     _recover_across_frames(frames, tally)
     output: list[Message] = list(prefix)
     filler = _Filler(lookup, missing_text, allow_synthetic)
@@ -195,8 +197,8 @@ def _adopt_legacy_id(frame: _Frame, message: Message, open_names: set[str | None
         return message
     if (result_name or call_name) in open_names:
         return message  # an earlier call of that name is unanswered too: whose it is is unclear
-    # An id-less result could be anyone's; forcing isError tells the model it is not trustworthy.
-    return {**message, "toolCallId": occurrence.call_id, "isError": True}
+    # Adopted with its own kind: a success the tool reported stays a success.
+    return {**message, "toolCallId": occurrence.call_id}
 
 
 def _resolve_duplicate(

@@ -1,21 +1,21 @@
 """Gemini ``contents`` <-> neutral transcript.
 
-Gemini pairs a ``functionResponse`` with its ``functionCall`` by name and position; ids are
-optional. A call without an id gets ``gemini-<turn>-<part>`` in the neutral form (marked
-``geminiImplicitId`` so the id is not sent back). An id-less response is attributed only within
-the turn right after a call turn, by name and in order: it takes the only call of its name, or
-the n-th of n calls of its name when that turn answers that name n times. Anywhere else, or when
-the counts differ, it stays without an id, so that pairing sees the ambiguity and moves it only
-when exactly one unanswered call has its name.
+Gemini pairs a ``functionResponse`` with its ``functionCall`` by position in the turn right after
+the calls; ids are optional. A call without an id gets ``gemini-<turn>-<part>`` in the neutral
+form (marked ``geminiImplicitId`` so the id is not sent back). In the turn right after a call
+turn, the k-th id-less response of a name answers the k-th call of that name (plain position
+wherever the names line up); responses past the calls of their name are extras, which pairing
+drops unless one replaces a placeholder of that turn. Anywhere else, or when no call of the turn
+has its name, a response stays without an id, so that pairing moves it only when exactly one
+unanswered call has its name.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any, Final
 
 from workers.core.transcript.adapters.wire import pick, require_dict, require_list, require_str
-from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, raw_result_id
+from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, is_synthetic, raw_result_id
 from workers.errors import TranscriptRepairError
 
 __all__ = ["IMPLICIT_ID", "from_neutral", "model_content_in", "response_part", "to_neutral"]
@@ -159,25 +159,45 @@ def _response_fields(raw: object, where: str) -> tuple[dict[str, Any], str, str 
 def _attribute(
     responses: list[tuple[dict[str, Any], str, str | None]], calls: list[Block]
 ) -> list[str | None]:
-    """The call id each response answers: its own, else one by name and order, else None (ambiguous)."""
-    call_ids: dict[str, list[str]] = {}
+    """The call id each response answers, or None where no call of the turn has its name.
+
+    A response with an id answers that call. The id-less ones answer the turn's calls by
+    position within their name: the k-th response of a name answers the k-th call of that name,
+    which is plain position wherever the names line up, as Gemini requires. A response past the
+    calls of its name is an extra: it is given, as a duplicate, to the first of those calls that
+    holds a placeholder, so that pairing lets a real result replace it, else to the last of them,
+    and pairing drops it.
+    """
+    answered = {explicit for _, _, explicit in responses if explicit is not None}
+    free: dict[str, list[str]] = {}
     for call in calls:
-        call_ids.setdefault(call["name"], []).append(call["id"])
-    asked = Counter(name for _, name, explicit in responses if explicit is None)
-    taken: Counter[str] = Counter()
+        if call["id"] not in answered:
+            free.setdefault(call["name"], []).append(call["id"])
+    held: dict[str, list[bool]] = {}  # per name, whether each call answered so far holds a placeholder
     owners: list[str | None] = []
-    for _, name, explicit in responses:
-        candidates = call_ids.get(name, [])
-        if explicit is not None:
+    for fields in responses:
+        _, name, explicit = fields
+        ids = free.get(name, [])
+        if explicit is not None or not ids:
             owners.append(explicit)
-        elif len(candidates) == 1:
-            owners.append(candidates[0])
-        elif candidates and len(candidates) == asked[name]:
-            owners.append(candidates[taken[name]])
-            taken[name] += 1
+            continue
+        placeholders = held.setdefault(name, [])
+        placeholder = is_synthetic(_response_in(fields, None))
+        if len(placeholders) < len(ids):
+            owners.append(ids[len(placeholders)])
+            placeholders.append(placeholder)
         else:
-            owners.append(None)
+            owners.append(ids[_extra_slot(placeholders, placeholder)])
     return owners
+
+
+def _extra_slot(placeholders: list[bool], placeholder: bool) -> int:
+    """Which call of its name an extra response duplicates: a placeholder's if it is real, else the last."""
+    if not placeholder and True in placeholders:
+        slot = placeholders.index(True)
+        placeholders[slot] = False  # this real answer replaces that placeholder
+        return slot
+    return len(placeholders) - 1
 
 
 def _response_in(fields: tuple[dict[str, Any], str, str | None], call_id: str | None) -> Message:
