@@ -12,7 +12,7 @@ decisions read the typed ``retryable`` field, never the message text::
      │    ├── ToolTimeout            a limit expired; ``kind`` is a LimitKind
      │    └── CallFailed             a call's one result is not a tool's success (its task's FAILURE)
      │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
-     │             HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid, UnknownTool,
+     │             HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory, ArgumentsInvalid, UnknownTool,
      │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
      │             CircuitOpen, CallMismatch
      ├── LoopDetected                the loop detector blocked a call or aborted a run
@@ -53,6 +53,7 @@ __all__ = [
     "LimitKind",
     "LoopBlocked",
     "LoopDetected",
+    "OutOfMemory",
     "ProviderFormatError",
     "RunAborted",
     "StoreError",
@@ -187,6 +188,12 @@ class Crashed(CallFailed):
     reason = "crashed"
 
 
+class OutOfMemory(CallFailed):
+    """The call needed more memory than its limit (``memory_limit_mb``) and was stopped."""
+
+    reason = "out_of_memory"
+
+
 class ArgumentsInvalid(CallFailed):
     """The call's arguments failed the tool's schema; nothing ran."""
 
@@ -250,10 +257,9 @@ class CallMismatch(CallFailed):
 CALL_FAILURES: dict[str, type[CallFailed]] = {
     cls.reason: cls
     for cls in (
-        ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid,
-        UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
-        CircuitOpen,
-        CallMismatch,
+        ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory,
+        ArgumentsInvalid, UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled,
+        LoopBlocked, RunAborted, CircuitOpen, CallMismatch,
     )
 }  # fmt: skip
 """The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""
