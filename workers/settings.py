@@ -320,6 +320,10 @@ class ToolsSettings(BaseModel):
     allow: ToolList = Field((), description="only these tools may be called (empty: every registered tool)")
     deny: ToolList = Field((), description="these tools may never be called (wins over allow)")
     timeouts_s: dict[str, Seconds] = Field(default_factory=dict)
+    memory_limits_mb: dict[str, NonNegativeInt] = Field(
+        default_factory=dict,
+        description="per-tool memory limit of a call in MB (0: none), over the tool's own",
+    )
     loop_detection: dict[str, Any] | None = None
     breakers: dict[str, BreakerPolicy] = Field(
         default_factory=dict, description="shared circuit breakers, per tool name (opt-in)"
@@ -370,6 +374,10 @@ class LimitSettings(BaseModel):
     cancel_grace_s: PositiveFloat = Field(
         5.0, description="a cancelled tool's time to stop after SIGTERM, before SIGKILL"
     )
+    memory_limit_mb: NonNegativeInt = Field(
+        1024, description="MB one call may add, its tool and all it starts (0: none); past it: out_of_memory"
+    )
+    memory_cgroups: bool = Field(True, description="a cgroup per call where possible; off: rlimits only")
 
 
 class LeaseSettings(BaseModel):
