@@ -1,0 +1,233 @@
+"""A memory cgroup per call: the kernel's exact count of what a call adds, and its OOM kills.
+
+The worker's main process makes one directory of its own, ``unstuck-<pid>``, below the
+cgroup it was started in (cgroup v1's memory hierarchy, or the unified v2 hierarchy with
+the memory controller). A pool child running a call with a memory limit makes
+``c<child pid>`` there, sets the limit, moves itself in (whatever it starts is born inside)
+and moves back to ``home`` when the call ends. Its memory from before the call stays
+charged where it was, so the cgroup counts only what the call adds. The kernel's OOM
+killer, when the cgroup is full, kills a process of the call only, and the cgroup's
+``oom_kill`` counter says so afterwards.
+
+v2 allows processes only in leaf cgroups that hand out controllers, so there the main
+process first moves into ``unstuck-<pid>/main`` (its ``home``): that works when the worker
+has a cgroup to itself (systemd ``Delegate=yes``), and is refused otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CgroupLayout", "MemoryCgroups", "find_layout", "open_memory_cgroups"]
+
+_PROC_SELF = Path("/proc/self")
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    """Where this worker's call cgroups live and where a pool child returns after a call."""
+
+    version: int  # 1 or 2
+    own: Path  # the cgroup the worker was started in
+    parent: Path  # unstuck-<main pid>, one per worker process
+    home: Path  # where the main process and idle pool children are
+
+    def call_dir(self, pid: int) -> Path:
+        """The cgroup of the call pool child ``pid`` is running."""
+        return self.parent / f"c{pid}"
+
+
+def _mounts(proc_self: Path) -> list[tuple[str, str, str, set[str]]]:
+    """(root, mount point, fs type, super options) of every cgroup mount this process sees."""
+    found = []
+    for line in (proc_self / "mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
+            found.append((fields[3], fields[4], tail[0], set(tail[2].split(","))))
+    return found
+
+
+def _below(mount_root: str, mount_point: str, cgroup_path: str) -> Path | None:
+    root = mount_root.rstrip("/")
+    if cgroup_path != root and not cgroup_path.startswith(root + "/"):
+        return None  # our cgroup is not visible through this mount
+    return Path(mount_point + cgroup_path[len(root) :])
+
+
+def find_layout(main_pid: int, *, proc_self: Path = _PROC_SELF) -> CgroupLayout | str:
+    """This process's memory cgroup and the layout below it, or why there is none.
+
+    v1's memory controller is preferred where both exist (a hybrid host binds it to v1).
+    """
+    try:
+        lines = (proc_self / "cgroup").read_text().splitlines()
+        mounts = _mounts(proc_self)
+    except OSError as exc:
+        return f"cannot read {proc_self}/cgroup or mountinfo: {exc.strerror}"
+    entries = [line.split(":", 2) for line in lines if line.count(":") >= 2]
+    v1 = next((path for _, names, path in entries if "memory" in names.split(",")), None)
+    v2 = next((path for ident, names, path in entries if ident == "0" and names == ""), None)
+    for root, point, fstype, options in mounts:
+        if v1 is not None and fstype == "cgroup" and "memory" in options:
+            own = _below(root, point, v1)
+            if own is not None:
+                return CgroupLayout(1, own, own / f"unstuck-{main_pid}", own)
+    for root, point, fstype, _ in mounts:
+        if v2 is not None and fstype == "cgroup2":
+            own = _below(root, point, v2)
+            if own is None:
+                continue
+            if "memory" not in _read(own / "cgroup.controllers").split():
+                return f"cgroup v2 at {own} has no memory controller"
+            parent = own / f"unstuck-{main_pid}"
+            return CgroupLayout(2, own, parent, parent / "main")
+    return "no cgroup v1 memory hierarchy or cgroup v2 mount holds this process"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _write(path: Path, value: str) -> None:
+    # cgroupfs takes one write per value: no buffering that could split or merge it.
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _counter(text: str, name: str) -> int:
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+class MemoryCgroups:
+    """The call cgroups of one worker (``layout``); every method is safe in any pool child."""
+
+    def __init__(self, layout: CgroupLayout) -> None:
+        self.layout = layout
+        self._limit_file = "memory.limit_in_bytes" if layout.version == 1 else "memory.max"
+        self._swap_file = "memory.memsw.limit_in_bytes" if layout.version == 1 else "memory.swap.max"
+        self._events_file = "memory.oom_control" if layout.version == 1 else "memory.events"
+
+    def prepare(self, main_pid: int) -> None:
+        """Create this worker's directory (main process, before the pool forks); raises OSError."""
+        layout = self.layout
+        layout.parent.mkdir(exist_ok=True)
+        if layout.version == 1:
+            if not (layout.parent / self._limit_file).exists():
+                raise OSError(errno.ENOTSUP, f"{layout.parent} has no {self._limit_file}")
+            return
+        layout.home.mkdir(exist_ok=True)
+        _write(layout.home / "cgroup.procs", str(main_pid))
+        try:
+            if "memory" not in _read(layout.own / "cgroup.subtree_control").split():
+                _write(layout.own / "cgroup.subtree_control", "+memory")
+            _write(layout.parent / "cgroup.subtree_control", "+memory")
+        except OSError:
+            _write(layout.own / "cgroup.procs", str(main_pid))  # back where it was
+            self.close()
+            raise
+
+    def enter(self, pid: int, limit_bytes: int) -> Path:
+        """Make ``pid``'s call cgroup with ``limit_bytes`` (no swap) and move ``pid`` into it."""
+        path = self.layout.call_dir(pid)
+        if path.exists():  # an earlier call of this child was interrupted before it left
+            self.discard(path, keep=pid)
+        path.mkdir()
+        try:
+            _write(path / self._limit_file, str(limit_bytes))
+            with contextlib.suppress(OSError):  # no swap accounting on this host: nothing to bound
+                _write(path / self._swap_file, str(limit_bytes) if self.layout.version == 1 else "0")
+            _write(path / "cgroup.procs", str(pid))
+        except OSError:
+            self.discard(path, keep=pid)
+            raise
+        return path
+
+    def leave(self, path: Path, pid: int) -> int:
+        """Move ``pid`` home and remove its call cgroup; returns the OOM kills the call had.
+
+        Processes the call left running keep the cgroup (and its limit): it is renamed
+        ``left-<pid>-<ns>`` and removed once they are gone (:meth:`sweep`).
+        """
+        _write(self.layout.home / "cgroup.procs", str(pid))
+        kills = self.oom_kills(path)
+        try:
+            path.rmdir()
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            with contextlib.suppress(OSError):
+                path.rename(self.layout.parent / f"left-{pid}-{time.monotonic_ns()}")
+        return kills
+
+    def oom_kills(self, path: Path) -> int:
+        """How many processes the kernel's OOM killer killed in ``path`` (0 if it is gone)."""
+        return _counter(_read(path / self._events_file), "oom_kill")
+
+    def discard(self, path: Path, *, keep: int | None = None) -> bool:
+        """Kill every process in ``path`` but ``keep`` (moved home), then remove it; True if gone."""
+        if keep is not None:
+            with contextlib.suppress(OSError):
+                _write(self.layout.home / "cgroup.procs", str(keep))
+        for pid in _read(path / "cgroup.procs").split():
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # the killed processes are not reaped yet: the next sweep removes it
+        return True
+
+    def sweep(self, alive: Callable[[int], bool]) -> None:
+        """Remove the cgroups of calls whose pool child is dead and of left processes now gone."""
+        try:
+            names = os.listdir(self.layout.parent)
+        except OSError:
+            return
+        for name in names:
+            path = self.layout.parent / name
+            if name.startswith("c") and name[1:].isdigit() and not alive(int(name[1:])):
+                self.discard(path)
+            elif name.startswith("left-") and not _read(path / "cgroup.procs").split():
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+
+    def close(self) -> None:
+        """Remove this worker's directory where nothing runs in it any more (worker shutdown)."""
+        self.sweep(lambda _pid: False)
+        with contextlib.suppress(OSError):
+            if self.layout.home != self.layout.own:
+                self.layout.home.rmdir()
+            self.layout.parent.rmdir()
+
+
+def open_memory_cgroups(main_pid: int) -> MemoryCgroups | str:
+    """This worker's call cgroups, ready for the pool to fork; or why they cannot be made."""
+    layout = find_layout(main_pid)
+    if isinstance(layout, str):
+        return layout
+    cgroups = MemoryCgroups(layout)
+    try:
+        cgroups.prepare(main_pid)
+    except OSError as exc:
+        return f"cannot create a memory cgroup below {layout.own} (cgroup v{layout.version}): {exc}"
+    return cgroups
