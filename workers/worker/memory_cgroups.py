@@ -116,6 +116,18 @@ def _counter(text: str, name: str) -> int:
     return 0
 
 
+def _remove_stale_workers(own: Path) -> None:
+    """Remove what workers that died without their shutdown left empty below ``own``."""
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(own):
+            pid = entry.removeprefix("unstuck-")
+            if entry.startswith("unstuck-") and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                stale = own / entry
+                for path in [*(p for p in stale.iterdir() if p.is_dir()), stale]:
+                    with contextlib.suppress(OSError):  # still populated: its processes outlive it
+                        path.rmdir()
+
+
 class MemoryCgroups:
     """The call cgroups of one worker (``layout``); every method is safe in any pool child."""
 
@@ -128,6 +140,7 @@ class MemoryCgroups:
     def prepare(self, main_pid: int) -> None:
         """Create this worker's directory (main process, before the pool forks); raises OSError."""
         layout = self.layout
+        _remove_stale_workers(layout.own)
         layout.parent.mkdir(exist_ok=True)
         if layout.version == 1:
             if not (layout.parent / self._limit_file).exists():
