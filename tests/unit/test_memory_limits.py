@@ -243,7 +243,8 @@ with guard.limit(limit_mb) as memory:
     status = subprocess.run([sys.executable, "-c", code], check=False).returncode
 home = str(os.getpid()) in (cgroups.layout.home / "cgroup.procs").read_text().split()
 report = {"inside": inside, "status": status, "oom_kills": memory.oom_kills, "home": home,
-          "call_gone": not memory.cgroup.exists()}
+          "cgroup_kept": memory.cgroup.exists()}
+(cgroups.layout.home / "cgroup.procs").write_text(str(os.getpid()))  # as a worker's shutdown finds it
 cgroups.close()
 report["parent_gone"] = not cgroups.layout.parent.exists()
 print(json.dumps(report))
@@ -269,8 +270,8 @@ def test_a_process_started_under_the_limit_is_oom_killed_and_counted() -> None:
         "inside": True,  # the child ran the call inside its cgroup
         "status": -9,  # SIGKILL from the kernel, not a MemoryError of its own
         "oom_kills": 1,
-        "home": True,  # and went back home after it
-        "call_gone": True,
+        "home": True,  # and the cgroup that had a kill was retired: the child went home
+        "cgroup_kept": False,
         "parent_gone": True,
     }
 
@@ -278,7 +279,14 @@ def test_a_process_started_under_the_limit_is_oom_killed_and_counted() -> None:
 @needs_cgroups
 def test_a_process_inside_the_limit_runs_and_nothing_is_counted() -> None:
     report = _guarded_child(256, 64)
-    assert (report["status"], report["oom_kills"], report["call_gone"]) == (0, 0, True)
+    # the child keeps its cgroup for its next calls; the worker's shutdown removes it
+    assert (report["status"], report["oom_kills"], report["cgroup_kept"], report["home"]) == (
+        0,
+        0,
+        True,
+        False,
+    )
+    assert report["parent_gone"] is True
 
 
 @needs_cgroups
@@ -295,7 +303,7 @@ def test_a_dead_childs_call_cgroup_is_read_then_swept_after_its_grace() -> None:
         # When the lease keeper sweeps, first now, then after the grace
         guard.sweep(lambda _pid: False, now_s=100.0)
         kept = dead.exists()
-        guard.sweep(lambda _pid: False, now_s=106.0)
+        guard.sweep(lambda _pid: False, now_s=106.0)  # past the grace and the sweep interval
         # Then
         assert kept, "kept for the paths that still answer the dead child's call"
         assert not dead.exists()

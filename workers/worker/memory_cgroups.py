@@ -2,12 +2,12 @@
 
 The worker's main process makes one directory of its own, ``unstuck-<pid>``, below the
 cgroup it was started in (cgroup v1's memory hierarchy, or the unified v2 hierarchy with
-the memory controller). A pool child running a call with a memory limit makes
-``c<child pid>`` there, sets the limit, moves itself in (whatever it starts is born inside)
-and moves back to ``home`` when the call ends. Its memory from before the call stays
-charged where it was, so the cgroup counts only what the call adds. The kernel's OOM
-killer, when the cgroup is full, kills a process of the call only, and the cgroup's
-``oom_kill`` counter says so afterwards.
+the memory controller). A pool child makes ``c<child pid>`` there at its first limited
+call and moves in (whatever it starts is born inside); its memory from before stays
+charged where it was. Each call's limit is what the cgroup holds at the call's start plus
+the call's allowance, so the cgroup counts what the call adds. When it is full the
+kernel's OOM killer kills a process of the call only (the biggest: a process the tool
+started, or the pool child itself), and the cgroup's ``oom_kill`` counter says so.
 
 v2 allows processes only in leaf cgroups that hand out controllers, so there the main
 process first moves into ``unstuck-<pid>/main`` (its ``home``): that works when the worker
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,13 +128,25 @@ def _remove_stale_workers(own: Path) -> None:
 
 
 class MemoryCgroups:
-    """The call cgroups of one worker (``layout``); every method is safe in any pool child."""
+    """The call cgroups of one worker (``layout``); every method is safe in any pool child.
+
+    A pool child makes its cgroup at its first limited call and stays in it, and each call
+    re-arms the limit at what the cgroup holds now plus the call's allowance: one read and
+    one write per call instead of creating, joining, leaving and removing a cgroup (about
+    four times the cost, bench.memory_limits). The count stays the call's own: what the child
+    held before is the baseline. A cgroup whose ``oom_kill`` counter rose is retired at once,
+    so at every call's start the counter is 0 and a raised one names the running call.
+    """
 
     def __init__(self, layout: CgroupLayout) -> None:
         self.layout = layout
-        self._limit_file = "memory.limit_in_bytes" if layout.version == 1 else "memory.max"
-        self._swap_file = "memory.memsw.limit_in_bytes" if layout.version == 1 else "memory.swap.max"
-        self._events_file = "memory.oom_control" if layout.version == 1 else "memory.events"
+        v1 = layout.version == 1
+        self._limit_file = "memory.limit_in_bytes" if v1 else "memory.max"
+        self._usage_file = "memory.usage_in_bytes" if v1 else "memory.current"
+        self._events_file = "memory.oom_control" if v1 else "memory.events"
+        self._unlimited = "-1" if v1 else "max"
+        self._joined: Path | None = None  # this process's own cgroup, once it joined one
+        self._limited = False
 
     def prepare(self, main_pid: int) -> None:
         """Create this worker's directory (main process, before the pool forks); raises OSError."""
@@ -157,61 +168,71 @@ class MemoryCgroups:
             self.close()
             raise
 
-    def enter(self, pid: int, limit_bytes: int) -> Path:
-        """Make ``pid``'s call cgroup with ``limit_bytes`` (no swap) and move ``pid`` into it."""
+    def arm(self, pid: int, limit_bytes: int) -> Path:
+        """Bound what ``pid`` (this process) and all it starts add from now on to ``limit_bytes``.
+
+        Joins ``pid``'s own cgroup first if it is in none yet. Raises OSError.
+        """
         path = self.layout.call_dir(pid)
-        if path.exists():  # an earlier call of this child was interrupted before it left
-            self.discard(path, keep=pid)
-        path.mkdir()
-        try:
-            _write(path / self._limit_file, str(limit_bytes))
-            with contextlib.suppress(OSError):  # no swap accounting on this host: nothing to bound
-                _write(path / self._swap_file, str(limit_bytes) if self.layout.version == 1 else "0")
-            _write(path / "cgroup.procs", str(pid))
-        except OSError:
-            self.discard(path, keep=pid)
-            raise
+        if self._joined != path:
+            self._join(path, pid)
+        held = int(_read(path / self._usage_file) or 0)
+        _write(path / self._limit_file, str(held + limit_bytes))
+        self._limited = True
         return path
 
-    def leave(self, path: Path, pid: int) -> int:
-        """Move ``pid`` home and remove its call cgroup; returns the OOM kills the call had.
-
-        Processes the call left running keep the cgroup (and its limit): it is renamed
-        ``left-<pid>-<ns>`` and removed once they are gone (:meth:`sweep`).
-        """
-        _write(self.layout.home / "cgroup.procs", str(pid))
-        kills = self.oom_kills(path)
-        try:
-            path.rmdir()
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise
+    def unbound(self) -> None:
+        """Lift the limit of this process's cgroup for a call that has none (nothing if not limited)."""
+        if self._joined is not None and self._limited:
             with contextlib.suppress(OSError):
-                path.rename(self.layout.parent / f"left-{pid}-{time.monotonic_ns()}")
+                _write(self._joined / self._limit_file, self._unlimited)
+            self._limited = False
+
+    def _join(self, path: Path, pid: int) -> None:
+        if path.exists():  # left by a dead pool child whose pid this one got
+            self.discard(path)
+        path.mkdir()
+        try:
+            # The limit must bind in RAM: swapping at it would be slow instead of prompt.
+            with contextlib.suppress(OSError):  # v1 without swap accounting: nothing to bound
+                _write(path / ("memory.swappiness" if self.layout.version == 1 else "memory.swap.max"), "0")
+            _write(path / "cgroup.procs", str(pid))
+        except OSError:
+            self.discard(path)
+            raise
+        self._joined, self._limited = path, False
+
+    def finish(self, path: Path, pid: int) -> int:
+        """The OOM kills of the call that ran in ``path``; a cgroup that had any is retired."""
+        kills = self.oom_kills(path)
+        if kills:
+            _write(self.layout.home / "cgroup.procs", str(pid))
+            self._joined = None
+            self.discard(path)
         return kills
 
     def oom_kills(self, path: Path) -> int:
         """How many processes the kernel's OOM killer killed in ``path`` (0 if it is gone)."""
         return _counter(_read(path / self._events_file), "oom_kill")
 
-    def discard(self, path: Path, *, keep: int | None = None) -> bool:
-        """Kill every process in ``path`` but ``keep`` (moved home), then remove it; True if gone."""
-        if keep is not None:
-            with contextlib.suppress(OSError):
-                _write(self.layout.home / "cgroup.procs", str(keep))
-        for pid in _read(path / "cgroup.procs").split():
-            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
+    def discard(self, path: Path) -> None:
+        """Remove ``path``; processes still in it keep it (and its limit), renamed ``left-<pid>-<ns>``.
+
+        Nothing is killed: what a tool started and left running outlives the call as it
+        always did, and its cgroup is removed by a later :meth:`sweep` once it is empty.
+        """
         try:
             path.rmdir()
         except FileNotFoundError:
-            return True
-        except OSError:
-            return False  # the killed processes are not reaped yet: the next sweep removes it
-        return True
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            with contextlib.suppress(OSError):
+                path.rename(self.layout.parent / f"left-{path.name}-{time.monotonic_ns()}")
 
     def sweep(self, alive: Callable[[int], bool]) -> None:
-        """Remove the cgroups of calls whose pool child is dead and of left processes now gone."""
+        """Remove the cgroups of dead pool children and the emptied ones of processes left behind."""
         try:
             names = os.listdir(self.layout.parent)
         except OSError:
@@ -219,7 +240,8 @@ class MemoryCgroups:
         for name in names:
             path = self.layout.parent / name
             if name.startswith("c") and name[1:].isdigit() and not alive(int(name[1:])):
-                self.discard(path)
+                with contextlib.suppress(OSError):
+                    self.discard(path)
             elif name.startswith("left-") and not _read(path / "cgroup.procs").split():
                 with contextlib.suppress(OSError):
                     path.rmdir()

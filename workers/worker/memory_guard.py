@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 # How long a dead child's call cgroup is kept for the paths that answer its call to read.
 _DEAD_CHILD_GRACE_S = 5.0
+_SWEEP_INTERVAL_S = 5.0  # listing a cgroup directory costs about 0.4 ms
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -62,32 +63,35 @@ class MemoryGuard:
         self._data_limit = resource.getrlimit(resource.RLIMIT_DATA)
         self._cgroup_failed_in: int | None = None
         self._dead_since: dict[int, float] = {}
+        self._last_sweep_s = float("-inf")
 
     @contextlib.contextmanager
     def limit(self, limit_mb: int | None) -> Iterator[CallMemory]:
         """Run the block under ``limit_mb`` (None: unlimited); the limit is lifted on any exit."""
         memory = CallMemory(limit_mb)
         if limit_mb is None:
+            if self.cgroups is not None:
+                self.cgroups.unbound()  # a child that ran limited calls is in its cgroup still
             yield memory
             return
         pid = os.getpid()
-        memory.cgroup = self._enter_cgroup(pid, limit_mb)
+        memory.cgroup = self._arm_cgroup(pid, limit_mb)
         try:
             if memory.cgroup is None:
                 soft = data_rlimit_bytes(_mapped_data_bytes(), limit_mb, self._data_limit[1])
                 resource.setrlimit(resource.RLIMIT_DATA, (soft, self._data_limit[1]))
             yield memory
         finally:
-            # The rlimit first: it is one call, and a soft limit arriving here cannot leave it set.
-            resource.setrlimit(resource.RLIMIT_DATA, self._data_limit)
-            if memory.cgroup is not None and self.cgroups is not None:
-                memory.oom_kills = self.cgroups.leave(memory.cgroup, pid)
+            if memory.cgroup is None:
+                resource.setrlimit(resource.RLIMIT_DATA, self._data_limit)
+            elif self.cgroups is not None:
+                memory.oom_kills = self.cgroups.finish(memory.cgroup, pid)
 
-    def _enter_cgroup(self, pid: int, limit_mb: int) -> Path | None:
+    def _arm_cgroup(self, pid: int, limit_mb: int) -> Path | None:
         if self.cgroups is None:
             return None
         try:
-            return self.cgroups.enter(pid, limit_mb * MIB)
+            return self.cgroups.arm(pid, limit_mb * MIB)
         except OSError as exc:
             if self._cgroup_failed_in != pid:  # once per pool child, not once per call
                 self._cgroup_failed_in = pid
@@ -104,9 +108,10 @@ class MemoryGuard:
 
     def sweep(self, alive: Callable[[int], bool], now_s: float | None = None) -> None:
         """Remove call cgroups of pool children dead for a while (main process, lease keeper)."""
-        if self.cgroups is None:
-            return
         now = time.monotonic() if now_s is None else now_s
+        if self.cgroups is None or now - self._last_sweep_s < _SWEEP_INTERVAL_S:
+            return
+        self._last_sweep_s = now
 
         def still_needed(pid: int) -> bool:
             if alive(pid):
