@@ -12,10 +12,13 @@ import os
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.harness import GatewayOn, Proc, WorkerOn, base_env
 from tests.misbehaving_tools import MEMORY_LIMIT_MB
 from workers import ToolCall, ToolGateway, ToolResult
+from workers.ops.metrics import LedgerCollector
+from workers.store.ledger import Ledger
 from workers.worker.memory_cgroups import find_layout
 
 # The worker inherits this process's cgroup: where none can be made here, none can there.
@@ -69,7 +72,7 @@ def cgroup_gateway(
     ("tool", "oom"), [("memory_hog", "child_killed"), ("memory_hog_child", "process_killed")]
 )
 def test_a_call_past_its_limit_is_answered_out_of_memory_and_the_worker_serves_on(
-    cgroup_gateway: tuple[Proc, ToolGateway], tool: str, oom: str
+    cgroup_gateway: tuple[Proc, ToolGateway], ledger: Ledger, tool: str, oom: str
 ) -> None:
     # Given a worker with a cgroup per call, and a tool limited to 256 MB allocating 3 GB
     worker, gateway = cgroup_gateway
@@ -82,6 +85,10 @@ def test_a_call_past_its_limit_is_answered_out_of_memory_and_the_worker_serves_o
     _assert_out_of_memory(result, MEMORY_LIMIT_MB, oom)
     assert elapsed < ANSWER_WITHIN_S
     _assert_worker_serves(worker, gateway, tool)
+    # And the metrics count it by its reason
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(ledger))
+    assert registry.get_sample_value("unstuck_synthetic_results", {"reason": "out_of_memory"}) == 1
 
 
 @needs_root
