@@ -11,7 +11,7 @@ short deadline that the worker cannot reach in time. Run twice, same calls:
 For each: how long submission took (call start to the ledger's submitted time), when each
 answer arrived against its call's deadline (from the ledger) plus the grace, and the caller's
 whole wait against its call's time budget plus the grace (what queueing for submission
-adds). The target (issue 13): every answer by deadline + grace. Printed PASS or MISS; nothing is asserted.
+adds). The target: every answer by deadline + grace. Printed PASS or MISS; nothing is asserted.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ One private redis-server, one ``unstuck worker``, one ``unstuck serve``. Each si
   that no worker will take (its tool's queue has no consumer), so every request waits until
   the call's deadline; each must be answered by deadline + grace, none lost.
 
-The targets (issue 13: HTTP adds <= 1 ms p50 per call; >= 1000 concurrent waiting requests)
+The targets (HTTP adds <= 1 ms p50 per call; >= 1000 concurrent waiting requests)
 are printed PASS or MISS; nothing is asserted.
 """
 

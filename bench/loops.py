@@ -5,7 +5,7 @@ the end. The window is kept full, with a mix of tools, args and outcomes, so eve
 walks the whole history.
 
 The check a guarded call pays is ``check_call`` (append + the window's signals, kept in Redis
-by the loop scripts); targets (issue 16): at most 2x a PING at historySize 30 and 3x at 300,
+by the loop scripts); targets: at most 2x a PING at historySize 30 and 3x at 300,
 printed PASS or MISS. ``record_call`` (append + the whole window, what the check used to
 read) is printed beside it for comparison.
 """

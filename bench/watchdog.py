@@ -16,7 +16,7 @@ scenarios:
 
 Baselines, in the same run: one bare ``ZRANGEBYSCORE`` of the 10 000 due runs over every
 index bucket (with scores, into Python, one pipeline), and the same ranges inside one script
-that returns only the count. Targets (issue 16): median sweep <= 50 ms, and no single
+that returns only the count. Targets: median sweep <= 50 ms, and no single
 command, script calls included, holding Redis longer than 10 ms (the longest is read from
 SLOWLOG, every command logged); each printed with PASS or MISS. Before each timed sweep
 the due runs' index scores are put back, so every repetition does the full work.
@@ -54,7 +54,7 @@ PREFIX = "unstuck"
 RANGE_IN_SCRIPT = """local n = 0
 for _, key in ipairs(KEYS) do n = n + #redis.call('ZRANGEBYSCORE', key, '-inf', ARGV[1]) end
 return n"""
-TARGET_MS = 50.0  # issue 16: median sweep with 10 000 due among 100 000 sessions
+TARGET_MS = 50.0  # target: median sweep with 10 000 due among 100 000 sessions
 MAX_BLOCK_MS = 10.0  # and no single command (script call) holding Redis longer than this
 
 

@@ -4,9 +4,9 @@ Celery's consumer drops a message it cannot decode (a bad or unknown signature, 
 whose content type it does not accept (an unsigned message when signing is on), before any
 task code runs; this subclass counts those refusals with the worker's own
 (``unstuck_refused_messages_total``). It also survives a body Celery's own handler trips
-over: an empty signed body made the stock handler raise ``TypeError`` out of the event loop,
-which stopped the worker, and the unacknowledged message stopped the next one the same way.
-Such a message is now dropped as undecodable.
+over: on an empty signed body the stock handler raises ``TypeError`` out of the event loop,
+which would stop the worker, and the unacknowledged message would stop the next one the same
+way, so such a message is dropped as undecodable.
 """
 
 from __future__ import annotations

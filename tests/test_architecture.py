@@ -51,9 +51,14 @@ def _grep(pattern: str, files: list[Path], *, exclude: frozenset[str] = frozense
     return hits
 
 
-# --- habit 10: small modules ----------------------------------------------------------------
+# --- small modules --------------------------------------------------------------------------------
 
 MAX_MODULE_LINES = 600
+# Cohesive modules allowed past the ceiling, with theirs: one model is not split across files.
+LONGER_MODULES = {
+    # Every setting's Field carries the description docs/configuration.md is rendered from.
+    "workers/settings.py": 750,
+}
 
 
 def test_modules_stay_under_the_line_ceiling() -> None:
@@ -62,7 +67,10 @@ def test_modules_stay_under_the_line_ceiling() -> None:
     assert len(files) > 10  # the walk found the package
     # When
     offenders = {
-        _rel(p): n for p in files if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+        _rel(p): n
+        for p in files
+        if (n := len(p.read_text(encoding="utf-8").splitlines()))
+        > LONGER_MODULES.get(_rel(p), MAX_MODULE_LINES)
     }
     # Then
     if offenders:
@@ -70,7 +78,7 @@ def test_modules_stay_under_the_line_ceiling() -> None:
     assert offenders == {}
 
 
-# --- habit 2: the clock is injected into the core -------------------------------------------
+# --- the clock is injected into the core ----------------------------------------------------------
 
 CLOCK_READS = r"time\.(time|monotonic|sleep)\(|datetime\.now\("
 
@@ -86,7 +94,7 @@ def test_clock_grep_can_find_a_clock_read() -> None:
     assert re.search(CLOCK_READS, "datetime.now(tz=UTC)")
 
 
-# --- habit 6: configuration is read in one place --------------------------------------------
+# --- configuration is read in one place -----------------------------------------------------------
 
 ENVIRONMENT = r"os\.environ|getenv"
 SETTINGS_MODULES = frozenset({"workers/settings.py", "workers/config_file.py"})
@@ -97,7 +105,7 @@ def test_environment_is_read_only_by_settings() -> None:
     assert _grep(ENVIRONMENT, files, exclude=SETTINGS_MODULES) == []
 
 
-# --- habit 14: never eager ------------------------------------------------------------------
+# --- never eager ----------------------------------------------------------------------------------
 
 # Spelled in two halves so this file does not match its own check.
 EAGER = "always" + "_eager"
@@ -114,7 +122,7 @@ def test_nothing_runs_tasks_eagerly() -> None:
     assert _grep(re.escape(EAGER), files) == []
 
 
-# --- habit 3: one exception hierarchy -------------------------------------------------------
+# --- one exception hierarchy ----------------------------------------------------------------------
 
 
 def _exported_classes() -> dict[str, type]:
@@ -129,7 +137,7 @@ def test_every_exported_error_is_an_unstuck_error(name: str) -> None:
 
 
 def test_every_exported_exception_is_in_the_tree_or_an_interrupt() -> None:
-    # Non-"Error" names (ToolNotFound, ToolTimeout, LoopDetected, ...) belong to the tree too;
+    # Non-"Error" names (ToolNotFound, LoopDetected, ...) belong to the tree too;
     # only BaseException interrupts stand outside it, on purpose.
     for name, cls in _exported_classes().items():
         if issubclass(cls, BaseException):
@@ -141,7 +149,7 @@ def test_no_bare_exception_or_runtime_error_is_raised() -> None:
     assert _grep(r"raise (Exception|RuntimeError)\(", files) == []
 
 
-# --- habit 8: keys are spelled in one module ------------------------------------------------
+# --- keys are spelled in one module ---------------------------------------------------------------
 
 KEY_LITERAL = re.compile(r":(call|late|lease|calls|open|done|history|run|due)(:|}|\"|'|$)")
 KEYS_MODULE = "workers/store/keys.py"
@@ -179,7 +187,7 @@ def test_key_literal_check_finds_a_key_in_the_keys_module() -> None:
     assert any(KEY_LITERAL.search(text) for _, text in _string_literals(ROOT / KEYS_MODULE))
 
 
-# --- habit 8: hash fields are named in one module -------------------------------------------
+# --- hash fields are named in one module ----------------------------------------------------------
 
 RECORDS_MODULE = "workers/store/records.py"
 # Commands that name hash fields, and the ledger's register, whose ``fields`` become the hash.
@@ -295,7 +303,7 @@ def test_the_store_field_check_finds_a_name_list_but_no_docstring() -> None:
     assert not any(hit.startswith("sample.py:4:") for hit in found)  # the docstring line
 
 
-# --- habit 1: the pure core imports alone ---------------------------------------------------
+# --- the pure core imports alone ------------------------------------------------------------------
 
 PURE_CORE = ("workers.core", "workers.core.run_health", "workers.core.loops", "workers.core.transcript")
 HEAVY = ("billiard", "celery", "kombu", "redis")
@@ -321,7 +329,7 @@ def test_heavy_import_check_finds_celery_behind_the_gateway() -> None:
     assert "celery" in _heavy_imports_of("workers.gateway.client")
 
 
-# --- no import cycles -----------------------------------------------------------------------
+# --- no import cycles -----------------------------------------------------------------------------
 
 
 class _Tarjan:
@@ -435,7 +443,7 @@ def test_beat_schedule_imports_no_redis() -> None:
     assert _ast_imports(ROOT / "beat_schedule.py", {"redis"}) == set()
 
 
-# --- import-linter's explicit source lists stay complete ------------------------------------
+# --- import-linter's explicit source lists stay complete ------------------------------------------
 
 # What each boundary contract forbids, and the modules allowed to import it.
 BOUNDARIES = {
@@ -467,7 +475,7 @@ def test_boundary_contracts_name_every_other_module(forbidden: str) -> None:
     assert sources[0] == _top_modules() - BOUNDARIES[forbidden]
 
 
-# --- one file name, one module --------------------------------------------------------------
+# --- one file name, one module --------------------------------------------------------------------
 
 
 def duplicate_file_names(paths: Iterable[PurePosixPath]) -> dict[str, list[str]]:

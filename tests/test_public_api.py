@@ -1,4 +1,4 @@
-"""The supported names, locked: changing them is a deliberate edit of this file (habit 9)."""
+"""The supported names, locked: changing them is a deliberate edit of this file."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 EXPECTED = {
     "workers": [
         "ProviderAnswer",
+        "RetryPolicy",
         "Settings",
         "ToolCall",
         "ToolContext",
+        "ToolExecutionError",
         "ToolGateway",
         "ToolResult",
         "UnstuckError",

@@ -10,9 +10,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from workers.core.limits import RetryPolicy
     from workers.core.models import ToolCall, ToolResult
     from workers.core.provider_calls import ProviderAnswer
-    from workers.errors import UnstuckError
+    from workers.errors import ToolExecutionError, UnstuckError
     from workers.gateway.client import ToolGateway
     from workers.gateway.idle_guard import aidle_guard, idle_guard
     from workers.settings import Settings, load_settings
@@ -20,9 +21,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ProviderAnswer",
+    "RetryPolicy",
     "Settings",
     "ToolCall",
     "ToolContext",
+    "ToolExecutionError",
     "ToolGateway",
     "ToolResult",
     "UnstuckError",
@@ -34,9 +37,11 @@ __all__ = [
 
 _HOMES = {
     "ProviderAnswer": "workers.core.provider_calls",
+    "RetryPolicy": "workers.core.limits",
     "Settings": "workers.settings",
     "ToolCall": "workers.core.models",
     "ToolContext": "workers.tools",
+    "ToolExecutionError": "workers.errors",
     "ToolGateway": "workers.gateway.client",
     "ToolResult": "workers.core.models",
     "UnstuckError": "workers.errors",

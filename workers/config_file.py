@@ -1,4 +1,4 @@
-"""The optional config file (``UNSTUCK_CONFIG``): JSON5 (so plain JSON) or TOML, in the reference shape.
+"""The optional config file (``UNSTUCK_CONFIG``): JSON5 (so plain JSON) or TOML, in OpenClaw's shape.
 
 Users bring their existing config. These camelCase blocks are read::
 
@@ -18,7 +18,7 @@ Users bring their existing config. These camelCase blocks are read::
     tools.retry.<toolName>                       {attempts, backoff_s?, multiplier?, errors?}
 
 and an ``unstuck`` block holding our own settings in their snake_case names (``redis``,
-``lease``, ...). Other top-level blocks of the reference config are ignored. Inside the
+``lease``, ...). Other top-level blocks of OpenClaw's config are ignored. Inside the
 blocks above, a key that looks like a misspelt known key is an error ("did you mean");
 any other unknown key is logged as ignored. Invalid values raise ``ConfigError`` naming
 the key path as written in the file.
@@ -130,8 +130,8 @@ def _alias(model: type[BaseModel], name: str) -> str:
 def _unknown_keys(model: BaseModel, loc: tuple[int | str, ...]) -> list[tuple[tuple[int | str, ...], str]]:
     """Every extra key under ``model`` with the known keys it could have meant."""
     found: list[tuple[tuple[int | str, ...], str]] = []
-    # Names and aliases both (a user may write snake_case); a high cutoff, because the reference
-    # system's other keys (tools.exec, tools.web, ...) are legitimately here and only ignored.
+    # Names and aliases both (a user may write snake_case); a high cutoff, because OpenClaw's
+    # other keys (tools.exec, tools.web, ...) are legitimately here and only ignored.
     known = known_keys(type(model))
     for key in model.model_extra or {}:
         found.append(((*loc, key), ", ".join(difflib.get_close_matches(key, known, n=1, cutoff=0.75))))
@@ -209,7 +209,7 @@ def _refuse_default_tool_lists(defaults: _AgentBlock) -> None:
 
 
 def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """Validate a reference-shaped config and map it onto ``Settings`` field names."""
+    """Validate a OpenClaw-shaped config and map it onto ``Settings`` field names."""
     try:
         reference = _Reference.model_validate(raw)
     except ValidationError as exc:
@@ -249,8 +249,8 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise ConfigError([("UNSTUCK_CONFIG", f"cannot read {path}: {exc.strerror}")]) from None
     toml = file.suffix.lower() == ".toml"
     try:
-        # JSON5 is a superset of JSON: the reference system's file (comments, trailing commas,
-        # unquoted keys) loads as written, and plain JSON loads as before.
+        # JSON5 is a superset of JSON: OpenClaw's file (comments, trailing commas,
+        # unquoted keys) loads as written, and plain JSON is JSON5.
         data: Any = tomllib.loads(text) if toml else json5.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         kind = "toml" if toml else "json/json5"

@@ -9,7 +9,6 @@ decisions read the typed ``retryable`` field, never the message text::
      │    ├── ToolNotFound           no tool of that name is registered
      │    ├── InvalidArguments       arguments failed the tool's schema (R5)
      │    ├── ToolExecutionError     the tool raised; ``retryable`` says if a retry may help
-     │    ├── ToolTimeout            a limit expired; ``kind`` is a LimitKind
      │    └── CallFailed             a call's one result is not a tool's success (its task's FAILURE)
      │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
      │             HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory, ArgumentsInvalid, UnknownTool,
@@ -21,17 +20,15 @@ decisions read the typed ``retryable`` field, never the message text::
      │    ├── TranscriptRepairError  a transcript cannot be read or repaired
      │    └── ProviderFormatError    an unknown format, or a provider message not in its shape
      ├── StoreError                  Redis unreachable or returned something unexpected
-     ├── DispatchError               the broker refused or could not take a message
      ├── WorkerConfigError           a worker was started in a way that cannot keep the promise
      └── StreamIdleTimeout           a model stream sent nothing for too long
 
-Interrupts that must never be swallowed by ``except Exception`` derive from
-``BaseException`` instead and live here too (:class:`HeartbeatInterrupt`).
+A tool is stopped by billiard's ``SoftTimeLimitExceeded``, raised in its pool child at the soft
+limit, on a stale heartbeat and on a cancel; the worker catches it before any broad ``except``.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 __all__ = [
@@ -45,12 +42,9 @@ __all__ = [
     "ConfigError",
     "Crashed",
     "DeadlineExceeded",
-    "DispatchError",
     "DispatchFailed",
-    "HeartbeatInterrupt",
     "HeartbeatTimeout",
     "InvalidArguments",
-    "LimitKind",
     "LoopBlocked",
     "LoopDetected",
     "OutOfMemory",
@@ -65,7 +59,6 @@ __all__ = [
     "ToolFailed",
     "ToolNotAllowed",
     "ToolNotFound",
-    "ToolTimeout",
     "TranscriptError",
     "TranscriptRepairError",
     "UnknownTool",
@@ -73,15 +66,6 @@ __all__ = [
     "WorkerConfigError",
     "WorkerLost",
 ]
-
-
-class LimitKind(enum.Enum):
-    """Which limit expired."""
-
-    SOFT = "soft"
-    HARD = "hard"
-    HEARTBEAT = "heartbeat"
-    DEADLINE = "deadline"
 
 
 class UnstuckError(Exception):
@@ -127,15 +111,6 @@ class ToolExecutionError(ToolCallError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         self.retryable = retryable
         super().__init__(message)
-
-
-class ToolTimeout(ToolCallError):
-    """Raised when a limit of a call expires."""
-
-    def __init__(self, kind: LimitKind, elapsed_s: float) -> None:
-        self.kind = kind
-        self.elapsed_s = elapsed_s
-        super().__init__(f"{kind.value} limit expired after {elapsed_s:.1f}s")
 
 
 class CallFailed(ToolCallError):
@@ -312,12 +287,6 @@ class StoreError(UnstuckError):
     retryable = True
 
 
-class DispatchError(UnstuckError):
-    """Raised when a task message could not be handed to the broker."""
-
-    retryable = True
-
-
 class WorkerConfigError(UnstuckError):
     """Raised when a worker is started with a pool or setting that cannot enforce limits."""
 
@@ -326,10 +295,5 @@ class StreamIdleTimeout(UnstuckError):
     """Raised when a model stream yields nothing within its idle timeout."""
 
     def __init__(self, idle_s: float) -> None:
-        self.kind = LimitKind.HEARTBEAT
         self.idle_s = idle_s
         super().__init__(f"model stream sent nothing for {idle_s:.1f}s")
-
-
-class HeartbeatInterrupt(BaseException):
-    """Raised inside a tool whose heartbeat went stale; BaseException so tools cannot swallow it."""

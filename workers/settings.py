@@ -105,15 +105,24 @@ class RedisSettings(BaseModel):
 
     model_config = _FROZEN
 
-    url: str = Field("", description="redis:// or rediss:// URL; empty starts an embedded redis-server")
-    key_prefix: str = Field("unstuck", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    url: str = Field(
+        "",
+        description="redis:// or rediss:// URL of the ledger; empty: `unstuck up` and `unstuck demo` "
+        "start an embedded redis-server, other commands refuse to start",
+    )
+    key_prefix: str = Field(
+        "unstuck",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="prefix of every key unstuck writes (letters, digits, _ . -)",
+    )
     cluster: bool = Field(
         False,
         description="url names a node of a Redis Cluster: the store uses a cluster client "
         "(Celery cannot: set broker.url to a single Redis or RabbitMQ)",
     )
-    socket_timeout_s: Seconds = 2.0
-    socket_connect_timeout_s: Seconds = 1.0
+    socket_timeout_s: Seconds = Field(2.0, description="seconds one Redis command may take before it fails")
+    socket_connect_timeout_s: Seconds = Field(1.0, description="seconds a connection to Redis may take")
 
 
 class SigningSettings(BaseModel):
@@ -121,7 +130,7 @@ class SigningSettings(BaseModel):
 
     Every process (worker, watchdog, beat, gateway, CLI) signs what it sends with its key and
     refuses any message not signed by a certificate in ``cert_store``. Set all three paths or
-    none; see ``deploy/signing.md``.
+    none; it needs the ``unstuck[signing]`` extra (``cryptography``). See ``deploy/signing.md``.
     """
 
     model_config = _FROZEN
@@ -155,7 +164,11 @@ class BrokerSettings(BaseModel):
     control_queue: str = Field(
         "unstuck.control", description="the watchdog's queue: consumed by `unstuck watchdog` only"
     )
-    publish_timeout_s: Seconds = 1.0
+    publish_timeout_s: Seconds = Field(
+        1.0,
+        description="seconds handing a call to the broker may take (connect, send, retries); "
+        "a call not handed over is answered dispatch_failed",
+    )
     task_events_flush_ms: NonNegativeInt = Field(
         200,
         description="task events (what Flower shows) are batched this long into one message; "
@@ -169,7 +182,11 @@ class LlmSettings(BaseModel):
 
     model_config = _FROZEN
 
-    idle_timeout_s: Seconds = 90.0
+    idle_timeout_s: Seconds = Field(
+        90.0,
+        description="seconds the model stream may go without a chunk before the idle guard raises "
+        "StreamIdleTimeout (file: llm.idleTimeoutSeconds)",
+    )
 
 
 class ToolDefaults(BaseModel):
@@ -177,8 +194,12 @@ class ToolDefaults(BaseModel):
 
     model_config = _FROZEN
 
-    timeout_s: Seconds = 300.0
-    loop_detection: dict[str, Any] | None = None
+    timeout_s: Seconds = Field(
+        300.0, description="soft limit, seconds, of a tool with none of its own (file: tools.timeoutSeconds)"
+    )
+    loop_detection: dict[str, Any] | None = Field(
+        None, description="loop-detection block (file: tools.loopDetection); none: the global block"
+    )
 
 
 class AgentProfile(BaseModel):
@@ -186,7 +207,9 @@ class AgentProfile(BaseModel):
 
     model_config = _FROZEN
 
-    run_timeout_s: Seconds = 1800.0
+    run_timeout_s: Seconds = Field(
+        1800.0, description="deadline of a whole run, seconds from its start (file: timeoutSeconds)"
+    )
     llm: LlmSettings = LlmSettings()
     tools: ToolDefaults = ToolDefaults()
 
@@ -196,11 +219,17 @@ class AgentOverride(BaseModel):
 
     model_config = _FROZEN
 
-    id: str = Field(min_length=1)
-    run_timeout_s: Seconds | None = None
-    llm_idle_timeout_s: Seconds | None = None
-    tool_timeout_s: Seconds | None = None
-    loop_detection: dict[str, Any] | None = None
+    id: str = Field(min_length=1, description="the agent id a gateway call names (agent_id)")
+    run_timeout_s: Seconds | None = Field(None, description="run deadline, seconds (file: timeoutSeconds)")
+    llm_idle_timeout_s: Seconds | None = Field(
+        None, description="model stream idle limit, seconds (file: llm.idleTimeoutSeconds)"
+    )
+    tool_timeout_s: Seconds | None = Field(
+        None, description="default tool soft limit, seconds (file: tools.timeoutSeconds)"
+    )
+    loop_detection: dict[str, Any] | None = Field(
+        None, description="loop-detection block (file: tools.loopDetection), merged over the defaults'"
+    )
     tool_allow: tuple[str, ...] = Field((), description="agents.list[].tools.allow: narrows tools.allow")
     tool_deny: tuple[str, ...] = Field((), description="agents.list[].tools.deny: added to tools.deny")
 
@@ -214,7 +243,9 @@ class AgentsSettings(BaseModel):
     model_config = _FROZEN
 
     defaults: AgentProfile = AgentProfile()
-    list: tuple[AgentOverride, ...] = ()
+    list: tuple[AgentOverride, ...] = Field(
+        (), description="per-agent overrides, one entry per agent id (JSON in the environment)"
+    )
 
     @field_validator("list")
     @classmethod
@@ -269,7 +300,9 @@ class FailBranchSettings(BaseModel):
     model_config = _FROZEN
 
     tool: str = Field(min_length=1, description="the alternative tool; called with the same arguments")
-    reasons: tuple[str, ...] = Field(("tool_error", "timeout_soft"), min_length=1)
+    reasons: tuple[str, ...] = Field(
+        ("tool_error", "timeout_soft"), min_length=1, description="failures that try the branch"
+    )
 
     @field_validator("reasons")
     @classmethod
@@ -288,9 +321,11 @@ class RetrySettings(BaseModel):
     model_config = _FROZEN
 
     attempts: PositiveInt = Field(description="runs in all, counting the first")
-    backoff_s: NonNegativeFloat = 0.5
-    multiplier: float = Field(2.0, ge=1, allow_inf_nan=False)
-    max_backoff_s: NonNegativeFloat = 10.0
+    backoff_s: NonNegativeFloat = Field(0.5, description="seconds before the second attempt")
+    multiplier: float = Field(
+        2.0, ge=1, allow_inf_nan=False, description="each later delay is the one before times this"
+    )
+    max_backoff_s: NonNegativeFloat = Field(10.0, description="longest delay between attempts, seconds")
     errors: tuple[str, ...] = Field(
         ("Exception",),
         min_length=1,
@@ -319,20 +354,31 @@ class ToolsSettings(BaseModel):
     )
     allow: ToolList = Field((), description="only these tools may be called (empty: every registered tool)")
     deny: ToolList = Field((), description="these tools may never be called (wins over allow)")
-    timeouts_s: dict[str, Seconds] = Field(default_factory=dict)
+    timeouts_s: dict[str, Seconds] = Field(
+        default_factory=dict, description="soft limit per tool name, seconds (file: tools.timeouts)"
+    )
     memory_limits_mb: dict[str, NonNegativeInt] = Field(
         default_factory=dict,
-        description="per-tool memory limit of a call in MB (0: none), over the tool's own",
+        description="memory limit of a call per tool name, MB (file: tools.memoryLimits); 0: none; "
+        "wins over the tool's memory_limit_mb",
     )
-    loop_detection: dict[str, Any] | None = None
+    loop_detection: dict[str, Any] | None = Field(
+        None, description="loop-detection block for every agent (file: tools.loopDetection); none: off"
+    )
     breakers: dict[str, BreakerPolicy] = Field(
         default_factory=dict, description="shared circuit breakers, per tool name (opt-in)"
     )
-    fallbacks: dict[str, FallbackSettings] = Field(default_factory=dict)
-    fail_branch: dict[str, FailBranchSettings] = Field(
-        default_factory=dict, validation_alias=AliasChoices("fail_branch", "failBranch")
+    fallbacks: dict[str, FallbackSettings] = Field(
+        default_factory=dict, description="a default value instead of a failure, per tool name"
     )
-    retry: dict[str, RetrySettings] = Field(default_factory=dict)
+    fail_branch: dict[str, FailBranchSettings] = Field(
+        default_factory=dict,
+        validation_alias=AliasChoices("fail_branch", "failBranch"),
+        description="another tool tried once when the first fails, per tool name (file: failBranch)",
+    )
+    retry: dict[str, RetrySettings] = Field(
+        default_factory=dict, description="retry policy per tool name (replaces the decorator's)"
+    )
 
     _lists = field_validator("builtins", "allow", "deny", mode="before")(_split_modules)
 
@@ -367,17 +413,31 @@ class LimitSettings(BaseModel):
 
     model_config = _FROZEN
 
-    hard_grace_s: PositiveFloat = Field(5.0, description="hard limit = soft limit + this, unless declared")
-    queue_allowance_s: PositiveFloat = Field(5.0, description="time a call may wait in the queue")
-    max_argument_bytes: PositiveInt = 256 * 1024
-    max_result_bytes: PositiveInt = 256 * 1024
+    hard_grace_s: PositiveFloat = Field(
+        5.0, description="seconds: hard limit = soft limit + this, unless the tool declares one"
+    )
+    queue_allowance_s: PositiveFloat = Field(
+        5.0, description="seconds a call may wait in the queue (part of its deadline)"
+    )
+    max_argument_bytes: PositiveInt = Field(
+        256 * 1024, description="arguments longer than this as JSON are answered invalid_arguments"
+    )
+    max_result_bytes: PositiveInt = Field(
+        256 * 1024, description="result texts longer than this, in UTF-8 bytes, are cut with a marker"
+    )
     cancel_grace_s: PositiveFloat = Field(
-        5.0, description="a cancelled tool's time to stop after SIGTERM, before SIGKILL"
+        5.0, description="seconds a cancelled tool has to stop after SIGTERM, before SIGKILL"
     )
     memory_limit_mb: NonNegativeInt = Field(
-        1024, description="MB one call may add, its tool and all it starts (0: none); past it: out_of_memory"
+        1024,
+        description="memory a call may add, its tool and every process it starts, MB, unless the tool "
+        "or tools.memory_limits_mb says otherwise; 0: none; past it: out_of_memory",
     )
-    memory_cgroups: bool = Field(True, description="a cgroup per call where possible; off: rlimits only")
+    memory_cgroups: bool = Field(
+        True,
+        description="a memory cgroup per pool child, re-armed per call, where the worker may create one "
+        "(exact count; OOM kills answered out_of_memory); off or unavailable: RLIMIT_DATA only",
+    )
 
 
 class LeaseSettings(BaseModel):
@@ -385,8 +445,12 @@ class LeaseSettings(BaseModel):
 
     model_config = _FROZEN
 
-    ttl_s: PositiveFloat = 10.0
-    renew_interval_s: PositiveFloat = 2.0
+    ttl_s: PositiveFloat = Field(
+        10.0, description="seconds a running call's lease lasts unrenewed before its worker counts as lost"
+    )
+    renew_interval_s: PositiveFloat = Field(
+        2.0, description="how often workers renew their leases, seconds; at most half of ttl_s"
+    )
 
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> LeaseSettings:
@@ -400,13 +464,19 @@ class GatewaySettings(BaseModel):
 
     model_config = _FROZEN
 
-    grace_s: PositiveFloat = 2.0
-    check_interval_s: PositiveFloat = 0.5
-    # A call no worker claimed a lease TTL after it was published gets its message published
-    # again (then after 2, 4, ... TTLs): a worker killed between taking a message and claiming
-    # its call loses the message. Off: such a call waits for its deadline, and calls that
-    # routinely queue longer than a lease get no refused copies.
-    republish_unclaimed: bool = True
+    grace_s: PositiveFloat = Field(
+        2.0, description="how late past its deadline a call may be answered, seconds"
+    )
+    check_interval_s: PositiveFloat = Field(
+        0.5, description="how often a waiting gateway checks leases and deadlines, seconds"
+    )
+    # A worker killed between taking a message and claiming its call loses the message.
+    republish_unclaimed: bool = Field(
+        True,
+        description="publish a call's message again when no worker claimed it a lease.ttl_s after "
+        "it was published (then after 2, 4, ... TTLs); off: such a call waits for its deadline "
+        "(for calls that routinely queue longer than a lease, where the refused copies cost more)",
+    )
 
 
 class LedgerSettings(BaseModel):
@@ -414,7 +484,10 @@ class LedgerSettings(BaseModel):
 
     model_config = _FROZEN
 
-    ttl_s: PositiveInt = 24 * 3600
+    ttl_s: PositiveInt = Field(
+        24 * 3600,
+        description="seconds call records and results are kept, past the call's deadline and its answer",
+    )
 
 
 class WatchdogSettings(BaseModel):
@@ -422,10 +495,18 @@ class WatchdogSettings(BaseModel):
 
     model_config = _FROZEN
 
-    interval_s: PositiveFloat = 15.0
-    stalled_after_s: PositiveFloat = 120.0
-    auto_recover: bool = False
-    webhook_url: str = ""
+    interval_s: PositiveFloat = Field(15.0, description="seconds between the sweeps beat schedules")
+    stalled_after_s: PositiveFloat = Field(
+        120.0,
+        description="seconds without activity (tool or agent heartbeat) after which a running "
+        "session is stalled (a worker runs one of its calls) or stuck",
+    )
+    auto_recover: bool = Field(
+        False, description="recover stuck sessions: answer calls cancelled, revoke tasks, free the lane"
+    )
+    webhook_url: str = Field(
+        "", description="JSON POST on a session entering stalled or stuck (retried); empty: none"
+    )
 
     @property
     def sweep_lock_ttl_s(self) -> float:
@@ -438,7 +519,9 @@ class TranscriptSettings(BaseModel):
 
     model_config = _FROZEN
 
-    policy_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    policy_overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description='transcript policy fields per provider ("*": every provider)'
+    )
 
 
 class WorkerSettings(BaseModel):
@@ -446,10 +529,19 @@ class WorkerSettings(BaseModel):
 
     model_config = _FROZEN
 
-    concurrency: PositiveInt = 2
-    pool: str = "prefork"
-    prefetch_multiplier: PositiveInt = 1
-    max_memory_per_child_kb: PositiveInt | None = None
+    concurrency: PositiveInt = Field(2, description="pool processes of `unstuck worker` (-c overrides)")
+    pool: str = Field(
+        "prefork",
+        description="ignored: `unstuck worker` always runs prefork, the only pool that enforces time limits",
+    )
+    prefetch_multiplier: PositiveInt = Field(
+        1,
+        description="Celery's prefetch multiplier (RabbitMQ; on a Redis broker a worker takes a "
+        "message only when a pool slot is free)",
+    )
+    max_memory_per_child_kb: PositiveInt | None = Field(
+        None, description="recycle a pool child above this resident size, KiB; none: never"
+    )
 
 
 class ApiSettings(BaseModel):
@@ -463,9 +555,15 @@ class ApiSettings(BaseModel):
     tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
         (), description="bearer tokens accepted (comma-separated); none: loopback only, no auth"
     )
-    max_body_bytes: PositiveInt = 1_048_576
-    max_waiting: PositiveInt = Field(1024, description="tool-calls requests `unstuck serve` waits on at once")
-    mcp_run_idle_s: PositiveFloat = Field(300.0, description="an MCP session's run ends after this idle gap")
+    max_body_bytes: PositiveInt = Field(
+        1_048_576, description="request bodies larger than this many bytes are refused (HTTP 413)"
+    )
+    max_waiting: PositiveInt = Field(
+        1024, description="tool-calls requests `unstuck serve` waits on at once; more queue"
+    )
+    mcp_run_idle_s: PositiveFloat = Field(
+        300.0, description="seconds with no call open after which the MCP door ends its run"
+    )
 
     @field_validator("tokens", mode="before")
     @classmethod
@@ -498,7 +596,9 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     transcript: TranscriptSettings = TranscriptSettings()
     api: ApiSettings = ApiSettings()
-    tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
+    tool_modules: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="modules that define tools, imported by workers and gateways (comma-separated)"
+    )
     config: str = Field("", description="path of a JSON5 (or JSON) or TOML config file (UNSTUCK_CONFIG)")
 
     _split = field_validator("tool_modules", mode="before")(_split_modules)
@@ -575,10 +675,10 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def check_loop_blocks(settings: Settings) -> None:
-    """Loop-detection blocks are validated strictly at start-up (spec §2), not when first used.
+    """Loop-detection blocks are validated strictly at start-up, not when first used.
 
-    A misordered threshold triple is no error: it is raised into order at resolution, as the
-    reference system does, and logged here as a warning naming the key and the new value.
+    A misordered threshold triple is no error: it is raised into order at resolution, as
+    OpenClaw does, and logged here as a warning naming the key and the new value.
     """
     blocks = [("tools.loopDetection", settings.tools.loop_detection)]
     blocks.append(("agents.defaults.tools.loopDetection", settings.agents.defaults.tools.loop_detection))

@@ -1,4 +1,4 @@
-"""Many sessions in one event loop: the async gateway waits without a thread per call (issue 13).
+"""Many sessions in one event loop: the async gateway waits without a thread per call.
 
 Five hundred sessions call at once through ``acall_tools``: a few healthy calls (published
 first, so the worker runs them) and, for every other session, a hung tool with a short

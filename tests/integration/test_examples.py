@@ -1,4 +1,4 @@
-"""The README's runnable framework examples run, against a real worker (no network, scripted models)."""
+"""The framework examples of docs/adapters.md run against a real worker (no network, scripted models)."""
 
 from __future__ import annotations
 

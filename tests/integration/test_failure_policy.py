@@ -129,7 +129,7 @@ def test_decorator_fallback_does_not_reach_answers_written_outside_the_worker(
     configured_env: dict[str, str], gateway_on: GatewayOn
 ) -> None:
     # optional_lookup's decorator fallback is known where tools run; a deadline the gateway
-    # answers (no worker) stays an error unless tools.fallbacks sets one (README, "Fallbacks").
+    # answers (no worker) stays an error unless tools.fallbacks sets one (docs/tools.md, "Fallbacks").
     env = {**configured_env, "UNSTUCK_TOOLS__TIMEOUTS_S": '{"optional_lookup": 0.2}'}
     result = _call(gateway_on(env), "optional_lookup", "decorator-outside", seconds=1)
     assert result.is_error is True

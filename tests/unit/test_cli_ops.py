@@ -124,7 +124,7 @@ def test_config_check_clean(config_file: Any, capsys: pytest.CaptureFixture[str]
 def test_config_check_prints_warnings_and_exits_zero(
     config_file: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Given the reference system's risky defaults: 48 h runs, loop detection off, a 3 s tool
+    # Given OpenClaw's risky defaults: 48 h runs, loop detection off, a 3 s tool
     config_file({"agents": {"defaults": {"timeoutSeconds": 172800}}, "tools": {"timeouts": {"exec": 3}}})
     # When checked
     assert main(["config", "check"]) == 0
@@ -301,11 +301,11 @@ def _no_exec(*args: object) -> None:
 def test_config_check_accepts_the_reference_json5_and_warns_about_unreachable_tiers_and_raises(
     config_file: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Given the reference system's JSON5, with historySize 5 and a misordered triple
+    # Given OpenClaw's JSON5, with historySize 5 and a misordered triple
     path = config_file({})
     path.write_text(
         """{
-          // comments, trailing commas and unquoted keys, as the reference system writes them
+          // comments, trailing commas and unquoted keys, as OpenClaw writes them
           agents: { defaults: { llm: { idleTimeoutSeconds: 60, }, }, },
           tools: {
             loopDetection: { enabled: true, historySize: 5, warningThreshold: 10, criticalThreshold: 10, },

@@ -132,7 +132,7 @@ def test_unreachable_tiers_of_an_agent_block_name_the_agent() -> None:
 
 
 def test_misordered_triple_is_reported_as_raised() -> None:
-    # Given warning 30 over critical 20 and breaker 20 (the reference system raises these)
+    # Given warning 30 over critical 20 and breaker 20 (OpenClaw raises these)
     found = check_loop_detection(
         {
             "enabled": True,

@@ -1,4 +1,4 @@
-"""The reference system's config as it is: JSON5, "did you mean" at any depth, raised thresholds."""
+"""OpenClaw's config as it is: JSON5, "did you mean" at any depth, raised thresholds."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from workers.errors import ConfigError
 from workers.settings import Settings, load_settings
 
 REFERENCE_JSON5 = """
-// The reference system's config, as its users write it.
+// OpenClaw's config, as its users write it.
 {
   agents: {
     defaults: {
@@ -62,7 +62,7 @@ def _problems(**overrides: Any) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", ["openclaw.json", "openclaw.json5"])
 def test_json5_reference_config_loads_as_written(tmp_path: Path, name: str) -> None:
-    # Given the reference file with comments, trailing commas, unquoted keys and single quotes
+    # Given OpenClaw's file with comments, trailing commas, unquoted keys and single quotes
     settings = load_settings(config=_write(tmp_path, REFERENCE_JSON5, name))
     # Then every block is read
     assert settings.agents.defaults.run_timeout_s == 600

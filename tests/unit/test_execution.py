@@ -11,7 +11,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from workers.core.limits import RetryPolicy
 from workers.core.memory_limits import OomCause
 from workers.core.models import CallJob, SyntheticReason, ToolCall
-from workers.errors import HeartbeatInterrupt, ToolExecutionError
+from workers.errors import ToolExecutionError
 from workers.tools.context import ToolContext
 from workers.tools.registry import get_tool, tool
 from workers.worker.execution import interrupted_result, memory_exceeded_result, run_tool
@@ -75,7 +75,7 @@ def _run(job: CallJob, clock: FakeClock | None = None, **kwargs: Any) -> Any:
     return run_tool(job, _ctx(), clock_ms=clock.ms, sleep=clock.sleep, **kwargs)
 
 
-# --- success and errors ---------------------------------------------------------------------
+# --- success and errors ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -141,7 +141,7 @@ def test_exception_becomes_an_error_result_with_type_and_message(
     assert result.details["attempt"] == 1
 
 
-# --- retries --------------------------------------------------------------------------------
+# --- retries --------------------------------------------------------------------------------------
 
 
 class Flaky(Exception):
@@ -220,7 +220,7 @@ def test_elapsed_counts_from_submission_across_retries() -> None:
     assert result.details["elapsed_ms"] == 1_100
 
 
-# --- fallback -------------------------------------------------------------------------------
+# --- fallback -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fallback", [{"results": []}, "no data", None])
@@ -252,7 +252,7 @@ def test_fallback_only_after_retries_are_spent() -> None:
     assert (result.text, result.details["attempt"], len(calls)) == ("fb", 3, 3)
 
 
-# --- calls that must not run ----------------------------------------------------------------
+# --- calls that must not run ----------------------------------------------------------------------
 
 
 def test_unknown_tool_is_rejected_with_closest_names() -> None:
@@ -298,7 +298,7 @@ def test_invalid_arguments_are_rejected_listing_each_problem() -> None:
         assert problem in result.text
 
 
-# --- interrupts (house style habit 4) -------------------------------------------------------
+# --- interrupts -----------------------------------------------------------------------------------
 
 
 class MyInterrupt(Exception):
@@ -346,7 +346,7 @@ def test_interrupt_on_a_retry_still_propagates() -> None:
     assert len(attempts) == 2
 
 
-@pytest.mark.parametrize("stop", [HeartbeatInterrupt, KeyboardInterrupt])
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt])
 def test_base_exception_interrupts_propagate_without_declaring_them(stop: type[BaseException]) -> None:
     def silent() -> None:
         raise stop()
@@ -355,7 +355,7 @@ def test_base_exception_interrupts_propagate_without_declaring_them(stop: type[B
         _run(_job(_register(silent, fallback="fb")))
 
 
-# --- interrupted_result ---------------------------------------------------------------------
+# --- interrupted_result ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

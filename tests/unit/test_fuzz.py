@@ -73,7 +73,7 @@ def _objects(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
 @example(raw={"unstuck": {"broker": {"signing": {"key_file": "k", "cert_file": "c", "cert_store": 7}}}})
 @example(raw={"unstuck": {"redis": {"url": "redis://[::1"}, "broker": {"url": "amqp://@:x"}}})
 def test_config_loader_returns_a_dict_or_raises_config_error(raw: dict[str, Any]) -> None:
-    # When the reference-shaped config is translated, then loaded as Settings
+    # When the OpenClaw-shaped config is translated, then loaded as Settings
     error: ConfigError | None = None
     try:
         translated = translate_reference_config(raw)

@@ -1,4 +1,4 @@
-"""Provider-format calls in, provider-format results out: every format, both ways (issue 13)."""
+"""Provider-format calls in, provider-format results out: every format, both ways."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settings: defaults, environment, the reference-shaped config file, and their precedence."""
+"""Settings: defaults, environment, the OpenClaw-shaped config file, and their precedence."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _config_error(**overrides: Any) -> ConfigError:
     return info.value
 
 
-# --- defaults -------------------------------------------------------------------------------
+# --- defaults -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_settings_are_frozen() -> None:
         settings.config = "x"  # type: ignore[misc]
 
 
-# --- environment ----------------------------------------------------------------------------
+# --- environment ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_invalid_environment_value_names_the_variable(monkeypatch: pytest.Monkey
     assert "UNSTUCK_LEASE__TTL_S" in message
 
 
-# --- config file ----------------------------------------------------------------------------
+# --- config file ----------------------------------------------------------------------------------
 
 REFERENCE: dict[str, Any] = {
     "agents": {
@@ -330,7 +330,7 @@ def test_duplicate_agent_ids_are_rejected_in_the_model() -> None:
 
 
 def test_unknown_unrelated_keys_inside_blocks_are_ignored(tmp_path: Path) -> None:
-    # Given keys of the reference system unstuck has no use for
+    # Given keys of OpenClaw unstuck has no use for
     config = {"agents": {"defaults": {"model": "big", "workspace": "/w"}}, "tools": {"allow": ["exec"]}}
     # When / Then
     assert load_settings(config=_write(tmp_path, config)).agents.defaults.run_timeout_s == 1800
@@ -365,7 +365,7 @@ def test_missing_config_file(tmp_path: Path) -> None:
     assert "nope.json" in message
 
 
-# --- cross-field rules ----------------------------------------------------------------------
+# --- cross-field rules ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -395,7 +395,7 @@ def test_invalid_values_name_the_key_path(overrides: dict[str, Any], key_path: s
     assert any(path.startswith(key_path) for path, _ in error.problems), error.problems
 
 
-# --- tool timeout precedence ----------------------------------------------------------------
+# --- tool timeout precedence ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -421,7 +421,7 @@ def test_tool_timeout_precedence(
     assert settings.tool_timeout_s(agent, "exec", declared) == expected
 
 
-# --- house style habit 7: units in names ----------------------------------------------------
+# --- units in names -------------------------------------------------------------------------------
 
 # A duration is a float (counts and sizes are ints) or an int whose name says it is a time.
 _TIME_WORDS = (
@@ -514,7 +514,7 @@ def test_unit_check_sees_the_whole_tree() -> None:
     assert {"agents.defaults.llm.idle_timeout_s", "agents.list[].tool_timeout_s", "lease.ttl_s"} <= set(seen)
 
 
-# --- tools: built-ins and allow/deny lists -----------------------------------------------
+# --- tools: built-ins and allow/deny lists --------------------------------------------------------
 
 
 def test_no_builtins_and_no_tool_lists_by_default() -> None:
@@ -562,7 +562,7 @@ def test_invalid_tool_lists_name_the_variable(
 
 
 def test_config_file_tool_lists_and_agent_narrowing(tmp_path: Path) -> None:
-    # Given the reference shape: global lists, builtins, and one agent's own lists
+    # Given OpenClaw's shape: global lists, builtins, and one agent's own lists
     path = _write(
         tmp_path,
         {

@@ -1,4 +1,4 @@
-"""Tool definitions for the model in each provider's format, from the registry's schemas (issue 13)."""
+"""Tool definitions for the model in each provider's format, from the registry's schemas."""
 
 from __future__ import annotations
 

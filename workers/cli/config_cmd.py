@@ -7,6 +7,9 @@ token or key, and the path of webhook URLs (where chat webhooks keep their secre
 
 ``check`` exits 0 and prints one ``warning:`` line per risky setting (see
 :mod:`workers.core.config_checks`), or exits 2 with the config error, without a traceback.
+
+``reference`` prints docs/configuration.md, rendered from ``Settings`` (see
+:mod:`workers.cli.config_reference`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def register(subparsers: Any) -> None:
     show.set_defaults(func=_show)
     check = commands.add_parser("check", help="warn about risky settings; exit 2 when the config is invalid")
     check.set_defaults(func=_check)
+    reference = commands.add_parser("reference", help="print the settings reference page (Markdown)")
+    reference.set_defaults(func=_reference)
 
 
 def effective_config(settings: Settings, agent_id: str | None = None) -> dict[str, Any]:
@@ -181,4 +186,11 @@ def _check(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"warning: {warning}")
     print(f"{len(warnings)} warning(s)" if warnings else "config ok: no risky settings found")
+    return 0
+
+
+def _reference(args: argparse.Namespace) -> int:
+    from workers.cli.config_reference import render_page
+
+    sys.stdout.write(render_page())
     return 0

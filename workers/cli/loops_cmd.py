@@ -29,7 +29,10 @@ def register(subparsers: Any) -> None:
     """Add the ``loops`` sub-command group."""
     loops = subparsers.add_parser("loops", help="loop detection tools")
     commands = loops.add_subparsers(dest="loops_command", metavar="SUBCOMMAND", required=True)
-    run = commands.add_parser("replay", help="replay a recorded call sequence (spec §1 format)")
+    run = commands.add_parser(
+        "replay",
+        help="replay a recorded call sequence (JSON: config, calls, expect; see docs/loop-detection.md)",
+    )
     run.add_argument("file", help="JSON file to replay, or - for stdin")
     run.add_argument("--store", choices=("memory", "redis"), default="memory")
     run.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")

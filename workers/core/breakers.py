@@ -40,8 +40,10 @@ class BreakerPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     failures: PositiveInt = Field(5, description="failures within window_s that open the circuit")
-    window_s: PositiveFloat = Field(60.0, description="how far back failures count")
-    cooldown_s: PositiveFloat = Field(30.0, description="how long an open circuit answers at once")
+    window_s: PositiveFloat = Field(60.0, description="how far back failures count, seconds")
+    cooldown_s: PositiveFloat = Field(
+        30.0, description="seconds an open circuit answers at once, before probes"
+    )
     half_open_probes: PositiveInt = Field(1, description="calls let through at once to probe the tool")
 
 

@@ -2,7 +2,7 @@
 
 Each check takes numbers and dicts, never ``Settings``, and returns :class:`ConfigWarning`
 values naming the key path as the user writes it in the config file. The risks are the
-ones the reference system's users ran into: a run allowed to last hours, a model stream
+ones OpenClaw's users ran into: a run allowed to last hours, a model stream
 with no idle limit, loop detection off, a soft limit that can never fire before the hard
 one, a lease that outlives the shortest tool call, and a shell tool open to every agent.
 """

@@ -74,7 +74,7 @@ class TextBlock(BaseModel):
 
 
 class ToolResult(BaseModel):
-    """One tool result in the neutral transcript form (spec transcript-repair §1).
+    """One tool result in the neutral transcript form.
 
     Synthetic results carry ``details["synthetic"] is True`` and a ``details["reason"]``.
     """

@@ -1,6 +1,6 @@
 """The stuck-session watchdog's decisions: classify runs from their real activity, pick actions.
 
-Classes follow the reference system (spec other-systems §10), with its mistake avoided:
+Classes follow OpenClaw, with its mistake avoided:
 progress is *any* activity the ledger saw — a call submitted, started, finished, or a tool
 heartbeat — not a narrow list of events, so a tool that keeps reporting is never stalled.
 

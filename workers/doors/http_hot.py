@@ -1,12 +1,12 @@
 """The hot route of ``unstuck serve``, ``POST …/tool-calls``, answered without FastAPI's request work.
 
-Every agent turn posts here, so its cost is what the door adds to each tool call (issue 13:
+Every agent turn posts here, so its cost is what the door adds to each tool call (target:
 at most 1 ms over the Python gateway). FastAPI matches routes, solves dependencies and wraps
 ``send`` in several middlewares for every request, a fifth of the door's CPU per call. The
 guard hands this module a request that is plainly well formed (the route's method and path,
 a JSON content type, a body that parses and fits ``ToolCallsBody``) and it answers it
 directly; anything else, every malformed request included, goes on to the FastAPI route,
-which answers it as before. The contract (and each error body) keeps one definition, the
+which answers it with its own errors. The contract (and each error body) keeps one definition, the
 route's: this is only a shorter way to the same answer.
 """
 

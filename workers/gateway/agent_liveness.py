@@ -3,7 +3,7 @@
 The watchdog classifies runs from their activity. Tool activity alone would call a run whose
 model streams for minutes without a tool call ``stalled`` or ``stuck``; these heartbeats keep
 it ``active``. A run that stops beating and calling tools becomes ``stuck`` after
-``watchdog.stalled_after_s``, as before.
+``watchdog.stalled_after_s``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ whose register script pushes its message onto the broker's Redis list in the sam
 (:mod:`workers.gateway.task_messages`), its ``task-sent`` event left to the gateway's event
 thread. Anything else (loop detection,
 breakers, a refusal, an aborted run, a signed or non-Redis broker) takes the sync path on
-the submission pool, as before. The guarantees are the same either way: first writer wins,
+the submission pool. The guarantees are the same either way: first writer wins,
 and a call is registered with its message or not at all (a store failure leaves it
 unsubmitted, answered as a call the store did not take).
 """

@@ -60,7 +60,6 @@ class ToolGateway(AsyncCalls):
         self._rt: Runtime = build_runtime(self.settings)
         self._app: Celery = client_app(self.settings)
         self._clock = clock
-        self._sleep = sleep
         self._writer = f"{worker_id()}/gateway"
         # Answers this gateway writes (never a tool's own) close their task in Flower; each
         # dispatched call's task-sent goes the same batched way.

@@ -1,7 +1,7 @@
 """Loop detection in the gateway's call path: judge before dispatch, record after the result.
 
 Critical verdicts answer the call with a ``loop_blocked`` synthetic result and nothing runs;
-warnings let the call run and append the warning to the text the model sees (the reference
+warnings let the call run and append the warning to the text the model sees (OpenClaw
 system only logs it). A loop that survives context compaction, or the opt-in run-wide
 breaker, aborts the run.
 """
@@ -37,7 +37,7 @@ _BOOKKEEPING = frozenset({"synthetic", "elapsed_ms", "attempt", "fallback", "loo
 
 
 def detector_outcome(result: ToolResult) -> tuple[Any, bool]:
-    """The (result, is_error) pair the hashing rules of the loop spec expect."""
+    """The (result, is_error) pair the outcome hashing rules expect."""
     if result.is_error:
         return result.text, True
     details = {k: v for k, v in result.details.items() if k not in _BOOKKEEPING}

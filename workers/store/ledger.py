@@ -125,10 +125,6 @@ class Ledger:
         if self._index_ttl.due(key):
             pipe.expire(key, self._index_ttl.expire_s)
 
-    def _index_due(self, pipe: Pipeline, keys: RunKeys, members: dict[str, int]) -> None:
-        pipe.zadd(keys.index.due, members, nx=True)
-        self._refresh_index_ttl(pipe, keys.index.due)
-
     def _unindex_call(self, pipe: Pipeline, keys: RunKeys, call_id: str, *, lease_indexed: bool) -> None:
         member = keys.due_member(call_id)
         pipe.zrem(keys.index.due, member)

@@ -127,10 +127,6 @@ class LedgerScanner:
                     row.maybe_integer(CallField.FINISHED_MS),
                 )
 
-    def run_statuses(self, keys: Sequence[str]) -> list[str]:
-        """The ``status`` of each run record still present among ``keys``."""
-        return [row.status for row in self.run_rows(keys)]
-
     def run_rows(self, keys: Sequence[str]) -> list[RunRow]:
         """Status, the watchdog's class and idle model streams of each run still present among ``keys``."""
         rows: list[RunRow] = []

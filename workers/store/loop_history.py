@@ -202,11 +202,6 @@ class RedisLoopHistory:
         except redis.RedisError as exc:
             raise StoreError(f"warning de-duplication failed: {exc}") from exc
 
-    def written_keys(self) -> list[str]:
-        """Every key this instance may have written (for clean-up and TTL checks)."""
-        keys = (RunKeys(self._prefix, scope.session_key, scope.run_id) for scope in self._touched)
-        return sorted({name for run in keys for name in (run.history, run.loop_state, run.run)})
-
     def delete_session(self, session_key: str) -> None:
         """Delete the keys this instance wrote for a throwaway session (the replay CLI, tests).
 

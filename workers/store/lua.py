@@ -56,8 +56,8 @@ def run_script(client: redis.Redis, script: Script, keys: list[str], args: list[
     """Run a registered script with one ``EVALSHA``; after a restart that lost it, load it and retry once.
 
     What ``Script.__call__`` does, with less Python around it: its per-call work (an import,
-    tuple copies, two more frames) cost about 5 µs of CPU a call in ``bench.loops``'s check,
-    whose target is measured in PINGs.
+    tuple copies, two more frames) is a visible share of the loop check, whose target is
+    measured in PINGs (docs/performance.md).
     """
     try:
         return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]

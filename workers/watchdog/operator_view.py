@@ -39,7 +39,7 @@ def session_rows(store: SessionStore, *, now: int, stalled_after_ms: int) -> lis
                 "sessionKey": info.session_key,
                 "started_at": iso(info.started_ms),
                 "last_activity": iso(last_activity_ms(view)),
-                # Epoch ms, as the reference system's own `session list --json` spells it.
+                # Epoch ms, as OpenClaw's own `session list --json` spells it.
                 "lastActivity": last_activity_ms(view),
                 "age_s": round((now - info.started_ms) / 1000, 1),
                 "last_progress_s_ago": round((now - last_activity_ms(view)) / 1000, 1),

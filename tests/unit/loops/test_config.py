@@ -1,4 +1,4 @@
-"""Config: defaults, per-field fallback, merge, auto-raise of misordered thresholds (spec §2)."""
+"""Config: defaults, per-field fallback, merge, auto-raise of misordered thresholds."""
 
 from __future__ import annotations
 
@@ -167,8 +167,7 @@ def test_raise_of_a_default_threshold_is_named_too() -> None:
     # warningThreshold 25 lifts the default critical (20) to 26, and the breaker (30) stays
     found = dict(raised_thresholds({"warningThreshold": 25}, "p"))
     assert found == {
-        "p.criticalThreshold": "the default 20 is not above warningThreshold; raised to 26 "
-        "(as the reference system does)"
+        "p.criticalThreshold": "the default 20 is not above warningThreshold; raised to 26 (as OpenClaw does)"
     }
 
 

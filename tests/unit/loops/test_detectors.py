@@ -1,4 +1,4 @@
-"""Detectors of spec §5, table-driven at threshold - 1, threshold and threshold + 1."""
+"""The loop detectors, table-driven at threshold - 1, threshold and threshold + 1."""
 
 from __future__ import annotations
 

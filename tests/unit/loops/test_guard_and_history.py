@@ -1,4 +1,4 @@
-"""Post-compaction guard (spec §7), in-memory history rules and warning de-duplication (spec §6)."""
+"""Post-compaction guard, in-memory history rules and warning de-duplication."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hashing rules of spec §4: stable args hash and the outcome-hash precedence."""
+"""Hashing rules: stable args hash and the outcome-hash precedence."""
 
 from __future__ import annotations
 

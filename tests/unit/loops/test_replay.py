@@ -110,7 +110,7 @@ def test_cli_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_cli_misordered_thresholds_are_raised_not_refused(
     text: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # As the reference system does at runtime (issue #17): the triple is raised into order
+    # As OpenClaw does at runtime: the triple is raised into order
     code, out, _ = _run(["-"], text, monkeypatch, capsys)
     assert code == 0
     assert out == []

@@ -1,4 +1,4 @@
-"""Provider adapters: exact neutral forms and round trips both ways (spec §1.3)."""
+"""Provider adapters: exact neutral forms and round trips both ways."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tool-call id sanitisation (spec §2.5)."""
+"""Tool-call id sanitisation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pairing repair, frames algorithm (spec §2.3): one row per rule and edge."""
+"""Pairing repair, frames algorithm: one row per rule and edge."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_missing_text_is_configurable() -> None:
 
 
 def test_text_that_merely_contains_the_synthetic_text_is_real() -> None:
-    # Given a real error result whose text holds the synthetic text and more (spec §2.4: exact only)
+    # Given a real error result whose text holds the synthetic text and more (placeholders match exactly)
     lookalike = res("c1", DEFAULT_MISSING_TEXT + " (copied)") | {"isError": True}
     # When a real result follows it
     result = repair_pairing([asst("c1"), lookalike, res("c1", "real")])

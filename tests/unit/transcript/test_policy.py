@@ -1,4 +1,4 @@
-"""Per-provider policy (spec §3) and the full pipeline (spec §5)."""
+"""Per-provider policy and the full pipeline."""
 
 from __future__ import annotations
 

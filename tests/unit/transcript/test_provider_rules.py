@@ -1,4 +1,4 @@
-"""Table tests for the failure classes of issue 14: what each provider's API rejects, repaired."""
+"""Table tests for the failure classes: what each provider's API rejects, repaired."""
 
 from __future__ import annotations
 
@@ -322,7 +322,7 @@ def test_preserve_signatures_is_gone() -> None:
         resolve_policy("anthropic", overrides={"preserve_signatures": True})
 
 
-# -- 8. The reference system's synthetic results are placeholders --------------------------------
+# -- 8. OpenClaw's synthetic results are placeholders --------------------------------
 
 
 @pytest.mark.parametrize(

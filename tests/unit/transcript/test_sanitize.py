@@ -1,4 +1,4 @@
-"""Input sanitisation (spec §2.2) and details stripping (§2.6)."""
+"""Input sanitisation and details stripping."""
 
 from __future__ import annotations
 

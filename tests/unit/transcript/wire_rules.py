@@ -1,6 +1,6 @@
 """What each provider's API accepts: its SDK's types (through pydantic) plus its pairing, id and turn rules.
 
-The rules are the ones the APIs enforce with the errors quoted in the spec (§4.3) and their docs:
+The rules are the ones the APIs enforce with the errors they return and their docs:
 Anthropic answers every ``tool_use`` in the very next message and wants ids matching
 ``^[a-zA-Z0-9_-]+$`` and non-empty texts; Chat wants tool messages right after their call, ids of
 at most 40 characters; Responses wants one output per call, unique ``call_id``s of at most 64

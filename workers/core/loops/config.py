@@ -1,6 +1,6 @@
-"""Loop-detection configuration: schema, global + per-agent merge, fallback, auto-raise (spec §2).
+"""Loop-detection configuration: schema, global + per-agent merge, fallback, auto-raise.
 
-Two layers, as in the reference system:
+Two layers, as in OpenClaw:
 
 * :class:`LoopDetectionBlock` is the strict schema of one ``tools.loopDetection`` block
   (global or ``agents.list[].tools.loopDetection``). Use :func:`parse_loop_block` when
@@ -8,12 +8,12 @@ Two layers, as in the reference system:
   :class:`~workers.errors.ConfigError` naming the key path.
 * :func:`resolve_loop_config` is the runtime resolver: every bad numeric value falls back
   to its default per field, unknown keys are ignored, and the thresholds are repaired by the
-  auto-raise of §2.3, as the reference system does: ``criticalThreshold`` and then
+  auto-raise, as OpenClaw does: ``criticalThreshold`` and then
   ``globalCircuitBreakerThreshold`` are raised above the threshold they must exceed.
   :func:`raised_thresholds` names each such raise, for the start-up warning and
   ``config check``.
 
-Keys are accepted in camelCase (as in the reference system) or snake_case.
+Keys are accepted in camelCase (as in OpenClaw) or snake_case.
 """
 
 from __future__ import annotations
@@ -136,10 +136,10 @@ def resolve_loop_config(
     global_block_path: str = GLOBAL_PATH,
     agent_block_path: str = agent_path(),
 ) -> LoopDetectionConfig:
-    """Merge the global and agent blocks and resolve the runtime values (spec §2.2, §2.3).
+    """Merge the global and agent blocks and resolve the runtime values.
 
-    Never raises: a misordered threshold triple is raised into order, as in the reference
-    system (``global_block_path`` and ``agent_block_path`` are kept for callers' messages).
+    Never raises: a misordered threshold triple is raised into order, as in OpenClaw
+    (``global_block_path`` and ``agent_block_path`` are kept for callers' messages).
     """
     del global_block_path, agent_block_path
     return _resolve(merge_loop_blocks(global_block, agent_block))
@@ -148,7 +148,7 @@ def resolve_loop_config(
 def raised_thresholds(merged: Mapping[str, Any], path: str) -> list[tuple[str, str]]:
     """Each threshold of a merged block that resolution raises, as (key path, what and why).
 
-    The reference system raises ``criticalThreshold`` above ``warningThreshold`` and then
+    OpenClaw raises ``criticalThreshold`` above ``warningThreshold`` and then
     ``globalCircuitBreakerThreshold`` above ``criticalThreshold`` when set at or below them.
     """
     block = _canonical(merged)
@@ -164,7 +164,7 @@ def raised_thresholds(merged: Mapping[str, Any], path: str) -> list[tuple[str, s
             found.append(
                 (
                     f"{path}.{upper}",
-                    f"{before} is not above {lower}; raised to {value} (as the reference system does)",
+                    f"{before} is not above {lower}; raised to {value} (as OpenClaw does)",
                 )
             )
     return found
@@ -224,7 +224,7 @@ def _resolve(block: Mapping[str, Any]) -> LoopDetectionConfig:
     warning = _int_or(block.get("warningThreshold"), 10)
     critical = _int_or(block.get("criticalThreshold"), 20)
     breaker = _int_or(block.get("globalCircuitBreakerThreshold"), 30)
-    # §2.3: warning is never changed; critical, then the breaker, are raised above it.
+    # The warning threshold is never changed; critical, then the breaker, are raised above it.
     critical = max(critical, warning + 1)
     breaker = max(breaker, critical + 1)
     detectors = block.get("detectors")

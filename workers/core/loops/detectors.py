@@ -1,9 +1,9 @@
-"""The rolling-history loop detectors (spec §5) and warning de-duplication buckets (spec §6).
+"""The rolling-history loop detectors and warning de-duplication buckets.
 
 :func:`judge` is pure: it judges one call from the :class:`WindowSignals` of the earlier
 records of the same run and returns a :class:`LoopVerdict`; :func:`evaluate` does the same
 from the window itself. The first matching rule wins, in this order: unknown-tool streak,
-global circuit breaker, run-wide breaker (beyond the reference, opt-in), known-poll
+global circuit breaker, run-wide breaker (beyond OpenClaw, opt-in), known-poll
 no-progress, ping-pong, generic repeat.
 """
 
@@ -29,7 +29,7 @@ __all__ = [
     "warning_bucket",
 ]
 
-# Warnings are let out once per bucket of ten; fixed, independent of warningThreshold (spec §6).
+# Warnings are let out once per bucket of ten; fixed, independent of warningThreshold.
 WARNING_BUCKET_SIZE = 10
 
 
@@ -94,7 +94,7 @@ def evaluate(
     run_id: str | None,
     config: LoopDetectionConfig,
 ) -> LoopVerdict:
-    """Judge one call against the earlier records of its run (spec §5 evaluation order)."""
+    """Judge one call against the earlier records of its run (detectors in evaluation order)."""
     if not config.enabled:
         return _NOT_STUCK
     signals = signals_of(

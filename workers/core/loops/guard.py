@@ -1,4 +1,4 @@
-"""The post-compaction guard: abort a run whose loop survived context compaction (spec §7).
+"""The post-compaction guard: abort a run whose loop survived context compaction.
 
 A compaction arms the guard for ``window_size`` outcomes. If all of them are the same
 ``(tool, args hash, result hash)`` triple, compaction did not break the loop and the run is

@@ -1,4 +1,4 @@
-"""Stable hashing of tool-call arguments and outcomes (spec loop-detection §4).
+"""Stable hashing of tool-call arguments and outcomes.
 
 Only equality of hashes matters: the same logical value gives the same hash, whatever the
 key order. Outcome hashes ignore the fields that change on every call without meaning any
@@ -149,7 +149,7 @@ def _stable(value: Any, active: set[int]) -> str:
 def _number(value: float) -> str:
     if not math.isfinite(value):
         return json.dumps("Infinity" if value > 0 else "-Infinity" if value < 0 else "NaN")
-    # JSON numbers 1 and 1.0 are the same number to the reference implementation.
+    # JSON numbers 1 and 1.0 are the same number to OpenClaw.
     return str(int(value)) if value.is_integer() else repr(value)
 
 
@@ -176,7 +176,7 @@ def hash_outcome(
     is_error: bool = False,
     send_tools: frozenset[str] = frozenset(),
 ) -> OutcomeHash:
-    """Hash an outcome by the precedence rules of spec §4; ``send_tools`` adds provider send tools."""
+    """Hash an outcome by the precedence rules below; ``send_tools`` adds provider send tools."""
     if is_error:
         return _error_hash(result)
     if result is UNDEFINED:

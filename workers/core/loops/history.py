@@ -1,11 +1,11 @@
 """The loop history: its record type, the storage protocol and an in-memory implementation.
 
 History is kept **per run** (``session_key`` + ``run_id``), so one run's activity can never
-evict another run's records (the reference trims per session; heartbeat and cron runs then
-inherit stale counts, spec §10 #71612).
+evict another run's records (OpenClaw trims per session; heartbeat and cron runs then
+inherit stale counts).
 
 Storage rule shared by every implementation, so that a call that is appended and then
-vetoed leaves the history exactly as if it had never been appended (the reference never
+vetoed leaves the history exactly as if it had never been appended (OpenClaw never
 records a blocked call): the store keeps at most ``history_size + 1`` records, and every
 read (the window a call is judged against, the search for a pending call's record) looks
 only at the newest ``history_size`` records, excluding the call being judged.
@@ -28,7 +28,7 @@ __all__ = [
     "RunScope",
 ]
 
-# Warning de-duplication remembers at most this many keys per run (spec §6).
+# Warning de-duplication remembers at most this many keys per run.
 WARNING_KEY_LIMIT = 256
 
 

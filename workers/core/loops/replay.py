@@ -1,4 +1,4 @@
-"""Replay a recorded call sequence through the real loop check (spec §1 replay format).
+"""Replay a recorded call sequence through the real loop check.
 
 The input is an object with ``config`` (or ``globalConfig`` + ``agentConfig``) and
 ``calls``; unknown keys are ignored. Each call item is a tool call
@@ -117,7 +117,7 @@ def _check_item(item: Any, path: str) -> None:
 
 def _run_id(item: Mapping[str, Any]) -> str:
     run_id = item.get("runId")
-    # A run id is trimmed; blank means unscoped (spec §3).
+    # A run id is trimmed; blank means unscoped.
     return run_id.strip() if isinstance(run_id, str) else ""
 
 

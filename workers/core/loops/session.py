@@ -56,7 +56,7 @@ class LoopGuard:
         )
         verdict = judge(signals, tool=name, args=args, args_hash=args_hash, config=config)
         if verdict.level is Level.CRITICAL:
-            # The reference never records a blocked call, so a block stays sticky for identical retries.
+            # OpenClaw never records a blocked call, so a block stays sticky for identical retries.
             self.history.discard_call(scope, seq)
         elif verdict.level is Level.WARNING and verdict.warning_key is not None:
             key = f"{scope.run_id}:{verdict.warning_key}" if scope.run_id else verdict.warning_key

@@ -1,4 +1,4 @@
-"""Tool-call id sanitisation for providers with strict id rules (spec §2.5).
+"""Tool-call id sanitisation for providers with strict id rules.
 
 Ids are rewritten per occurrence: a raw id repeated across calls gets a distinct new id each
 time, and results take the new ids of their raw id first-in first-out, so pairs stay pairs.

@@ -1,4 +1,4 @@
-"""The neutral transcript form (spec transcript-repair §1.2) and the helpers every step shares.
+"""The neutral transcript form and the helpers every step shares.
 
 Messages are plain JSON objects so that repair keeps every field it does not understand, and so
 that "nothing changed" can be answered by object identity.
@@ -47,7 +47,7 @@ MISSING_RESULT_REASON: Final = "missing_tool_result"
 DEFAULT_MISSING_TEXT: Final = (
     "[unstuck] missing tool result in session history; inserted synthetic error result for transcript repair."
 )
-# The default synthetic texts, the reference system's (spec §2.4) and ours: a transcript that went
+# The default synthetic texts, OpenClaw's and ours: a transcript that went
 # through a wire format marks its placeholders only by text, as ``details`` did not survive the trip.
 DEFAULT_SYNTHETIC_TEXTS: Final = frozenset(
     f"[{brand}] missing tool result in session history;"
@@ -107,9 +107,9 @@ def is_failed_turn(message: Mapping[str, Any]) -> bool:
 
 
 def is_synthetic(message: Mapping[str, Any]) -> bool:
-    """Whether a tool result is a placeholder a real result may replace (spec §1.2, §2.4).
+    """Whether a tool result is a placeholder a real result may replace.
 
-    Ours carry ``details.synthetic`` with ``isError``; the reference system's carry
+    Ours carry ``details.synthetic`` with ``isError``; OpenClaw's carry
     ``details.openclawSyntheticMissingToolResult``, or, once ``details`` is gone (every wire
     format drops it), exactly its default text with ``isError`` true or unknown (Chat and
     Responses results have no error flag).

@@ -1,4 +1,4 @@
-"""Call/result pairing repair, frames algorithm (spec transcript-repair §2.3.1).
+"""Call/result pairing repair, frames algorithm.
 
 Every assistant turn with calls opens a frame that runs to the next such turn. Results inside a
 frame claim its calls per occurrence (FIFO per id); the rest are attributed backwards only when
@@ -7,7 +7,7 @@ order, followed by whatever else the frame held.
 
 Where calls share an id, a result carrying a call's name goes to that call, else to the earliest
 free one (names and order decide). A result with no id is adopted by the single call of its frame
-(spec §2.3.1) unless an earlier call of that name is unanswered too, and moved elsewhere only when
+unless an earlier call of that name is unanswered too, and moved elsewhere only when
 exactly one unanswered call so far has its name (the Gemini adapter leaves ids out where its
 by-name, in-order attribution is ambiguous, so that the ambiguity reaches these rules).
 """
@@ -55,7 +55,7 @@ class _Occurrence:
 
     def __init__(self, call_id: str, name: str | None, position: int) -> None:
         self.call_id = call_id
-        # Result ids are read trimmed (spec §1.1), so call ids are matched trimmed too.
+        # Result ids are read trimmed, so call ids are matched trimmed too.
         self.key = call_id.strip()
         self.name = name
         self.clean = _clean_name(name)

@@ -1,4 +1,4 @@
-"""The full replay repair for one provider's policy (spec §5 order)."""
+"""The full replay repair for one provider's policy (stages in the order below)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def repair_transcript(
 ) -> RepairedTranscript:
     """Sanitise inputs and blocks, pair calls, sanitise ids, fix turn order, strip ``details``.
 
-    Pairing runs before id sanitisation for every provider (the spec does so for Responses APIs
+    Pairing runs before id sanitisation for every provider (OpenClaw does so for Responses APIs
     only): the ledger ``lookup`` is keyed by the ids the tools saw, and results that are already
     paired cannot be given invented orphan ids. A second pairing pass after the id rewrite runs
     only where the rewrite can move a result off its call (see ``_pairing_may_break``). Turn

@@ -1,10 +1,10 @@
-"""Per-provider transcript policy (spec §3), resolved from provider, model API and model id.
+"""Per-provider transcript policy, resolved from provider, model API and model id.
 
-Unlike the reference system, every provider gets pairing repair with synthetic results by
+Unlike OpenClaw, every provider gets pairing repair with synthetic results by
 default, OpenAI included: an unanswered call is rejected by all of them. With
 ``allow_synthetic_tool_results`` false, repair inserts none and removes unanswered calls instead.
 
-Every field acts (the pipeline reads it); the reference system's ``preserveSignatures`` has no
+Every field acts (the pipeline reads it); OpenClaw's ``preserveSignatures`` has no
 field, as repair never strips a valid signature. Id rules follow the provider, not the id's
 origin: native Kimi ids survive ``strict`` except for Anthropic, and the Responses APIs get the
 ``responses`` id mode (unique ``call_id``s of at most 64 characters, valid item ids).

@@ -12,7 +12,7 @@ __all__ = ["IdReport", "InputReport", "PairingReport", "RepairReport", "TurnRepo
 
 @dataclass(frozen=True)
 class InputReport:
-    """Counts of input sanitisation (spec §2.2)."""
+    """Counts of input sanitisation."""
 
     dropped_tool_calls: int = 0
     dropped_assistant_messages: int = 0
@@ -29,7 +29,7 @@ class InputReport:
 
 @dataclass(frozen=True)
 class IdReport:
-    """Counts of tool-call id sanitisation (spec §2.5) and the old-to-new id of every call.
+    """Counts of tool-call id sanitisation and the old-to-new id of every call.
 
     ``dropped_item_ids`` counts Responses item ids dropped for repeating or lacking the ``fc`` prefix.
     """
@@ -51,7 +51,7 @@ class IdReport:
 
 @dataclass(frozen=True)
 class PairingReport:
-    """The §2.3.5 report: synthetic results added, duplicates and orphans dropped, and more.
+    """The pairing report: synthetic results added, duplicates and orphans dropped, and more.
 
     ``unanswered`` lists the calls removed from their turn for want of a result when synthetic
     results are not allowed, as ``(id, name)``.

@@ -1,4 +1,4 @@
-"""Tool-call input sanitisation (spec §2.2) and result ``details`` stripping (spec §2.6)."""
+"""Tool-call input sanitisation and result ``details`` stripping."""
 
 from __future__ import annotations
 

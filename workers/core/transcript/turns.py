@@ -1,4 +1,4 @@
-"""Turn-level fixes the policy asks for (spec §2.1 A, §3): blank texts, thinking, turn order.
+"""Turn-level fixes the policy asks for: blank texts, thinking, turn order.
 
 * ``sanitize_mode == "full"`` drops blank text blocks (Anthropic and Gemini reject empty texts)
   and user or assistant turns left with nothing in them.

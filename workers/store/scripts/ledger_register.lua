@@ -16,7 +16,7 @@
 -- when the run record says its last refresh is older than one interval (ttl_fresh). Calls are
 -- never removed from it, so it never empties (an emptied key would lose its TTL).
 -- Which calls are still open is each record's state (and the run summary's open_n): no set
--- of open calls is kept, which saved a ZADD here and a ZREM in every finish.
+-- of open calls is kept, so registering costs no ZADD and finishing no ZREM.
 local run = read_run(KEYS[3], {'status', 'guard_remaining'})
 local status = run[RUN_EXTRA + 1] or ''
 local guard = tonumber(run[RUN_EXTRA + 2] or '0')

@@ -15,7 +15,7 @@
 -- no EXPIRE, and the keys live between 0.9 and 1 TTL past a run's last check.
 --
 -- Up to N + 1 records are kept, so that discarding a blocked call (loop_discard.lua) leaves
--- exactly the N records the reference keeps when it never records a blocked call.
+-- exactly the N records OpenClaw keeps when it never records a blocked call.
 -- Returns {seq, {member, ...}} with the window oldest first, or one JSON array (a single bulk
 -- reply parses faster than a dozen): [seq, recent, stalled, latest, run_repeats,
 -- unknown_streak, unknown_name, alternation, pair_a, pair_b, paired_tool, evidence] (false for

@@ -1,4 +1,4 @@
--- Warning de-duplication (spec loop-detection §6): emit only when the bucket grows.
+-- Warning de-duplication: emit only when the bucket grows.
 --
 -- KEYS[1]  run HASH: field "loop_warn:<key>" = "<insertion seq>:<last bucket>",
 --          loop_warn_seq (insertion counter), loop_warn_count (keys held)
@@ -21,7 +21,7 @@ else
   end
   local held = tonumber(redis.call('HGET', run, 'loop_warn_count') or '0')
   if held >= limit then
-    -- Full: evict the key inserted first, as the reference's insertion-ordered map does.
+    -- Full: evict the key inserted first, as OpenClaw's insertion-ordered map does.
     local all = redis.call('HGETALL', run)
     local oldest_field, oldest_seq = nil, nil
     for i = 1, #all, 2 do

@@ -1,4 +1,4 @@
-"""Anthropic Messages <-> neutral transcript (spec §1.3).
+"""Anthropic Messages <-> neutral transcript.
 
 A user message's ``tool_result`` blocks become neutral ``toolResult`` messages; its other blocks
 follow as one user message. On the way back a run of results and the user message right after it

@@ -1,4 +1,4 @@
-"""Gemini ``contents`` <-> neutral transcript (spec §1.3).
+"""Gemini ``contents`` <-> neutral transcript.
 
 Gemini pairs a ``functionResponse`` with its ``functionCall`` by name and position; ids are
 optional. A call without an id gets ``gemini-<turn>-<part>`` in the neutral form (marked

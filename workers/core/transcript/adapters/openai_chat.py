@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions <-> neutral transcript (spec §1.3).
+"""OpenAI Chat Completions <-> neutral transcript.
 
 Assistant text becomes a string when it is one plain text block, ``null`` when there is none;
 call arguments stay a JSON string on the wire and an object in the neutral form whenever that

@@ -1,4 +1,4 @@
-"""OpenAI Responses input items <-> neutral transcript (spec §1.3).
+"""OpenAI Responses input items <-> neutral transcript.
 
 Consecutive assistant-side items (assistant messages, reasoning, function calls) form one neutral
 assistant turn. A call's neutral id is its ``call_id``, the id its output answers; the item's own
