@@ -1,16 +1,17 @@
-"""Per-call memory limits in the worker: a cgroup per call where possible, else ``RLIMIT_DATA``.
+"""Per-call memory limits in the worker: a cgroup re-armed per call, else ``RLIMIT_DATA``.
 
 Installed once in the worker's main process before the pool forks (it logs once which of
 the two is in force); each pool child uses the copy it inherited for every call.
 
-With a cgroup the kernel bounds the call's pool child and every process it starts
-together, exactly, and an OOM kill inside it is counted, so a child killed for memory is
-answered ``out_of_memory`` rather than ``crashed``. No rlimit is set then: an rlimit is
-inherited by each process the tool starts, where a large allocation would fail with the
-process's own error (an exit status the tool reports as it likes) before the cgroup could
-count it. Without a cgroup the pool child's ``RLIMIT_DATA`` is lowered to what it maps now
-plus the limit for the call and restored after; each process the tool starts inherits
-that bound on its own memory. A ``MemoryError`` in the child is ``out_of_memory`` either way.
+With a cgroup (one per pool child, its limit re-armed per call) the kernel bounds the
+call's pool child and every process it starts together, exactly, and an OOM kill inside
+it is counted, so a child killed for memory is answered ``out_of_memory``, not ``crashed``.
+No rlimit is set then: an rlimit is inherited by each process the tool starts, where a
+large allocation would fail with the process's own error (an exit status the tool reports
+as it likes) before the cgroup could count it. Without a cgroup the pool child's
+``RLIMIT_DATA`` is lowered to what it maps now plus the limit for the call and restored
+after; each process the tool starts inherits that bound on its own memory. A
+``MemoryError`` in the child is ``out_of_memory`` either way.
 """
 
 from __future__ import annotations
