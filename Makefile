@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.http_door
 	$(BIN)/python -m bench.cancel_breaker
 	$(BIN)/python -m bench.async_sessions
+	$(BIN)/python -m bench.memory_limits
 
 MINUTES ?= 5
 chaos: $(STAMP)

@@ -10,9 +10,10 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Ignore, Reject
 from pydantic import ValidationError
 
-from tasks.requests import answer_if_holder_died, report_outcome, stored_answer
+from tasks.requests import answer_if_holder_died, memory_limit_mb, report_outcome, stored_answer
 from workers.celery_app import app
 from workers.core.job_digest import job_digest
+from workers.core.memory_limits import OomCause
 from workers.core.models import CallJob, ClaimStatus, ToolResult
 from workers.core.refusals import RefusalReason
 from workers.core.results import answer_by_deadline, not_allowed_result
@@ -22,7 +23,8 @@ from workers.store.keys import RunKeys
 from workers.task_names import INVOKE_TASK
 from workers.tools.context import ToolContext
 from workers.worker.cancel_enforcer import cancel_check
-from workers.worker.execution import bounded_result, run_tool, soft_timeout_result
+from workers.worker.execution import bounded_result, memory_exceeded_result, run_tool, soft_timeout_result
+from workers.worker.memory_guard import memory_guard
 from workers.worker.refusing import record_refusal, refuse_claim
 
 __all__ = ["invoke"]
@@ -116,19 +118,41 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:
     ctx = _context(rt, job, attempt)
     allows = rt.settings.tool_policy(job.agent_id).allows  # a fail-branch obeys it too
+    limit_mb = memory_limit_mb(rt, job.call.name)
     try:
-        return run_tool(
-            job,
-            ctx,
-            clock_ms=now_ms,
-            sleep=time.sleep,
-            interrupts=(SoftTimeLimitExceeded,),
-            rules=rt.rules,
-            allows=allows,
-        )
+        with memory_guard().limit(limit_mb) as memory:
+            result = run_tool(
+                job,
+                ctx,
+                clock_ms=now_ms,
+                sleep=time.sleep,
+                interrupts=(SoftTimeLimitExceeded,),
+                rules=rt.rules,
+                allows=allows,
+            )
     except SoftTimeLimitExceeded:
         # Caught first: billiard derives it from Exception, so a broad handler would hide it.
         return soft_timeout_result(job, ctx, attempt=attempt, clock_ms=now_ms, rules=rt.rules, allows=allows)
+    except MemoryError:
+        # Here the limit is lifted and what the tool held is freed: building the answer is safe.
+        return _past_memory_limit(rt, job, OomCause.ALLOCATION_REFUSED, limit_mb, attempt)
+    if memory.oom_kills:
+        return _past_memory_limit(rt, job, OomCause.PROCESS_KILLED, limit_mb, attempt, partial=result.text)
+    return result
+
+
+def _past_memory_limit(
+    rt: Runtime, job: CallJob, cause: OomCause, limit_mb: int | None, attempt: int, partial: object = None
+) -> ToolResult:
+    return memory_exceeded_result(
+        job,
+        cause,
+        limit_mb=limit_mb,
+        elapsed_ms=now_ms() - job.submitted_ms,
+        attempt=attempt,
+        rules=rt.rules,
+        partial=partial,
+    )
 
 
 def _context(rt: Runtime, job: CallJob, attempt: int) -> ToolContext:

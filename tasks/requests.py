@@ -22,6 +22,7 @@ from celery.worker.request import Request
 from pydantic import ValidationError
 
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
+from workers.core.memory_limits import lost_child_reason, resolve_memory_limit_mb
 from workers.core.models import CallJob, SyntheticReason, ToolResult
 from workers.core.outcome import TaskState, closing_event, failure_event, outcome_of
 from workers.core.results import answer_by_deadline
@@ -30,12 +31,16 @@ from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 from workers.store.records import CallField
 from workers.worker.execution import interrupted_result
+from workers.worker.memory_guard import memory_guard
 
 __all__ = [
     "GuardedRequest",
     "answer_from_main_process",
     "answer_if_holder_died",
+    "answer_lost_child",
+    "memory_limit_mb",
     "pid_alive",
+    "pid_of",
     "report_outcome",
     "stored_answer",
 ]
@@ -70,6 +75,7 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
             elapsed_ms=now_ms() - job.submitted_ms,
             attempt=attempt,
             rules=rt.rules,
+            memory_limit_mb=memory_limit_mb(rt, job.call.name),
         )
         if detail:
             result = result.model_copy(update={"details": {**result.details, "detail": detail}})
@@ -81,6 +87,33 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
     except StoreError as exc:
         # The gateway and watchdog still answer this call by its lease or deadline.
         log.warning("could not record %s for call %s: %s", reason.value, job.call.id, exc)
+
+
+def memory_limit_mb(rt: Runtime, tool_name: str) -> int | None:
+    """The memory limit calls of ``tool_name`` run under on this worker (None: unlimited)."""
+    spec = rt.tools.get(tool_name)
+    return resolve_memory_limit_mb(
+        tool_name,
+        configured=rt.settings.tools.memory_limits_mb,
+        declared=spec.memory_limit_mb if spec else None,
+        default=rt.settings.limits.memory_limit_mb,
+    )
+
+
+def pid_of(worker: str | None) -> int | None:
+    """The pid of a ``host:pid`` worker id (or of a bare pid), None if it names none."""
+    pid = (worker or "").rsplit(":", 1)[-1]
+    return int(pid) if pid.isdigit() else None
+
+
+def answer_lost_child(kwargs: dict[str, Any], child_pid: int | None, detail: str) -> None:
+    """Answer the call of a pool child that died: ``out_of_memory`` or ``crashed``.
+
+    ``out_of_memory`` when the kernel's OOM killer killed a process of the call: its cgroup's
+    ``oom_kill`` counter says so (a SIGKILL alone does not).
+    """
+    kills = memory_guard().lost_child_oom_kills(child_pid) if child_pid is not None else 0
+    answer_from_main_process(kwargs, lost_child_reason(kills), detail=detail)
 
 
 def pid_alive(worker: str) -> bool:
@@ -109,7 +142,7 @@ def answer_if_holder_died(kwargs: dict[str, Any]) -> bool:
     )
     if verdict is not ChildVerdict.CHILD_DIED:
         return False
-    answer_from_main_process(kwargs, SyntheticReason.CRASHED, detail=f"pool process {holder} died")
+    answer_lost_child(kwargs, pid_of(holder), detail=f"pool process {holder} died")
     return True
 
 
@@ -163,7 +196,7 @@ class GuardedRequest(Request):
         elif exc is not None and not isinstance(exc, _NOT_A_LOSS):
             # A lost child, or the task body itself failed (e.g. the store vanished mid-call).
             detail = f"{type(exc).__name__}: {exc}"
-            answer_from_main_process(self.kwargs, SyntheticReason.CRASHED, detail=detail)
+            answer_lost_child(self.kwargs, pid_of(str(self.worker_pid or "")), detail=detail)
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     def send_event(self, type: str, **fields: Any) -> None:

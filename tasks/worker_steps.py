@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery, bootsteps, signals
 from celery.worker import state
 
-from tasks.requests import answer_from_main_process, pid_alive
+from tasks.requests import answer_from_main_process, answer_lost_child, pid_alive, pid_of
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.models import SyntheticReason
 from workers.errors import ConfigError, StoreError, WorkerConfigError
@@ -26,6 +26,7 @@ from workers.runtime import now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 from workers.task_names import INVOKE_TASK
 from workers.worker.cancel_enforcer import CancelEnforcer, RunningJob
+from workers.worker.memory_guard import install_memory_guard, memory_guard
 
 __all__ = ["LeaseKeeper", "PoolGuard", "check_pool", "install_worker_steps"]
 
@@ -64,7 +65,8 @@ class PoolGuard(bootsteps.Step):
             check_pool(worker.pool_cls)
             # Load settings, tools and the Redis client now, before the pool forks: a child
             # forked while another thread holds the import lock would deadlock on import.
-            runtime()
+            # The memory guard too: every pool child inherits its cgroups.
+            install_memory_guard(runtime().settings.limits.memory_cgroups)
         except (WorkerConfigError, ConfigError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -131,12 +133,11 @@ class LeaseKeeper(bootsteps.StartStopStep):
             if verdict is ChildVerdict.RENEW:
                 renew.append((keys, call_id))
             elif verdict is ChildVerdict.CHILD_DIED:
-                answer_from_main_process(
-                    req.kwargs, SyntheticReason.CRASHED, detail=f"pool process {worker} died"
-                )
+                answer_lost_child(req.kwargs, pid_of(worker), detail=f"pool process {worker} died")
             elif verdict is ChildVerdict.HEARTBEAT_STALE:
                 self._interrupt(req, worker)
         rt.ledger.renew_leases(renew, worker_id(), now_ms=now)
+        memory_guard().sweep(lambda pid: pid_alive(f"{host}:{pid}"))
         running = zip(jobs, rows, strict=True)
         self._enforce_cancels(
             [
@@ -184,3 +185,8 @@ def install_worker_steps(celery: Celery) -> None:
     celery.steps["worker"].add(LeaseKeeper)
     signals.after_setup_logger.connect(_redact_logs, weak=False)
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)
+    signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
+
+
+def _remove_memory_cgroups(**_: Any) -> None:
+    memory_guard().close()  # the pool is gone by now: nothing runs in this worker's cgroups

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -159,3 +161,28 @@ def record_run(tag: str) -> str:
         with open(path, "a", encoding="utf-8") as runs:
             runs.write(tag.replace("\n", " ") + "\n")
     return f"recorded {tag}"
+
+
+MEMORY_LIMIT_MB = 256
+
+
+def _filled(mb: int) -> bytes:
+    return b"\x01" * (mb << 20)  # every page written, so every page is charged
+
+
+@tool(soft_timeout_s=20.0, memory_limit_mb=MEMORY_LIMIT_MB)
+def memory_hog(mb: int) -> str:
+    """Allocates and fills ``mb`` MB in its own (the pool child's) process."""
+    return f"held {len(_filled(mb)) >> 20} MB"
+
+
+@tool(soft_timeout_s=20.0, memory_limit_mb=MEMORY_LIMIT_MB)
+def memory_hog_child(mb: int) -> dict[str, Any]:
+    """Starts a Python process that allocates and fills ``mb`` MB; returns how it ended."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"data = b'\\x01' * ({mb} << 20); print(len(data) >> 20)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return {"returncode": done.returncode, "stdout": done.stdout.strip(), "stderr": done.stderr[-300:]}

@@ -9,6 +9,7 @@ Users bring their existing config. These camelCase blocks are read::
     agents.list[].id + the same blocks            per-agent overrides, field by field
     agents.list[].tools.allow / .deny            per-agent tool lists (narrow the global ones)
     tools.timeouts.<toolName>                    per-tool soft limit in seconds
+    tools.memoryLimits.<toolName>                per-tool memory limit of a call in MB (0: none)
     tools.loopDetection                          global loop detection block
     tools.allow / tools.deny                     which tools may be called (names, group:builtins, *)
     tools.builtins                               built-in tools to register (exec, http_fetch)
@@ -32,7 +33,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import json5
-from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AliasChoices,
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    TypeAdapter,
+    ValidationError,
+)
 from pydantic.alias_generators import to_camel
 from pydantic_settings import PydanticBaseSettingsSource
 
@@ -86,6 +96,7 @@ class _Agents(BaseModel):
 class _GlobalTools(BaseModel):
     model_config = _CAMEL
     timeouts: dict[str, Seconds] | None = None
+    memory_limits: dict[str, NonNegativeInt] | None = None
     loop_detection: dict[str, Any] | None = None
     allow: list[str] | None = None
     deny: list[str] | None = None
@@ -216,6 +227,8 @@ def translate_reference_config(raw: dict[str, Any]) -> dict[str, Any]:
     tools: dict[str, Any] = {}
     if reference.tools and reference.tools.timeouts is not None:
         tools["timeouts_s"] = reference.tools.timeouts
+    if reference.tools and reference.tools.memory_limits is not None:
+        tools["memory_limits_mb"] = reference.tools.memory_limits
     if reference.tools and reference.tools.loop_detection is not None:
         tools["loop_detection"] = reference.tools.loop_detection
     for name in ("allow", "deny", "builtins", "fallbacks", "fail_branch", "retry"):

@@ -11,7 +11,7 @@ decisions read the typed ``retryable`` field, never the message text::
      │    ├── ToolExecutionError     the tool raised; ``retryable`` says if a retry may help
      │    └── CallFailed             a call's one result is not a tool's success (its task's FAILURE)
      │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
-     │             HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid, UnknownTool,
+     │             HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory, ArgumentsInvalid, UnknownTool,
      │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
      │             CircuitOpen, CallMismatch
      ├── LoopDetected                the loop detector blocked a call or aborted a run
@@ -47,6 +47,7 @@ __all__ = [
     "InvalidArguments",
     "LoopBlocked",
     "LoopDetected",
+    "OutOfMemory",
     "ProviderFormatError",
     "RunAborted",
     "StoreError",
@@ -162,6 +163,12 @@ class Crashed(CallFailed):
     reason = "crashed"
 
 
+class OutOfMemory(CallFailed):
+    """The call needed more memory than its limit (``memory_limit_mb``) and was stopped."""
+
+    reason = "out_of_memory"
+
+
 class ArgumentsInvalid(CallFailed):
     """The call's arguments failed the tool's schema; nothing ran."""
 
@@ -225,10 +232,9 @@ class CallMismatch(CallFailed):
 CALL_FAILURES: dict[str, type[CallFailed]] = {
     cls.reason: cls
     for cls in (
-        ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid,
-        UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
-        CircuitOpen,
-        CallMismatch,
+        ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory,
+        ArgumentsInvalid, UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled,
+        LoopBlocked, RunAborted, CircuitOpen, CallMismatch,
     )
 }  # fmt: skip
 """The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""

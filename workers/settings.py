@@ -376,6 +376,11 @@ class ToolsSettings(BaseModel):
     timeouts_s: dict[str, Seconds] = Field(
         default_factory=dict, description="soft limit per tool name, seconds (file: tools.timeouts)"
     )
+    memory_limits_mb: dict[str, NonNegativeInt] = Field(
+        default_factory=dict,
+        description="memory limit of a call per tool name, MB (file: tools.memoryLimits); 0: none; "
+        "wins over the tool's memory_limit_mb",
+    )
     loop_detection: dict[str, Any] | None = Field(
         None, description="loop-detection block for every agent (file: tools.loopDetection); none: off"
     )
@@ -439,6 +444,16 @@ class LimitSettings(BaseModel):
     )
     cancel_grace_s: PositiveFloat = Field(
         5.0, description="seconds a cancelled tool has to stop after SIGTERM, before SIGKILL"
+    )
+    memory_limit_mb: NonNegativeInt = Field(
+        1024,
+        description="memory a call may add, its tool and every process it starts, MB, unless the tool "
+        "or tools.memory_limits_mb says otherwise; 0: none; past it: out_of_memory",
+    )
+    memory_cgroups: bool = Field(
+        True,
+        description="a memory cgroup per pool child, re-armed per call, where the worker may create one "
+        "(exact count; OOM kills answered out_of_memory); off or unavailable: RLIMIT_DATA only",
     )
 
 

@@ -198,6 +198,10 @@ def _run_main_batch(gateway: ToolGateway) -> dict[str, Expected]:
             _call("call-crash", "crash", how="sigkill"),
             Expected("FAILURE", "crashed", "Crashed"),
         ),
+        "call-oom": (
+            _call("call-oom", "memory_hog", mb=3072),
+            Expected("FAILURE", "out_of_memory", "OutOfMemory"),
+        ),
         "call-sleepy": (
             _call("call-sleepy", "sleepy", seconds=10),
             Expected("FAILURE", "timeout_soft", "TimeoutSoft"),

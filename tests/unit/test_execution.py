@@ -9,11 +9,12 @@ import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 
 from workers.core.limits import RetryPolicy
+from workers.core.memory_limits import OomCause
 from workers.core.models import CallJob, SyntheticReason, ToolCall
 from workers.errors import ToolExecutionError
 from workers.tools.context import ToolContext
 from workers.tools.registry import get_tool, tool
-from workers.worker.execution import interrupted_result, run_tool
+from workers.worker.execution import interrupted_result, memory_exceeded_result, run_tool
 
 SUBMITTED_MS = 1_000_000
 
@@ -398,3 +399,39 @@ def test_interrupted_result_without_a_spec() -> None:
     assert result.is_error
     assert result.reason == SyntheticReason.TIMEOUT_HARD.value
     assert "15s" in result.text
+
+
+def test_memory_error_is_never_retried_and_reaches_the_caller() -> None:
+    # Given a tool that runs out of memory, with a policy retrying every failure
+    calls: list[int] = []
+
+    def hungry() -> str:
+        calls.append(1)
+        raise MemoryError
+
+    name = _register(hungry, retry=RetryPolicy(attempts=3, backoff_s=0.5, retry_on_names=("Exception",)))
+    # When / Then: the caller answers it out_of_memory once the call's limit is lifted
+    with pytest.raises(MemoryError):
+        _run(_job(name), FakeClock())
+    assert len(calls) == 1
+
+
+def test_out_of_memory_takes_the_tools_fallback_and_names_the_limit() -> None:
+    def table() -> str:
+        return "never"
+
+    name = _register(table, fallback={"rows": []})
+    job = _job(name)
+    answered = memory_exceeded_result(job, OomCause.ALLOCATION_REFUSED, limit_mb=256, elapsed_ms=5, attempt=1)
+    assert (answered.is_error, answered.text, answered.reason) == (False, '{"rows": []}', "out_of_memory")
+    killed = interrupted_result(
+        _job("no_such_tool"),
+        None,
+        SyntheticReason.OUT_OF_MEMORY,
+        elapsed_ms=9,
+        attempt=1,
+        memory_limit_mb=128,
+    )
+    assert killed.reason == "out_of_memory"
+    assert "(its limit is 128 MB)" in killed.text
+    assert "the kernel killed its process" in killed.text

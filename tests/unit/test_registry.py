@@ -463,3 +463,31 @@ def test_tool_module_failing_on_import_is_a_config_error(
     with pytest.raises(ConfigError, match=r"broken_tools_zq.*ValueError: half-written plugin"):
         loader.load_tools(["broken_tools_zq"], use_entry_points=False)
     sys.modules.pop("broken_tools_zq", None)
+
+
+def test_memory_limit_is_declared_on_the_decorator() -> None:
+    name = _unique("big")
+
+    @tool(name=name, memory_limit_mb=512)
+    def big() -> str:
+        return "ok"
+
+    assert get_tool(name).memory_limit_mb == 512
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "256"])
+def test_a_memory_limit_that_is_no_whole_mb_is_refused(bad: Any) -> None:
+    with pytest.raises(ConfigError, match="memory_limit_mb"):
+
+        @tool(name=_unique("bad"), memory_limit_mb=bad)
+        def bad_tool() -> str:
+            return "never"
+
+
+def test_builtins_declare_memory_limits() -> None:
+    builtins.enable_builtins(["exec", "http_fetch"])
+    try:
+        assert get_tool("exec").memory_limit_mb == 2048
+        assert get_tool("http_fetch").memory_limit_mb == 256
+    finally:
+        builtins.enable_builtins([])

@@ -95,6 +95,7 @@ _FAILURE_REASONS = frozenset(
         SyntheticReason.HEARTBEAT_TIMEOUT,
         SyntheticReason.WORKER_LOST,
         SyntheticReason.CRASHED,
+        SyntheticReason.OUT_OF_MEMORY,
         SyntheticReason.DEADLINE_EXCEEDED,
     }
 )

@@ -45,6 +45,7 @@ FALLBACK_REASONS: Final = frozenset(
         _R.HEARTBEAT_TIMEOUT,
         _R.WORKER_LOST,
         _R.CRASHED,
+        _R.OUT_OF_MEMORY,
         _R.DISPATCH_FAILED,
         _R.DEADLINE_EXCEEDED,
         _R.CANCELLED,

@@ -21,6 +21,7 @@ class SyntheticReason(enum.StrEnum):
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"
     WORKER_LOST = "worker_lost"
     CRASHED = "crashed"
+    OUT_OF_MEMORY = "out_of_memory"
     INVALID_ARGUMENTS = "invalid_arguments"
     UNKNOWN_TOOL = "unknown_tool"
     TOOL_NOT_ALLOWED = "tool_not_allowed"

@@ -34,6 +34,9 @@ _TEXTS: dict[SyntheticReason, str] = {
     "before it answered. Its effects are unknown: check before retrying.",
     _R.CRASHED: "Tool '{tool}' crashed (its process died{detail}). "
     "Its effects are unknown: check before retrying, or use a lighter request.",
+    _R.OUT_OF_MEMORY: "Tool '{tool}' needed more memory than it may use{of_limit} and was stopped{detail}. "
+    "Ask for less at once (a smaller range, fewer rows or fields, page through a large file or "
+    "stream it) or take a lighter approach; the same request will fail the same way.",
     _R.INVALID_ARGUMENTS: "The arguments for tool '{tool}' are invalid: {detail}. "
     "Fix the arguments and call it again.",
     _R.UNKNOWN_TOOL: "Unknown tool: '{tool}'{detail}. Use one of the available tools.",
@@ -53,8 +56,10 @@ _TEXTS: dict[SyntheticReason, str] = {
 }
 
 
-def _limit_clauses(limit_s: float | None) -> dict[str, str]:
+def _limit_clauses(limit_s: float | None, limit_mb: int | None) -> dict[str, str]:
     """Clauses naming the limit (" of 5s"), empty when it is unknown: never "a limit of its limit"."""
+    if limit_mb is not None:
+        return {"of_limit": f" (its limit is {limit_mb} MB)", "for_limit": ""}
     if limit_s is None:
         return {"of_limit": "", "for_limit": ""}
     return {"of_limit": f" of {limit_s:g}s", "for_limit": f" for {limit_s:g}s"}
@@ -69,6 +74,7 @@ def synthetic_result(
     limit_s: float | None = None,
     detail: str = "",
     extra: dict[str, Any] | None = None,
+    limit_mb: int | None = None,
 ) -> ToolResult:
     """A synthetic error result for ``call`` that tells the model what happened.
 
@@ -78,11 +84,12 @@ def synthetic_result(
         elapsed_ms: time since the call was submitted.
         attempt: how many times the tool was started (0 if never).
         limit_s: the limit that expired, for timeout-like reasons.
+        limit_mb: the memory limit that was exceeded (``out_of_memory``).
         detail: a short clause merged into the text (already phrased for the model).
         extra: more structured ``details`` fields.
     """
     text = _TEXTS.get(reason, "Tool '{tool}' failed: {detail}.").format(
-        tool=call.name, detail=detail, **_limit_clauses(limit_s)
+        tool=call.name, detail=detail, **_limit_clauses(limit_s, limit_mb)
     )
     details: dict[str, Any] = {
         "synthetic": True,

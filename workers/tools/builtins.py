@@ -174,9 +174,12 @@ def http_fetch(
         conn.close()
 
 
+# Memory: a shell command may run compilers, interpreters and test suites, so exec gets room
+# for them; http_fetch holds one capped body (1 MB by default), and 256 MB leaves room for a
+# much larger max_bytes.
 _BUILTINS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
-    "exec": (exec_command, {"soft_timeout_s": None, "heartbeat_timeout_s": None}),
-    "http_fetch": (http_fetch, {"idempotent": True, "soft_timeout_s": 60.0}),
+    "exec": (exec_command, {"soft_timeout_s": None, "heartbeat_timeout_s": None, "memory_limit_mb": 2048}),
+    "http_fetch": (http_fetch, {"idempotent": True, "soft_timeout_s": 60.0, "memory_limit_mb": 256}),
 }
 
 

@@ -51,6 +51,7 @@ class ToolSpec:
     description: str = ""
     fallback_reasons: tuple[SyntheticReason, ...] = ()
     fail_branch: BranchRule | None = None
+    memory_limit_mb: int | None = None
 
     @property
     def has_fallback(self) -> bool:
@@ -90,7 +91,9 @@ def _arguments_model(name: str, func: Callable[..., Any]) -> tuple[type[BaseMode
     return model, wants_context
 
 
-def _check_limits(name: str, soft: float | None, hard: float | None, heartbeat: float | None) -> None:
+def _check_limits(
+    name: str, soft: float | None, hard: float | None, heartbeat: float | None, memory_mb: object
+) -> None:
     problems = [
         (f"tool {name}.{label}", "must be > 0")
         for label, value in (
@@ -102,6 +105,10 @@ def _check_limits(name: str, soft: float | None, hard: float | None, heartbeat: 
     ]
     if soft is not None and hard is not None and hard <= soft:
         problems.append((f"tool {name}.hard_timeout_s", f"must be greater than soft_timeout_s ({soft})"))
+    if memory_mb is not None and (
+        isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 0
+    ):
+        problems.append((f"tool {name}.memory_limit_mb", "must be a whole number of MB, >= 0 (0: no limit)"))
     if problems:
         raise ConfigError(problems)
 
@@ -124,6 +131,7 @@ def tool(
     fallback_on: Iterable[str] = (),
     fail_branch: str | None = None,
     fail_branch_on: Iterable[str] = ("tool_error", "timeout_soft"),
+    memory_limit_mb: int | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -141,6 +149,7 @@ def tool(
     fallback_on: Iterable[str] = (),
     fail_branch: str | None = None,
     fail_branch_on: Iterable[str] = ("tool_error", "timeout_soft"),
+    memory_limit_mb: int | None = None,
 ) -> Any:
     """Register a function as a tool; usable bare (``@tool``) or with options.
 
@@ -152,13 +161,17 @@ def tool(
     written elsewhere (deadline, lost worker, dispatch, cancel). ``fail_branch`` names a tool
     tried once with the same arguments when this one fails for ``fail_branch_on``.
 
+    ``memory_limit_mb`` bounds the memory one call may add, the tool's and every process it
+    starts (0: none); ``tools.memory_limits_mb`` in config wins over it, and without either
+    ``limits.memory_limit_mb`` applies. A call past it is answered ``out_of_memory``.
+
     Raises:
         ConfigError: on inconsistent limits or a second tool with the same name.
     """
 
     def register(target: Callable[..., Any]) -> Callable[..., Any]:
         tool_name = name or target.__name__
-        _check_limits(tool_name, soft_timeout_s, hard_timeout_s, heartbeat_timeout_s)
+        _check_limits(tool_name, soft_timeout_s, hard_timeout_s, heartbeat_timeout_s, memory_limit_mb)
         model, wants_context = _arguments_model(tool_name, target)
         reasons, branch = _failure_options(tool_name, fallback_on, fail_branch, fail_branch_on)
         spec = ToolSpec(
@@ -175,6 +188,7 @@ def tool(
             description=description or (inspect.getdoc(target) or "").split("\n")[0],
             fallback_reasons=reasons,
             fail_branch=branch,
+            memory_limit_mb=memory_limit_mb,
         )
         existing = _REGISTRY.get(tool_name)
         if existing is not None and _origin(existing.func) != _origin(target):

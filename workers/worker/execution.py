@@ -11,6 +11,7 @@ from collections.abc import Callable
 from workers.core.cancellation import cancelled_result
 from workers.core.failure_policy import NO_RULES, FailureRules, apply_fallback
 from workers.core.limits import RetryPolicy
+from workers.core.memory_limits import OomCause, out_of_memory_result
 from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolResult
 from workers.core.results import rejected_result, success_result, synthetic_result, tool_error_result
 from workers.errors import InvalidArguments, ToolNotFound
@@ -19,7 +20,13 @@ from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, get_tool, registered_tools, validate_arguments
 from workers.worker.branching import fallback_rule, settle_failure
 
-__all__ = ["bounded_result", "interrupted_result", "run_tool", "soft_timeout_result"]
+__all__ = [
+    "bounded_result",
+    "interrupted_result",
+    "memory_exceeded_result",
+    "run_tool",
+    "soft_timeout_result",
+]
 
 
 def interrupted_result(
@@ -30,14 +37,48 @@ def interrupted_result(
     elapsed_ms: int,
     attempt: int,
     rules: FailureRules = NO_RULES,
+    memory_limit_mb: int | None = None,
 ) -> ToolResult:
-    """A call stopped by a limit: the tool's fallback if one covers ``reason``, else a synthetic error."""
+    """A call stopped by a limit: the tool's fallback if one covers ``reason``, else a synthetic error.
+
+    ``memory_limit_mb`` is the limit an ``out_of_memory`` call ran under (the job does not carry it).
+    """
+    if reason is SyntheticReason.OUT_OF_MEMORY:
+        result = out_of_memory_result(
+            job.call,
+            limit_mb=memory_limit_mb,
+            cause=OomCause.CHILD_KILLED,
+            elapsed_ms=elapsed_ms,
+            attempt=attempt,
+        )
+        return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
     limit = {
         SyntheticReason.TIMEOUT_SOFT: job.soft_s,
         SyntheticReason.TIMEOUT_HARD: job.hard_s,
         SyntheticReason.HEARTBEAT_TIMEOUT: job.heartbeat_s,
     }.get(reason)
     result = synthetic_result(job.call, reason, elapsed_ms=elapsed_ms, attempt=attempt, limit_s=limit)
+    return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
+
+
+def memory_exceeded_result(
+    job: CallJob,
+    cause: OomCause,
+    *,
+    limit_mb: int | None,
+    elapsed_ms: int,
+    attempt: int,
+    rules: FailureRules = NO_RULES,
+    partial: object = None,
+) -> ToolResult:
+    """A call past its memory limit, found in the pool child: ``out_of_memory`` (or its fallback).
+
+    ``partial`` is the text of what the tool returned after a process it started was killed.
+    """
+    result = out_of_memory_result(
+        job.call, limit_mb=limit_mb, cause=cause, elapsed_ms=elapsed_ms, attempt=attempt, partial=partial
+    )
+    spec = registered_tools().get(job.call.name)
     return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
 
 
@@ -80,7 +121,8 @@ def run_tool(
     """Validate, run with retries, and build the result (fail-branch and fallback on failure).
 
     ``interrupts`` (the pool's soft-limit exception) propagate untouched even when they
-    derive from ``Exception``. ``rules`` are the config's (``tools.retry``, ``tools.failBranch``,
+    derive from ``Exception``, and so does ``MemoryError`` (never retried: it is
+    ``out_of_memory``). ``rules`` are the config's (``tools.retry``, ``tools.failBranch``,
     ``tools.fallbacks``); each replaces the decorator's for its tool.
     """
     started = job.submitted_ms
@@ -102,6 +144,8 @@ def run_tool(
             return success_result(job.call, value, elapsed_ms=clock_ms() - started, attempt=attempt)
         except interrupts:
             raise
+        except MemoryError:
+            raise  # out_of_memory, answered by the caller once the call's memory limit is lifted
         except Exception as exc:  # noqa: BLE001 - every tool failure becomes a result
             if ctx.cancel_settled():
                 return cancelled_result(job.call, elapsed_ms=clock_ms() - started, attempt=attempt)
