@@ -14,7 +14,6 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.unit.transcript.wire_rules import attribution_problems, judge, repair_wire
 from tests.unit.transcript.wire_scenarios import FORMATS, Scenario, scenarios
 
 EXAMPLES = int(os.environ.get("UNSTUCK_REPAIR_EXAMPLES", "300"))
@@ -22,6 +21,10 @@ EXAMPLES = int(os.environ.get("UNSTUCK_REPAIR_EXAMPLES", "300"))
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_repaired_wire_transcripts_are_valid_attributed_and_stable(fmt: str) -> None:
+    # Imported here, not at collection: wire_rules loads the providers' SDKs (seconds), which
+    # every pytest-xdist worker would pay although only one of them runs this test.
+    from tests.unit.transcript.wire_rules import attribution_problems, judge, repair_wire
+
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(scenarios(fmt))
     def check(scenario: Scenario) -> None:

@@ -16,11 +16,14 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, Final
 
 import pydantic
 import typing_extensions
+from anthropic.types import MessageParam
+from google.genai.types import Content
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.responses import ResponseInputItemParam
 
 from tests.unit.transcript.wire_scenarios import Result, Scenario
 from workers.core.transcript import repair_transcript, resolve_policy
@@ -39,22 +42,13 @@ def _forbid_unknown_keys() -> None:
                     obj.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")
 
 
-@cache
-def _sdk_validators() -> dict[str, Callable[[Any], object]]:
-    # Imported on first use: the SDKs take seconds to import, which every pytest-xdist worker
-    # would pay at collection although one of them runs these tests.
-    from anthropic.types import MessageParam
-    from google.genai.types import Content
-    from openai.types.chat import ChatCompletionMessageParam
-    from openai.types.responses import ResponseInputItemParam
-
-    _forbid_unknown_keys()
-    return {
-        "anthropic": pydantic.TypeAdapter(list[MessageParam]).validate_python,
-        "openai-chat": pydantic.TypeAdapter(list[ChatCompletionMessageParam]).validate_python,
-        "openai-responses": pydantic.TypeAdapter(list[ResponseInputItemParam]).validate_python,
-        "gemini": pydantic.TypeAdapter(list[Content]).validate_python,
-    }
+_forbid_unknown_keys()
+_SDK: Final[dict[str, Callable[[Any], object]]] = {
+    "anthropic": pydantic.TypeAdapter(list[MessageParam]).validate_python,
+    "openai-chat": pydantic.TypeAdapter(list[ChatCompletionMessageParam]).validate_python,
+    "openai-responses": pydantic.TypeAdapter(list[ResponseInputItemParam]).validate_python,
+    "gemini": pydantic.TypeAdapter(list[Content]).validate_python,
+}
 
 
 def repair_wire(fmt: str, wire: list[Any]) -> Any:
@@ -66,7 +60,7 @@ def repair_wire(fmt: str, wire: list[Any]) -> Any:
 def sdk_problems(fmt: str, wire: Any) -> list[str]:
     """Where the SDK's types reject the transcript (iterable fields are walked, not left lazy)."""
     try:
-        _force(_sdk_validators()[fmt](wire))
+        _force(_SDK[fmt](wire))
     except pydantic.ValidationError as error:
         return [f"sdk: {e['loc']}: {e['msg']}" for e in error.errors()[:3]]
     return []
