@@ -47,21 +47,34 @@ CLUSTER_SUITES := tests/integration/test_backbone.py tests/integration/loops \
 	tests/integration/test_sessions.py tests/integration/test_activity_indexes.py \
 	tests/integration/test_watchdog_liveness.py
 
+# The tiers run in parallel (pytest-xdist): most tests wait on limits, leases and sweeps rather
+# than compute, so more workers than cores pays (measured in docs/development.md). Each worker
+# starts its own redis-server (and, on the cluster leg, its own cluster) on free ports. Tests
+# marked `serial` then run alone; pytest's exit 5 (nothing selected) counts as success there.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+PYTEST_SERIAL = $(BIN)/pytest -q -m serial $(1) || [ $$? -eq 5 ]
+
 test: $(STAMP)
-	$(BIN)/pytest -q tests
-	UNSTUCK_TEST_REDIS=cluster $(BIN)/pytest -q $(CLUSTER_SUITES)
+	$(PYTEST_PARALLEL) -m "not serial" tests
+	$(call PYTEST_SERIAL,tests)
+	UNSTUCK_TEST_REDIS=cluster $(PYTEST_PARALLEL) -m "not serial" $(CLUSTER_SUITES)
+	UNSTUCK_TEST_REDIS=cluster $(call PYTEST_SERIAL,$(CLUSTER_SUITES))
 
 test-cluster: $(STAMP)
-	UNSTUCK_TEST_REDIS=cluster $(BIN)/pytest -q $(CLUSTER_SUITES)
+	UNSTUCK_TEST_REDIS=cluster $(PYTEST_PARALLEL) -m "not serial" $(CLUSTER_SUITES)
+	UNSTUCK_TEST_REDIS=cluster $(call PYTEST_SERIAL,$(CLUSTER_SUITES))
 
 test-unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	$(PYTEST_PARALLEL) tests/unit
 
 test-integration: $(STAMP)
-	$(BIN)/pytest -q tests/integration
+	$(PYTEST_PARALLEL) -m "not serial" tests/integration
+	$(call PYTEST_SERIAL,tests/integration)
 
 test-e2e: $(STAMP)
-	$(BIN)/pytest -q tests/e2e
+	$(PYTEST_PARALLEL) -m "not serial" tests/e2e
+	$(call PYTEST_SERIAL,tests/e2e)
 
 # Transcript repair's SDK-validated property tests with many more generated transcripts per format.
 REPAIR_EXAMPLES ?= 5000

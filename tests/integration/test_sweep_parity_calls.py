@@ -53,6 +53,10 @@ from workers.store.rows import Row
 from workers.store.sweep_probe import _probe_verdict
 from workers.watchdog.due_calls import sweep_due_calls
 
+# The first test builds the module fixture, a sweep of every stored case by every path; under
+# a loaded parallel run that alone can pass the suite-wide 120 s.
+pytestmark = pytest.mark.timeout(600)
+
 CALLS_BOUNDARY = (
     "elseif deadline <= now then",
     "elseif deadline < now then",

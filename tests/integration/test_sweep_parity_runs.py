@@ -72,6 +72,10 @@ from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
 from workers.watchdog.sweep import SweepReport, Watchdog
 
+# The first test builds the module fixture, a sweep of every stored case by every path; under
+# a loaded parallel run that alone can pass the suite-wide 120 s.
+pytestmark = pytest.mark.timeout(600)
+
 NEWER_RUN = "r-newer"
 
 DEADLINES = {"none": 0, "ahead": NOW + 1, "now": NOW, "past": NOW - 1}

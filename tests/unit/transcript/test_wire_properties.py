@@ -16,7 +16,6 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.unit.transcript.wire_rules import attribution_problems, judge, positional_problems, repair_wire
 from tests.unit.transcript.wire_scenarios import FORMATS, Scenario, scenarios
 
 EXAMPLES = int(os.environ.get("UNSTUCK_REPAIR_EXAMPLES", "300"))
@@ -24,6 +23,10 @@ EXAMPLES = int(os.environ.get("UNSTUCK_REPAIR_EXAMPLES", "300"))
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_repaired_wire_transcripts_are_valid_attributed_and_stable(fmt: str) -> None:
+    # Imported here, not at collection: wire_rules loads the providers' SDKs (seconds), which
+    # every pytest-xdist worker would pay although only one of them runs this test.
+    from tests.unit.transcript.wire_rules import attribution_problems, judge, repair_wire
+
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(scenarios(fmt))
     def check(scenario: Scenario) -> None:
@@ -40,6 +43,8 @@ def test_repaired_wire_transcripts_are_valid_attributed_and_stable(fmt: str) -> 
 
 
 def test_gemini_id_less_responses_answer_by_position() -> None:
+    from tests.unit.transcript.wire_rules import judge, positional_problems, repair_wire
+
     # Two tool names only, so that turns hold several calls of one name
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(scenarios("gemini", names=("read", "exec"), ids=False, positional=True))

@@ -1,0 +1,28 @@
+"""Suite-wide collection rules for running the tiers in parallel (pytest-xdist, ``--dist loadgroup``).
+
+- Tests that share a module- or class-scoped fixture run on one xdist worker, so the fixture
+  (a sweep over thousands of stored runs, a demo run, a Flower process) is built once, not once
+  per worker that happens to draw one of its tests.
+- ``serial`` tests (timing-sensitive fault tests that must not share the machine's cores) are
+  left out of the parallel run; the Makefile runs them afterwards in a session of their own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+_SHARED_SCOPES = frozenset({"module", "class", "package"})
+
+
+def _shares_a_scoped_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(defs and defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into its groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _shares_a_scoped_fixture(item) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
