@@ -56,7 +56,7 @@ PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 PYTEST_SERIAL = $(BIN)/pytest -q -m serial $(1) || [ $$? -eq 5 ]
 
 test: $(STAMP)
-	$(PYTEST_PARALLEL) -m "not serial" tests
+	$(PYTEST_PARALLEL) -m "not serial" --durations=25 tests
 	$(call PYTEST_SERIAL,tests)
 	UNSTUCK_TEST_REDIS=cluster $(PYTEST_PARALLEL) -m "not serial" $(CLUSTER_SUITES)
 	UNSTUCK_TEST_REDIS=cluster $(call PYTEST_SERIAL,$(CLUSTER_SUITES))
