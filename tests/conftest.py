@@ -21,8 +21,8 @@ def _shares_a_scoped_fixture(item: pytest.Item) -> bool:
     return any(defs and defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values())
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into its groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if _shares_a_scoped_fixture(item) and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Marked as each item is collected, before any collection_modifyitems hook (xdist's turns
+    # the marks into its scheduling groups there).
+    if _shares_a_scoped_fixture(item) and item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
