@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import redis
 
+from workers.core.sentinel_url import SentinelAccess
 from workers.store.connection import connect
 
 __all__ = ["PingProbe", "ping_error"]
 
 
 def ping_error(
-    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, cluster: bool = False
+    url: str,
+    *,
+    socket_timeout_s: float,
+    socket_connect_timeout_s: float,
+    cluster: bool = False,
+    sentinel: SentinelAccess | None = None,
 ) -> str | None:
     """PING the server at ``url`` once: None when it answered, else the failure's class name.
 
@@ -26,6 +32,7 @@ def ping_error(
             socket_timeout_s=socket_timeout_s,
             socket_connect_timeout_s=socket_connect_timeout_s,
             cluster=cluster,
+            sentinel=sentinel,
         )
     except redis.RedisError as exc:  # a cluster client asks its node for the slots at once
         return type(exc).__name__
