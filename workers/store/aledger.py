@@ -39,6 +39,7 @@ from workers.store.keys import run_member as run_index_member
 from workers.store.ledger_args import finish_call
 from workers.store.lua import script_source
 from workers.store.records import CALL, CallField
+from workers.store.redis_refusals import store_error_of
 from workers.store.registration import RegisterStep, Registration
 from workers.store.rows import Row
 
@@ -49,11 +50,11 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def astore_errors() -> AsyncIterator[None]:
-    """Turn redis-py connection and protocol errors into ``StoreError``."""
+    """Turn redis-py connection and protocol errors into ``StoreError`` (refusals by cause)."""
     try:
         yield
     except redis.RedisError as exc:
-        raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+        raise store_error_of(exc) from exc
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, aredis.BlockingConnectionPool):

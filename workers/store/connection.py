@@ -19,17 +19,18 @@ from redis.sentinel import Sentinel
 
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url
 from workers.errors import StoreError
+from workers.store.redis_refusals import store_error_of
 
 __all__ = ["connect", "sentinel_client_kwargs", "sentinel_of", "store_errors"]
 
 
 @contextmanager
 def store_errors() -> Iterator[None]:
-    """Turn redis-py connection and protocol errors into ``StoreError``."""
+    """Turn redis-py connection and protocol errors into ``StoreError`` (refusals by cause)."""
     try:
         yield
     except redis.RedisError as exc:
-        raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+        raise store_error_of(exc) from exc
 
 
 def sentinel_of(url: str, sentinel: SentinelAccess | None) -> SentinelAccess | None:
