@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import redis
 
+from workers.core.durability_checks import RedisDurability
 from workers.core.sentinel_url import SentinelAccess
-from workers.store.connection import connect
+from workers.store.connection import connect, store_errors
 
-__all__ = ["PingProbe", "ping_error"]
+__all__ = ["PingProbe", "durability_of", "ping_error"]
 
 
 def ping_error(
@@ -43,6 +44,26 @@ def ping_error(
     finally:
         client.close()
     return None
+
+
+def durability_of(client: redis.Redis) -> RedisDurability:
+    """What the server's INFO says about its replicas, AOF and eviction policy.
+
+    Raises:
+        StoreError: when Redis does not answer.
+    """
+    with store_errors():
+        replication = client.info("replication")
+        persistence = client.info("persistence")
+        memory = client.info("memory")
+    replicas = replication.get("connected_slaves")
+    aof = persistence.get("aof_enabled")
+    policy = memory.get("maxmemory_policy")
+    return RedisDurability(
+        replicas=int(replicas) if replicas is not None else None,
+        aof=bool(int(aof)) if aof is not None else None,
+        eviction_policy=str(policy) if policy is not None else None,
+    )
 
 
 class PingProbe:
