@@ -484,11 +484,13 @@ class LeaseSettings(BaseModel):
 
     model_config = _FROZEN
 
+    # 4 s answers a dead host within 5 s (expiry plus the waiter's next look) and still
+    # outlasts a 2 s stall of the worker's main process, which renews every 0.5 s at most.
     ttl_s: PositiveFloat = Field(
-        10.0, description="seconds a running call's lease lasts unrenewed before its worker counts as lost"
+        4.0, description="seconds a running call's lease lasts unrenewed before its worker counts as lost"
     )
     renew_interval_s: PositiveFloat = Field(
-        2.0, description="how often workers renew their leases, seconds; at most half of ttl_s"
+        1.0, description="how often workers renew their leases, seconds; at most half of ttl_s"
     )
 
     @model_validator(mode="after")
