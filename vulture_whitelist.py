@@ -31,6 +31,7 @@ _._known
 _._no_branch_to_itself
 _._known_builtins
 _._renew_before_expiry
+_._sentinel_consistent
 _._split_tokens
 _._broker_off_the_cluster
 _.post_compaction_guard  # pydantic field of the loop block, read by alias (workers/core/loops/config.py)

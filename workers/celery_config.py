@@ -7,6 +7,7 @@ entry point (:mod:`workers.celery_app`, which installs the worker's bootsteps).
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from celery import Celery
@@ -14,6 +15,7 @@ from celery.app.amqp import AMQP
 from kombu import Consumer
 
 from beat_schedule import build_beat_schedule
+from workers.core.sentinel_url import is_sentinel_url
 from workers.message_signing import apply_signing, signing_config
 from workers.settings import Settings
 from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
@@ -157,8 +159,39 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                 "broker_transport_options": {"confirm_publish": True},
             }
         )
+    config.update(_sentinel_config(settings, config))
     config.update(signing_config(settings.broker.signing))
     return config
+
+
+def _sentinel_options(settings: Settings) -> dict[str, Any]:
+    """The Sentinel options of kombu and Celery: the primary's name and the Sentinels' own auth."""
+    options: dict[str, Any] = {"master_name": settings.redis.sentinel_master}
+    sentinel_kwargs: dict[str, Any] = {"socket_timeout": settings.redis.socket_timeout_s}
+    if settings.redis.sentinel_password.get_secret_value():
+        sentinel_kwargs["password"] = settings.redis.sentinel_password.get_secret_value()
+    if settings.redis.sentinel_tls:
+        sentinel_kwargs["ssl"] = True
+    options["sentinel_kwargs"] = sentinel_kwargs
+    return options
+
+
+def _sentinel_config(settings: Settings, config: dict[str, Any]) -> dict[str, Any]:
+    """The broker and result backend on a ``sentinel://`` list follow the primary it names."""
+    found: dict[str, Any] = {}
+    if is_sentinel_url(settings.broker_url):
+        transport = config["broker_transport_options"]
+        found["broker_transport_options"] = {**transport, **_sentinel_options(settings)}
+        if settings.redis.sentinel_tls:
+            found["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    if is_sentinel_url(str(config["result_backend"] or "")):
+        found["result_backend_transport_options"] = {
+            **config["result_backend_transport_options"],
+            **_sentinel_options(settings),
+        }
+        if settings.redis.sentinel_tls:
+            found["redis_backend_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return found
 
 
 def configured_app(settings: Settings, *, include: list[str], set_as_current: bool) -> Celery:

@@ -20,6 +20,9 @@ decisions read the typed ``retryable`` field, never the message text::
      │    ├── TranscriptRepairError  a transcript cannot be read or repaired
      │    └── ProviderFormatError    an unknown format, or a provider message not in its shape
      ├── StoreError                  Redis unreachable or returned something unexpected
+     │    └── RedisRefused           Redis answered but refused the command (``cause``, ``fix``)
+     │         └── NoReplicas, ReadOnlyRedis, RedisOutOfMemory, RedisLoading, ClusterDown,
+     │             PrimaryDown (each with its own ``retryable``)
      ├── WorkerConfigError           a worker was started in a way that cannot keep the promise
      └── StreamIdleTimeout           a model stream sent nothing for too long
 
@@ -38,6 +41,7 @@ __all__ = [
     "CallMismatch",
     "Cancelled",
     "CircuitOpen",
+    "ClusterDown",
     "CompactionLoopPersisted",
     "ConfigError",
     "Crashed",
@@ -47,8 +51,14 @@ __all__ = [
     "InvalidArguments",
     "LoopBlocked",
     "LoopDetected",
+    "NoReplicas",
     "OutOfMemory",
+    "PrimaryDown",
     "ProviderFormatError",
+    "ReadOnlyRedis",
+    "RedisLoading",
+    "RedisOutOfMemory",
+    "RedisRefused",
     "RunAborted",
     "StoreError",
     "StreamIdleTimeout",
@@ -285,6 +295,72 @@ class StoreError(UnstuckError):
     """Raised when Redis is unreachable or answers unexpectedly."""
 
     retryable = True
+
+
+class RedisRefused(StoreError):
+    """Redis refused a command for a reason of its own state: the error names it and the fix.
+
+    ``cause`` is Redis's error code (``READONLY``, ``OOM``, ...); ``retryable`` says whether the
+    same command may succeed later without an operator (a failover finishing, a load ending).
+    """
+
+    cause = ""
+    fix = ""
+
+    def __init__(self, reply: str) -> None:
+        self.reply = reply
+        super().__init__(f"redis refused the command ({self.cause}): {self.explanation}; fix: {self.fix}")
+
+    explanation = ""
+
+
+class NoReplicas(RedisRefused):
+    """``NOREPLICAS``: the primary has fewer good replicas than its ``min-replicas-to-write``."""
+
+    cause = "NOREPLICAS"
+    explanation = "the primary has fewer replicas in sync than its min-replicas-to-write"
+    fix = "bring a replica back (or lower min-replicas-to-write / raise min-replicas-max-lag)"
+
+
+class ReadOnlyRedis(RedisRefused):
+    """``READONLY``: the server is a replica (a demoted primary, or a URL naming a replica)."""
+
+    cause = "READONLY"
+    explanation = "this server is a read-only replica, not the primary"
+    fix = "point redis.url at the primary, or at the Sentinels (sentinel://...) so clients follow it"
+
+
+class RedisOutOfMemory(RedisRefused):
+    """``OOM``: maxmemory reached with ``noeviction``; nothing succeeds until memory frees."""
+
+    cause = "OOM"
+    retryable = False
+    explanation = "used memory is over maxmemory (policy noeviction)"
+    fix = "raise maxmemory or shorten ledger.ttl_s; never switch to an evicting policy"
+
+
+class RedisLoading(RedisRefused):
+    """``LOADING``: the server is loading its dataset after a restart."""
+
+    cause = "LOADING"
+    explanation = "the server is still loading its dataset into memory"
+    fix = "wait for the load to end; it is answered once it does"
+
+
+class ClusterDown(RedisRefused):
+    """``CLUSTERDOWN``: a Redis Cluster with slots not served (a primary lost, no failover yet)."""
+
+    cause = "CLUSTERDOWN"
+    explanation = "the cluster cannot serve every slot"
+    fix = "restore or fail over the cluster's missing primary (give every primary a replica)"
+
+
+class PrimaryDown(RedisRefused):
+    """``MASTERDOWN``: a replica lost its primary and is set not to serve stale data."""
+
+    cause = "MASTERDOWN"
+    explanation = "the replica reached has lost its link to the primary"
+    fix = "wait for the failover, and point redis.url at the Sentinels or the primary"
 
 
 class WorkerConfigError(UnstuckError):

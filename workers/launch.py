@@ -31,6 +31,7 @@ def preflight(settings: Settings) -> None:
         socket_timeout_s=settings.redis.socket_timeout_s,
         socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
         cluster=settings.redis.cluster,
+        sentinel=settings.redis.sentinel_access(),
     )
     if failure is not None:
         raise StoreError(

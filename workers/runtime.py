@@ -51,6 +51,7 @@ def open_ledger(settings: Settings) -> Ledger:
         socket_timeout_s=settings.redis.socket_timeout_s,
         socket_connect_timeout_s=settings.redis.socket_connect_timeout_s,
         cluster=settings.redis.cluster,
+        sentinel=settings.redis.sentinel_access(),
     )
     return Ledger(
         client,
@@ -64,12 +65,13 @@ def open_ledger(settings: Settings) -> Ledger:
 def open_async_ledger(settings: Settings) -> AsyncLedger:
     """The asyncio ledger for the running event loop (close it with ``await aclose()`` there)."""
     redis = settings.redis
+    sentinel = redis.sentinel_access()
     timeouts = {
         "socket_timeout_s": redis.socket_timeout_s,
         "socket_connect_timeout_s": redis.socket_connect_timeout_s,
     }
-    quick = aconnect(redis.url, **timeouts, max_connections=_ASYNC_CONNECTIONS)
-    blocking = aconnect(redis.url, **timeouts, max_connections=1)
+    quick = aconnect(redis.url, **timeouts, max_connections=_ASYNC_CONNECTIONS, sentinel=sentinel)
+    blocking = aconnect(redis.url, **timeouts, max_connections=1, sentinel=sentinel)
     # The listener's BLPOP must return before its socket times out.
     listen_s = min(1.0, redis.socket_timeout_s / 2)
     listener = DoneListener(

@@ -45,6 +45,7 @@ from workers.core.failure_policy import (
 )
 from workers.core.limits import RetryPolicy
 from workers.core.loops.config import agent_path, parse_loop_block, raised_thresholds
+from workers.core.sentinel_url import SentinelAccess, is_sentinel_url, parse_sentinel_url
 from workers.core.tool_policy import BUILTIN_TOOLS, ToolPolicy, ToolRules, unknown_groups
 from workers.errors import ConfigError
 
@@ -127,8 +128,22 @@ class RedisSettings(BaseModel):
 
     url: str = Field(
         "",
-        description="redis:// or rediss:// URL of the ledger; empty: `unstuck up` and `unstuck demo` "
-        "start an embedded redis-server, other commands refuse to start",
+        description="redis:// or rediss:// URL of the ledger, or Celery's Sentinel list "
+        "(sentinel://h1:26379;sentinel://h2:26379, with redis.sentinel_master); empty: `unstuck up` "
+        "and `unstuck demo` start an embedded redis-server, other commands refuse to start",
+    )
+    sentinel_master: str = Field(
+        "",
+        description="name of the primary the Sentinels of a sentinel:// redis.url watch "
+        "(their `sentinel monitor` name); required with sentinel://, refused without it",
+    )
+    sentinel_password: SecretStr = Field(
+        SecretStr(""),
+        description="password of the Sentinels themselves (requirepass in sentinel.conf); "
+        "the primary's password goes in the URL (sentinel://:password@h1:26379)",
+    )
+    sentinel_tls: bool = Field(
+        False, description="talk TLS to the Sentinels and to the primary they name (rediss:// for both)"
     )
     key_prefix: str = Field(
         "unstuck",
@@ -143,6 +158,41 @@ class RedisSettings(BaseModel):
     )
     socket_timeout_s: Seconds = Field(2.0, description="seconds one Redis command may take before it fails")
     socket_connect_timeout_s: Seconds = Field(1.0, description="seconds a connection to Redis may take")
+
+    @property
+    def sentinel(self) -> bool:
+        """Whether ``url`` lists Sentinels, so every client follows the primary they name."""
+        return is_sentinel_url(self.url)
+
+    def sentinel_access(self) -> SentinelAccess | None:
+        """How clients find the primary of a ``sentinel://`` url; None for any other url."""
+        if not self.sentinel:
+            return None
+        return SentinelAccess(
+            url=parse_sentinel_url(self.url),
+            master=self.sentinel_master,
+            sentinel_password=self.sentinel_password.get_secret_value() or None,
+            tls=self.sentinel_tls,
+        )
+
+    @model_validator(mode="after")
+    def _sentinel_consistent(self) -> RedisSettings:
+        if not self.sentinel:
+            if self.sentinel_master:
+                raise ValueError(
+                    "redis.sentinel_master is set but redis.url is not a sentinel:// list: "
+                    "write redis.url as sentinel://h1:26379;sentinel://h2:26379, or unset sentinel_master"
+                )
+            return self
+        parse_sentinel_url(self.url)  # a ValueError names the bad part
+        if not self.sentinel_master:
+            raise ValueError(
+                "a sentinel:// redis.url needs redis.sentinel_master (UNSTUCK_REDIS__SENTINEL_MASTER): "
+                "the name the Sentinels monitor the primary under"
+            )
+        if self.cluster:
+            raise ValueError("redis.cluster and a sentinel:// redis.url exclude each other: pick one")
+        return self
 
 
 class SigningSettings(BaseModel):
@@ -179,7 +229,11 @@ class BrokerSettings(BaseModel):
 
     model_config = _FROZEN
 
-    url: str = Field("", description="broker URL (redis://, rediss://, amqp://); empty means redis.url")
+    url: str = Field(
+        "",
+        description="broker URL (redis://, rediss://, sentinel:// with redis.sentinel_master, "
+        "amqp://); empty means redis.url",
+    )
     queue: str = Field("unstuck.tools", description="the tool queue: consumed by tool workers only")
     control_queue: str = Field(
         "unstuck.control", description="the watchdog's queue: consumed by `unstuck watchdog` only"
@@ -462,11 +516,13 @@ class LeaseSettings(BaseModel):
 
     model_config = _FROZEN
 
+    # 4 s answers a dead host within 5 s (expiry plus the waiter's next look) and still
+    # outlasts a 2 s stall of the worker's main process, which renews every 0.5 s at most.
     ttl_s: PositiveFloat = Field(
-        10.0, description="seconds a running call's lease lasts unrenewed before its worker counts as lost"
+        4.0, description="seconds a running call's lease lasts unrenewed before its worker counts as lost"
     )
     renew_interval_s: PositiveFloat = Field(
-        2.0, description="how often workers renew their leases, seconds; at most half of ttl_s"
+        1.0, description="how often workers renew their leases, seconds; at most half of ttl_s"
     )
 
     @model_validator(mode="after")
@@ -629,6 +685,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 "redis.cluster needs its own broker.url: Celery's Redis transport cannot use a cluster"
             )
+        if is_sentinel_url(self.broker.url):
+            parse_sentinel_url(self.broker.url)
+            if not self.redis.sentinel_master:
+                raise ValueError(
+                    "a sentinel:// broker.url needs redis.sentinel_master (UNSTUCK_REDIS__SENTINEL_MASTER)"
+                )
         return self
 
     @property

@@ -147,14 +147,17 @@ def test_config_check_names_each_missing_production_safeguard(
     # When checked
     assert main(["config", "check"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # Then the missing ACL user, TLS, signing and allowlist are each one warning
+    # Then the missing ACL user, TLS, signing and allowlist are each one warning, and the
+    # Redis that cannot be reached to read its replication and persistence one more
     assert [line.split(":")[1].strip() for line in lines[:-1]] == [
         "unstuck.redis.url",
         "unstuck.redis.url",
         "unstuck.broker.signing",
         "tools.builtins",
+        "unstuck.redis.url",
     ]
-    assert lines[-1] == "4 warning(s)"
+    assert "could not read the Redis's replication and persistence" in lines[-2]
+    assert lines[-1] == "5 warning(s)"
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ def _config_error(**overrides: Any) -> ConfigError:
         ("agents.defaults.run_timeout_s", 1800.0),
         ("agents.defaults.llm.idle_timeout_s", 90.0),
         ("agents.defaults.tools.timeout_s", 300.0),
-        ("lease.ttl_s", 10.0),
+        ("lease.ttl_s", 4.0),
         ("gateway.grace_s", 2.0),
         ("redis.key_prefix", "unstuck"),
         ("worker.pool", "prefork"),
@@ -115,7 +115,7 @@ def test_tool_modules_are_comma_separated(
 
 def test_unprefixed_environment_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEASE__TTL_S", "3")
-    assert load_settings().lease.ttl_s == 10.0
+    assert load_settings().lease.ttl_s == 4.0
 
 
 def test_invalid_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,7 +28,7 @@ from workers.core.config_checks import (
 )
 from workers.core.deployment_checks import check_deployment
 from workers.core.loops.config import resolve_loop_config
-from workers.errors import ConfigError
+from workers.errors import ConfigError, StoreError
 from workers.redact import redact_settings
 from workers.settings import Settings, check_loop_blocks, load_settings
 
@@ -177,9 +177,33 @@ def _failure_tool_warnings(settings: Settings) -> list[ConfigWarning]:
     )
 
 
+def redis_warnings(settings: Settings) -> list[ConfigWarning]:
+    """What the configured Redis itself lacks (replica, AOF, noeviction); nothing without a URL."""
+    from workers.core.durability_checks import check_durability
+    from workers.runtime import open_ledger
+    from workers.store.server import durability_of
+
+    if not settings.redis.url or settings.redis.cluster:
+        return []
+    try:
+        ledger = open_ledger(settings)
+        try:
+            found = durability_of(ledger.client)
+        finally:
+            ledger.close()
+    except StoreError as exc:
+        return [
+            ConfigWarning(
+                "unstuck.redis.url", f"could not read the Redis's replication and persistence: {exc}"
+            )
+        ]
+    return check_durability(found)
+
+
 def _check(args: argparse.Namespace) -> int:
     try:
-        warnings = collect_warnings(load_settings())
+        settings = load_settings()
+        warnings = collect_warnings(settings) + redis_warnings(settings)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return _EXIT_INVALID

@@ -81,6 +81,7 @@ class CallsDoor:
             socket_timeout_s=redis.socket_timeout_s,
             socket_connect_timeout_s=redis.socket_connect_timeout_s,
             cluster=redis.cluster,
+            sentinel=redis.sentinel_access(),
         )
 
     def close(self) -> None:

@@ -263,6 +263,7 @@ class ToolGateway(AsyncCalls):
         """
         self._task_events.close(timeout_s=1.0)
         self._pool.shutdown(wait=False)
+        self._persister.stop()
         self._rt.ledger.close()
 
     # -- loops and events ---------------------------------------------------------------------

@@ -26,6 +26,9 @@ __all__ = ["Persister"]
 
 log = logging.getLogger(__name__)
 
+# How long closing waits for a store attempt in flight (it ends within a socket timeout).
+_STOP_WAIT_S = 3.0
+
 
 @dataclass(frozen=True)
 class _Pending:
@@ -51,19 +54,25 @@ class Persister:
         self._now_ms = now_ms
         self._retry_s = retry_s
         self._keep_trying_ms = int(keep_trying_s * 1000)
-        self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._settled = threading.Condition()
         self._unsettled = 0
+        self._stopped = False
 
     def store_later(self, keys: RunKeys, result: ToolResult) -> None:
         """Queue ``result`` (already handed to the agent) for storing; never blocks."""
-        with self._settled:
-            self._unsettled += 1
-        self._queue.put(_Pending(keys, result, self._now_ms() + self._keep_trying_ms))
         with self._lock:
+            if self._stopped:
+                log.error(
+                    "not storing the delivered result of %s: the gateway is closed", result.tool_call_id
+                )
+                return
+            with self._settled:
+                self._unsettled += 1
+            self._queue.put(_Pending(keys, result, self._now_ms() + self._keep_trying_ms))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="unstuck-persister", daemon=True)
                 self._thread.start()
@@ -74,9 +83,23 @@ class Persister:
         with self._settled:
             return self._settled.wait_for(lambda: self._unsettled == 0, timeout_s)
 
+    def stop(self) -> None:
+        """Stop retrying before the ledger's client closes; what is still unstored is logged."""
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        if self._unsettled:
+            log.error("closing with %d delivered result(s) not stored: Redis refused them", self._unsettled)
+        self._queue.put(None)  # ends the thread's wait for work
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=_STOP_WAIT_S)
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
+            if item is None:
+                return
             try:
                 self._store(item)
             finally:
@@ -86,7 +109,7 @@ class Persister:
 
     def _store(self, item: _Pending) -> None:
         call_id = item.result.tool_call_id
-        while True:
+        while not self._stopped:
             try:
                 self._ledger.finish(item.keys, item.result, now_ms=self._now_ms(), writer=self._writer)
                 stored = self._ledger.results(item.keys, [call_id]).get(call_id)
@@ -97,6 +120,8 @@ class Persister:
                     return
                 self._wake.wait(self._retry_s)
                 self._wake.clear()
+        else:
+            return  # stopped: the client is closing, and a retry on it would fail outside StoreError
         if stored is not None and stored != item.result:
             log.error("the ledger holds another result for %s than the one delivered", call_id)
             self._ledger.publish_event(

@@ -38,11 +38,12 @@ _PERSISTENT = 2  # kombu's delivery_mode for a durable message (Celery's default
 def fast_publish_possible(settings: Settings) -> bool:
     """Whether messages may be pushed straight onto the broker's Redis list.
 
-    The broker must be the ledger's own Redis (one asyncio client for both), a single node,
-    and messages unsigned.
+    The broker must be the ledger's own Redis (one asyncio client for both), a single node
+    (or the primary of one Sentinel list), and messages unsigned.
     """
     url = settings.broker_url
-    same_redis = url == settings.redis.url and url.startswith(("redis://", "rediss://"))
+    # A sentinel:// list is one primary too: the asyncio client follows it as kombu does.
+    same_redis = url == settings.redis.url and url.startswith(("redis://", "rediss://", "sentinel://"))
     return same_redis and not settings.redis.cluster and not settings.broker.signing.enabled
 
 

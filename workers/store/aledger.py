@@ -21,13 +21,16 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import NoScriptError
 
 from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ToolResult
 from workers.core.reaper import OpenCall
+from workers.core.sentinel_url import SentinelAccess
 from workers.errors import StoreError
 from workers.store.call_views import OPEN_FIELDS, announce, event_entry, open_call, synthetic_event_fields
+from workers.store.connection import sentinel_client_kwargs, sentinel_of
 from workers.store.done_listener import DoneListener
 from workers.store.done_signals import results_of
 from workers.store.index_ttl import IndexTtl
@@ -36,6 +39,7 @@ from workers.store.keys import run_member as run_index_member
 from workers.store.ledger_args import finish_call
 from workers.store.lua import script_source
 from workers.store.records import CALL, CallField
+from workers.store.redis_refusals import store_error_of
 from workers.store.registration import RegisterStep, Registration
 from workers.store.rows import Row
 
@@ -46,15 +50,24 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def astore_errors() -> AsyncIterator[None]:
-    """Turn redis-py connection and protocol errors into ``StoreError``."""
+    """Turn redis-py connection and protocol errors into ``StoreError`` (refusals by cause)."""
     try:
         yield
     except redis.RedisError as exc:
-        raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+        raise store_error_of(exc) from exc
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, aredis.BlockingConnectionPool):
+    """Sentinel's pool (it follows the primary) that waits for a free connection, as below."""
 
 
 def aconnect(
-    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, max_connections: int
+    url: str,
+    *,
+    socket_timeout_s: float,
+    socket_connect_timeout_s: float,
+    max_connections: int,
+    sentinel: SentinelAccess | None = None,
 ) -> aredis.Redis:
     """An asyncio client for ``url`` with bounded timeouts (like :func:`~workers.store.connection.connect`).
 
@@ -64,6 +77,21 @@ def aconnect(
     """
     if not url:
         raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
+    followed = sentinel_of(url, sentinel)
+    if followed is not None:
+        to_sentinels, to_primary = sentinel_client_kwargs(
+            followed, socket_timeout_s=socket_timeout_s, socket_connect_timeout_s=socket_connect_timeout_s
+        )
+        nodes = list(followed.url.nodes)
+        sentinels = Sentinel(nodes, sentinel_kwargs=to_sentinels, **to_primary)  # type: ignore[no-untyped-call]
+        client: aredis.Redis = sentinels.master_for(
+            followed.master,
+            connection_pool_class=_BlockingSentinelPool,
+            max_connections=max_connections,
+            timeout=socket_timeout_s,
+            health_check_interval=5,
+        )
+        return client
     pool = aredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,

@@ -2,33 +2,74 @@
 
 Every store module raises ``StoreError`` (never a redis-py exception) through
 :func:`store_errors`; :func:`connect` bounds every socket wait so no store call can hang.
+On a ``sentinel://`` URL the client asks the Sentinels for the primary and asks again when it
+moves (redis-py's ``SentinelConnectionPool``): a connection error or a ``READONLY`` reply
+drops the pool's connections, and the next command goes to the primary the Sentinels name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import cast
+from typing import Any, cast
 
 import redis
 from redis.cluster import RedisCluster
+from redis.sentinel import Sentinel
 
+from workers.core.sentinel_url import SentinelAccess, is_sentinel_url
 from workers.errors import StoreError
+from workers.store.redis_refusals import store_error_of
 
-__all__ = ["connect", "store_errors"]
+__all__ = ["connect", "sentinel_client_kwargs", "sentinel_of", "store_errors"]
 
 
 @contextmanager
 def store_errors() -> Iterator[None]:
-    """Turn redis-py connection and protocol errors into ``StoreError``."""
+    """Turn redis-py connection and protocol errors into ``StoreError`` (refusals by cause)."""
     try:
         yield
     except redis.RedisError as exc:
-        raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+        raise store_error_of(exc) from exc
+
+
+def sentinel_of(url: str, sentinel: SentinelAccess | None) -> SentinelAccess | None:
+    """``sentinel`` for a ``sentinel://`` url (refused without it), None for any other url."""
+    if not is_sentinel_url(url):
+        return None
+    if sentinel is None:
+        raise StoreError(
+            "a sentinel:// Redis URL needs redis.sentinel_master (UNSTUCK_REDIS__SENTINEL_MASTER)"
+        )
+    return sentinel
+
+
+def sentinel_client_kwargs(
+    sentinel: SentinelAccess, *, socket_timeout_s: float, socket_connect_timeout_s: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keyword arguments of redis-py's ``Sentinel``: the Sentinels' own, then the primary's."""
+    timeouts = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_connect_timeout_s}
+    to_sentinels: dict[str, Any] = dict(timeouts)
+    if sentinel.sentinel_password:
+        to_sentinels["password"] = sentinel.sentinel_password
+    to_primary: dict[str, Any] = {**timeouts, "db": sentinel.url.db, "decode_responses": True}
+    if sentinel.url.password:
+        to_primary["password"] = sentinel.url.password
+    if sentinel.url.username:
+        to_primary["username"] = sentinel.url.username
+    if sentinel.tls:
+        to_sentinels["ssl"] = True
+        to_primary["ssl"] = True
+    return to_sentinels, to_primary
 
 
 def connect(
-    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, cluster: bool = False
+    url: str,
+    *,
+    socket_timeout_s: float,
+    socket_connect_timeout_s: float,
+    cluster: bool = False,
+    sentinel: SentinelAccess | None = None,
 ) -> redis.Redis:
     """A client for ``url`` with bounded timeouts, so no store call can hang a caller.
 
@@ -40,6 +81,15 @@ def connect(
     """
     if not url:
         raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
+    followed = sentinel_of(url, sentinel)
+    if followed is not None:
+        to_sentinels, to_primary = sentinel_client_kwargs(
+            followed, socket_timeout_s=socket_timeout_s, socket_connect_timeout_s=socket_connect_timeout_s
+        )
+        nodes = list(followed.url.nodes)
+        sentinels = Sentinel(nodes, sentinel_kwargs=to_sentinels, **to_primary)  # type: ignore[no-untyped-call]
+        primary: redis.Redis = sentinels.master_for(followed.master, health_check_interval=5)  # type: ignore[no-untyped-call]
+        return primary
     if cluster:
         client = RedisCluster.from_url(
             url,

@@ -41,6 +41,7 @@ from workers.store.done_signals import Signal
 from workers.store.keys import listener_poke_key
 from workers.store.ledger_args import done_expire_s
 from workers.store.records import CallField
+from workers.store.redis_refusals import store_error_of
 
 __all__ = ["DoneListener"]
 
@@ -134,7 +135,7 @@ class DoneListener:
                 pipe.expire(self._poke_key, _POKE_TTL_S)
                 await pipe.execute()
             except redis.RedisError as exc:
-                raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+                raise store_error_of(exc) from exc
 
     async def _listen(self) -> None:
         while self._anyone_unwoken():
@@ -153,7 +154,7 @@ class DoneListener:
                 if isinstance(popped, Exception):
                     raise popped
             except redis.RedisError as exc:
-                self._fail_all(StoreError(f"redis: {type(exc).__name__}: {exc}"))
+                self._fail_all(store_error_of(exc))
                 return
             finally:
                 self._listening = frozenset()

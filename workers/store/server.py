@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import redis
 
-from workers.store.connection import connect
+from workers.core.durability_checks import RedisDurability
+from workers.core.sentinel_url import SentinelAccess
+from workers.store.connection import connect, store_errors
 
-__all__ = ["PingProbe", "ping_error"]
+__all__ = ["PingProbe", "durability_of", "ping_error"]
 
 
 def ping_error(
-    url: str, *, socket_timeout_s: float, socket_connect_timeout_s: float, cluster: bool = False
+    url: str,
+    *,
+    socket_timeout_s: float,
+    socket_connect_timeout_s: float,
+    cluster: bool = False,
+    sentinel: SentinelAccess | None = None,
 ) -> str | None:
     """PING the server at ``url`` once: None when it answered, else the failure's class name.
 
@@ -26,6 +33,7 @@ def ping_error(
             socket_timeout_s=socket_timeout_s,
             socket_connect_timeout_s=socket_connect_timeout_s,
             cluster=cluster,
+            sentinel=sentinel,
         )
     except redis.RedisError as exc:  # a cluster client asks its node for the slots at once
         return type(exc).__name__
@@ -36,6 +44,26 @@ def ping_error(
     finally:
         client.close()
     return None
+
+
+def durability_of(client: redis.Redis) -> RedisDurability:
+    """What the server's INFO says about its replicas, AOF and eviction policy.
+
+    Raises:
+        StoreError: when Redis does not answer.
+    """
+    with store_errors():
+        replication = client.info("replication")
+        persistence = client.info("persistence")
+        memory = client.info("memory")
+    replicas = replication.get("connected_slaves")
+    aof = persistence.get("aof_enabled")
+    policy = memory.get("maxmemory_policy")
+    return RedisDurability(
+        replicas=int(replicas) if replicas is not None else None,
+        aof=bool(int(aof)) if aof is not None else None,
+        eviction_policy=str(policy) if policy is not None else None,
+    )
 
 
 class PingProbe:

@@ -1,0 +1,167 @@
+"""A Sentinel-managed Redis on loopback for tests: one primary, one replica, three Sentinels.
+
+Every port comes from ``free_port()`` and every process has its own directory, so topologies
+of parallel test processes never meet. Readiness and failover are awaited as conditions
+(what the Sentinels report), never as fixed sleeps. Short ``down-after-milliseconds`` and
+``failover-timeout`` make a promotion take about two seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import redis
+
+from tests.harness import wait_until
+from workers.local.embedded_redis import EmbeddedRedis, find_redis_server, free_port
+
+__all__ = ["LocalSentinels"]
+
+MASTER_NAME = "unstuck-primary"
+_DOWN_AFTER_MS = 1000
+_FAILOVER_TIMEOUT_MS = 3000
+
+
+def _client(port: int) -> redis.Redis:
+    return redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1, decode_responses=True)
+
+
+class _Sentinel:
+    """One ``redis-server --sentinel`` watching the primary, with its own writable config."""
+
+    def __init__(self, primary_port: int, master: str) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="unstuck-sentinel-")
+        self.config = Path(self.dir) / "sentinel.conf"
+        self.config.write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {self.dir}\n"
+            f"sentinel monitor {master} 127.0.0.1 {primary_port} 2\n"
+            f"sentinel down-after-milliseconds {master} {_DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {master} {_FAILOVER_TIMEOUT_MS}\n"
+            f"sentinel parallel-syncs {master} 1\n"
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [find_redis_server(), str(self.config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def ask(self, *command: str) -> object:
+        client = _client(self.port)
+        try:
+            return client.execute_command(*command)  # type: ignore[no-untyped-call]
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class LocalSentinels:
+    """A primary, a replica of it (``--replicaof``) and three Sentinels (quorum 2)."""
+
+    def __init__(self, master: str = MASTER_NAME) -> None:
+        self.master = master
+        self.primary = EmbeddedRedis()
+        self.replica = EmbeddedRedis(extra_args=("--replicaof", "127.0.0.1", str(self.primary.port)))
+        self.sentinels = [_Sentinel(self.primary.port, master) for _ in range(3)]
+
+    @property
+    def url(self) -> str:
+        """Celery's spelling of the Sentinel list (``redis.url``)."""
+        return ";".join(f"sentinel://127.0.0.1:{s.port}" for s in self.sentinels)
+
+    def start(self, timeout_s: float = 30.0) -> LocalSentinels:
+        """Start everything and wait until each Sentinel knows the replica and the other two."""
+        try:
+            self.primary.start()
+            self.replica.start()
+            wait_until(self._replica_online, timeout_s=timeout_s, interval_s=0.05, what="replica in sync")
+            for sentinel in self.sentinels:
+                sentinel.start()
+            wait_until(self._sentinels_agree, timeout_s=timeout_s, interval_s=0.1, what="sentinels agree")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _replica_online(self) -> bool:
+        client = _client(self.primary.port)
+        try:
+            info = client.info("replication")
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+        return int(info.get("connected_slaves", 0)) == 1 and info["slave0"]["state"] == "online"
+
+    def _sentinels_agree(self) -> bool:
+        for sentinel in self.sentinels:
+            try:
+                replicas = sentinel.ask("SENTINEL", "REPLICAS", self.master)
+                others = sentinel.ask("SENTINEL", "SENTINELS", self.master)
+            except redis.RedisError:
+                return False
+            if not isinstance(replicas, list) or not isinstance(others, list):
+                return False
+            if len(replicas) != 1 or len(others) != len(self.sentinels) - 1:
+                return False
+        return True
+
+    def primary_port(self) -> int | None:
+        """The port the Sentinels' majority names as the primary now."""
+        named: list[int] = []
+        for sentinel in self.sentinels:
+            with contextlib.suppress(redis.RedisError):
+                reply = sentinel.ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master)
+                if isinstance(reply, list) and len(reply) == 2:
+                    named.append(int(reply[1]))
+        for port in set(named):
+            if named.count(port) * 2 > len(self.sentinels):
+                return port
+        return None
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary, as a host dying under it."""
+        process = self.primary.process
+        assert process is not None
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=5)
+
+    def await_promotion(self, timeout_s: float = 30.0) -> None:
+        """Wait until the Sentinels name the replica and it answers as a primary."""
+
+        def promoted() -> bool:
+            if self.primary_port() != self.replica.port:
+                return False
+            client = _client(self.replica.port)
+            try:
+                return client.info("replication").get("role") == "master"
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+
+        wait_until(promoted, timeout_s=timeout_s, interval_s=0.05, what="the replica promoted")
+
+    def close(self) -> None:
+        """Stop every process and remove their directories."""
+        for sentinel in self.sentinels:
+            sentinel.close()
+        self.replica.close()
+        self.primary.close()
