@@ -14,7 +14,7 @@ decisions read the typed ``retryable`` field, never the message text::
      │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
      │             HeartbeatTimeout, WorkerLost, Crashed, ArgumentsInvalid, UnknownTool,
      │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
-     │             CircuitOpen, CallMismatch
+     │             CircuitOpen, CallMismatch, StillRunning
      ├── LoopDetected                the loop detector blocked a call or aborted a run
      │    └── CompactionLoopPersisted  a loop survived context compaction: the run is aborted
      ├── TranscriptError
@@ -55,6 +55,7 @@ __all__ = [
     "LoopDetected",
     "ProviderFormatError",
     "RunAborted",
+    "StillRunning",
     "StoreError",
     "StreamIdleTimeout",
     "TimeoutHard",
@@ -247,6 +248,12 @@ class CallMismatch(CallFailed):
     reason = "call_mismatch"
 
 
+class StillRunning(CallFailed):
+    """The MCP client would have given up first: answered while the tool runs on (result kept)."""
+
+    reason = "still_running"
+
+
 CALL_FAILURES: dict[str, type[CallFailed]] = {
     cls.reason: cls
     for cls in (
@@ -254,6 +261,7 @@ CALL_FAILURES: dict[str, type[CallFailed]] = {
         UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
         CircuitOpen,
         CallMismatch,
+        StillRunning,
     )
 }  # fmt: skip
 """The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""
