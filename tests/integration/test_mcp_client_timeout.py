@@ -191,10 +191,7 @@ def test_an_http_client_that_hangs_up_cancels_its_call(
         door.stop()
 
 
-@pytest.mark.timeout(60)
-def test_a_stdio_client_that_closes_stdin_cancels_its_call(
-    env: dict[str, str], worker: Proc, ledger: Ledger
-) -> None:
+def _stdio_door_with_a_call(env: dict[str, str], ledger: Ledger, call_id: str) -> subprocess.Popen[str]:
     server = subprocess.Popen(
         [UNSTUCK, "mcp", "--stdio"],
         stdin=subprocess.PIPE,
@@ -205,12 +202,22 @@ def test_a_stdio_client_that_closes_stdin_cancels_its_call(
     )
     assert server.stdin is not None
     assert server.stdout is not None
-    for message in (INITIALIZE, INITIALIZED, _call_message("c2")):
+    for message in (INITIALIZE, INITIALIZED, _call_message(call_id)):
         server.stdin.write(json.dumps(message) + "\n")
         server.stdin.flush()
         if message is INITIALIZE:
             assert json.loads(server.stdout.readline())["id"] == 0
-    wait_until(lambda: ledger.record(ledger.keys("hang-up", "r1"), "c2") is not None, timeout_s=10)
+    wait_until(lambda: ledger.record(ledger.keys("hang-up", "r1"), call_id) is not None, timeout_s=10)
+    return server
+
+
+@pytest.mark.timeout(60)
+def test_a_stdio_client_that_closes_stdin_cancels_its_call(
+    env: dict[str, str], worker: Proc, ledger: Ledger
+) -> None:
+    server = _stdio_door_with_a_call(env, ledger, "c2")
+    assert server.stdin is not None
+    assert server.stdout is not None
     server.stdin.close()
     assert server.wait(timeout=30) == 0
     server.stdout.close()
