@@ -8,6 +8,7 @@ answered ``still_running``, the tool runs on, and ``unstuck_result`` fetches its
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -222,3 +223,18 @@ def test_a_stdio_client_that_closes_stdin_cancels_its_call(
     assert server.wait(timeout=30) == 0
     server.stdout.close()
     assert _reason(ledger, "c2") == "cancelled"
+
+
+@pytest.mark.timeout(60)
+def test_a_stdio_door_signalled_to_stop_cancels_its_call(
+    env: dict[str, str], worker: Proc, ledger: Ledger
+) -> None:
+    # Given a stdio door with a call open, when its host stops it with SIGTERM
+    server = _stdio_door_with_a_call(env, ledger, "c3")
+    server.send_signal(signal.SIGTERM)
+    # Then the door answers the call cancelled before it exits
+    assert server.wait(timeout=30) == 0
+    for stream in (server.stdin, server.stdout):
+        assert stream is not None
+        stream.close()
+    assert _reason(ledger, "c3") == "cancelled"

@@ -313,8 +313,24 @@ def _results(transcript: list[dict[str, Any]]) -> dict[str, list[str]]:
                 if isinstance(content, list)
                 else str(content or "")
             )
-            results[message["tool_call_id"]].append(text)
+            results[message["tool_call_id"]].append(_unwrapped(text))
     return results
+
+
+def _unwrapped(text: str) -> str:
+    """The tool's own text of a result Tool Search wrapped (a notice around a JSON envelope)."""
+    if "<<<EXTERNAL_UNTRUSTED_CONTENT" not in text or "\n---\n" not in text:
+        return text
+    body = text.split("\n---\n", 1)[1].rsplit("\n<<<END_EXTERNAL_UNTRUSTED_CONTENT", 1)[0]
+    try:
+        envelope = json.loads(body)
+    except ValueError:
+        return text
+    result = envelope.get("result") if isinstance(envelope, dict) else None
+    if not isinstance(result, dict):
+        return text
+    blocks = result.get("content", [])
+    return "\n".join(str(block.get("text", "")) for block in blocks if isinstance(block, dict))
 
 
 def _calling_turns(transcript: list[dict[str, Any]], tool_search: bool) -> list[list[str]]:
@@ -331,8 +347,8 @@ PLAIN_OUTPUTS = {"hihi", "a", "b", "after", "slow done", "slept", "woke up", "ho
 
 
 def _holds(text: str, answer: str) -> bool:
-    """``answer`` is ``text``, or its own lines in it (Tool Search wraps results in a notice)."""
-    return bool(answer) and (text == answer or f"\n{answer}\n" in f"\n{text}\n")
+    """The model got exactly the ledger's answer (byte for byte, once unwrapped)."""
+    return bool(answer) and text == answer
 
 
 def _who(text: str, ledger: list[tuple[str, str, str]], server: str) -> str:

@@ -157,6 +157,7 @@ class McpDoor:
         self._limiter = anyio.CapacityLimiter(_MAX_WAITING)
         self.still_running = StillRunningCalls()
         self._in_flight: dict[tuple[str, str], anyio.CancelScope] = {}
+        self.open_calls = 0  # tools/call requests not yet answered
 
     @classmethod
     def from_settings(cls, settings: Settings, *, stdio_session: str | None = None) -> McpDoor:
@@ -201,6 +202,7 @@ class McpDoor:
         call = ToolCall(id=target.call_id, name=params.name[:256] or "?", arguments=params.arguments or {})
         started_ms = self._now_ms()
         result: ToolResult | None = None
+        self.open_calls += 1
         try:
             with self._cancellable(ctx):
                 result = await self._answer(ctx, target, call, meta)
@@ -209,6 +211,8 @@ class McpDoor:
                 await self._thread(self._answer_cancelled, target, call, started_ms)
                 await self._close(target)
             raise
+        finally:
+            self.open_calls -= 1
         if result is None:  # the client hung up: nobody to deliver to, answered cancelled
             result = await self._thread(self._cancelled_answer, target, call, started_ms)
         await self._close(target, result)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import uuid
 from typing import Final
@@ -134,14 +136,36 @@ async def serve_http(settings: Settings, *, host: str, port: int) -> None:
         await door.aclose()
 
 
+_SIGNAL_ANSWER_S: Final = 5.0  # how long a signalled stdio door waits for its cancel answers
+
+
+async def _exit_on_signal(door: McpDoor, scope: anyio.CancelScope) -> None:
+    """At SIGTERM or SIGHUP: answer the open calls ``cancelled``, end the runs, exit.
+
+    A host stopping its stdio servers signals them rather than closing stdin first. The
+    door then exits with ``os._exit``: the SDK's stdin reader sits in a thread that only a
+    closed stdin would end.
+    """
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+        async for _ in signals:
+            scope.cancel()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_SIGNAL_ANSWER_S):
+                while door.open_calls:  # noqa: ASYNC110 - a counter: calls end one by one
+                    await anyio.sleep(0.02)
+                await door.aclose()
+            sys.stderr.flush()
+            os._exit(0)
+
+
 async def serve_stdio(settings: Settings) -> None:
-    """Serve one client on stdin/stdout until it closes them; its calls share one session."""
+    """Serve one client on stdin/stdout until it closes them (or a SIGTERM); one session."""
     door = McpDoor.from_settings(settings, stdio_session=f"stdio-{uuid.uuid4().hex[:16]}")
     server = door.server()
     print("unstuck mcp: stdio", file=sys.stderr, flush=True)
     try:
         async with stdio_server() as (read, write), anyio.create_task_group() as tasks:
             tasks.start_soon(door.sweep_idle_runs)
+            tasks.start_soon(_exit_on_signal, door, tasks.cancel_scope)
             await server.run(read, write, server.create_initialization_options())
             tasks.cancel_scope.cancel()
     finally:
