@@ -37,13 +37,12 @@ def env(redis_url: str) -> dict[str, str]:
         redis_url,
         UNSTUCK_MCP__CLIENT_TIMEOUT_S=str(CLIENT_TIMEOUT_S),
         UNSTUCK_MCP__ANSWER_MARGIN_S=str(MARGIN_S),
-        UNSTUCK_MCP__PROGRESS_INTERVAL_S="0.5",
     )
 
 
 @pytest.fixture
 async def door(settings: Settings, worker: Proc) -> AsyncIterator[McpDoor]:
-    door = McpDoor.from_settings(settings, stdio_session="stdio-timeout-test")
+    door = McpDoor.from_settings(settings, stdio_session="stdio-timeout-test", progress_every_s=0.5)
     yield door
     await door.aclose()
 

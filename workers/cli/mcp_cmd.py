@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from workers.doors.auth import check_exposure
+from workers.doors.mcp_late_results import answer_within_s
 from workers.errors import ConfigError, StoreError
 from workers.launch import preflight
 from workers.settings import Settings, load_settings
@@ -84,6 +85,7 @@ def _ready_settings(args: argparse.Namespace) -> tuple[Settings, str]:
     host: str = args.host or settings.api.host
     if not args.stdio:
         check_exposure(host, settings.api.tokens, door="unstuck mcp")
+    answer_within_s(settings.mcp)
     preflight(settings)
     return settings, host
 

@@ -24,12 +24,15 @@ import mcp_types as types
 from workers.core.models import SyntheticReason, TextBlock, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.doors.mcp_sessions import CallTarget
+from workers.errors import ConfigError
+from workers.settings import McpSettings
 
 __all__ = [
     "MAX_REMEMBERED",
     "RESULT_TOOL",
     "StillRunningCall",
     "StillRunningCalls",
+    "answer_within_s",
     "fetched_result",
     "not_ready_result",
     "result_tool_entry",
@@ -49,6 +52,17 @@ _SCHEMA: Final = {
     "required": ["call_id"],
     "additionalProperties": False,
 }
+
+
+def answer_within_s(mcp: McpSettings) -> float:
+    """How long after a request arrives the door answers it at the latest.
+
+    Raises:
+        ConfigError: the margin does not leave the door any time before the client's timeout.
+    """
+    if mcp.answer_margin_s >= mcp.client_timeout_s:
+        raise ConfigError([("mcp.answer_margin_s", "must be less than mcp.client_timeout_s")])
+    return mcp.client_timeout_s - mcp.answer_margin_s
 
 
 @dataclass(frozen=True)

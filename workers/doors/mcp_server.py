@@ -8,7 +8,7 @@ whatever the tool does. Protocol features map onto the ledger:
   running ``mcp.answer_margin_s`` before it is answered ``still_running``, the tool runs on
   and its late result is fetched with ``unstuck_result`` (:mod:`workers.doors.mcp_late_results`);
 - the tool's heartbeats become ``notifications/progress`` when the request has a
-  ``progressToken``, and a silent call reports progress every ``mcp.progress_interval_s``
+  ``progressToken``, and a silent call reports progress every 10 s (:data:`PROGRESS_EVERY_S`)
   (``progress`` counts notifications, ``message`` is the tool's details or the time so far);
 - a cancelled request (``notifications/cancelled``, a closed response stream, stdin closed,
   the door shutting down) is answered ``cancelled`` in the ledger, first writer wins, and
@@ -45,6 +45,7 @@ from workers.doors.mcp_late_results import (
     RESULT_TOOL,
     StillRunningCall,
     StillRunningCalls,
+    answer_within_s,
     fetched_result,
     not_ready_result,
     result_tool_entry,
@@ -63,13 +64,21 @@ from workers.store.records import CALL, CallField
 from workers.store.rows import Row
 from workers.tools.registry import ToolSpec, registered_tools
 
-__all__ = ["MALFORMED_ARGUMENTS", "McpDoor", "accept_any_arguments", "to_mcp_result", "tool_entries"]
+__all__ = [
+    "MALFORMED_ARGUMENTS",
+    "PROGRESS_EVERY_S",
+    "McpDoor",
+    "accept_any_arguments",
+    "to_mcp_result",
+    "tool_entries",
+]
 
 log = logging.getLogger(__name__)
 
 MALFORMED_ARGUMENTS: Final = "unstuck/malformed_arguments"
 _MAX_WAITING: Final = 512  # calls waited on at once; more queue for a thread
 _PROGRESS_POLL_S: Final = 0.5
+PROGRESS_EVERY_S: Final = 10.0  # a silent call still reports progress this often
 _MAX_BEAT_INTERVAL_S: Final = 10.0
 _BETWEEN_CALLS: Final = "mcp client between calls"
 _INSTRUCTIONS: Final = (
@@ -146,6 +155,7 @@ class McpDoor:
         *,
         stdio_session: str | None = None,
         clock: Callable[[], float] = time.time,
+        progress_every_s: float = PROGRESS_EVERY_S,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
@@ -153,18 +163,26 @@ class McpDoor:
         self.runs = RunTracker(int(settings.api.mcp_run_idle_s * 1000))
         self._stdio_session = stdio_session
         self._clock = clock
+        self._progress_every_ms = int(progress_every_s * 1000)
         self._writer = f"{worker_id()}/mcp"
         self._limiter = anyio.CapacityLimiter(_MAX_WAITING)
         self.still_running = StillRunningCalls()
+        self._answer_within_s = answer_within_s(settings.mcp)
         self._in_flight: dict[tuple[str, str], anyio.CancelScope] = {}
         self.open_calls = 0  # tools/call requests not yet answered
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, stdio_session: str | None = None) -> McpDoor:
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        stdio_session: str | None = None,
+        progress_every_s: float = PROGRESS_EVERY_S,
+    ) -> McpDoor:
         """A door with its own gateway and ledger connection (tools load here)."""
         gateway, ledger = ToolGateway(settings), open_ledger(settings)
         gateway.watch_answers(ledger)  # a cancelled call's task is closed in Flower too
-        return cls(settings, gateway, ledger, stdio_session=stdio_session)
+        return cls(settings, gateway, ledger, stdio_session=stdio_session, progress_every_s=progress_every_s)
 
     def server(self) -> Server[Any]:
         """The MCP server: ``tools/list`` and ``tools/call``, nothing else."""
@@ -251,7 +269,7 @@ class McpDoor:
         async with anyio.create_task_group() as relays:
             if meta.get("progress_token") is not None:
                 relays.start_soon(self._relay_progress, ctx, target, started_ms)
-            with anyio.move_on_after(self.settings.mcp.answer_within_s) as before_the_client:
+            with anyio.move_on_after(self._answer_within_s) as before_the_client:
                 result = await self._thread(self._call_blocking, target, call)
             if before_the_client.cancelled_caught:
                 result = await self._thread(self._answer_still_running, target, call, started_ms)
@@ -282,7 +300,7 @@ class McpDoor:
             result = unknown_call_result(call, call_id)
         else:
             late = None
-            with anyio.move_on_after(self.settings.mcp.answer_within_s):
+            with anyio.move_on_after(self._answer_within_s):
                 late = await self._wait_late(waited)
             result = (
                 fetched_result(call, waited, late)
@@ -403,7 +421,7 @@ class McpDoor:
 
     async def _relay_progress(self, ctx: Context, target: CallTarget, started_ms: int) -> None:
         keys, seen_ms, count = self._keys(target), 0, 0
-        reported_ms, every_ms = started_ms, int(self.settings.mcp.progress_interval_s * 1000)
+        reported_ms, every_ms = started_ms, self._progress_every_ms
         while True:
             await anyio.sleep(_PROGRESS_POLL_S)
             beat = await self._thread(self._last_heartbeat, keys, target.call_id)
