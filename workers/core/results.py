@@ -53,6 +53,8 @@ _TEXTS: dict[SyntheticReason, str] = {
     "it was not run. Use another approach or try it later.",
     _R.CALL_MISMATCH: "The task message for tool '{tool}' did not match the call as it was registered "
     "(altered or forged in the queue){detail}; it did not run. Call the tool again if you still need it.",
+    _R.STILL_RUNNING: "Tool '{tool}' is still running{detail}. It was not stopped and its result is kept: "
+    "do not call it again.",
 }
 
 

@@ -4,11 +4,17 @@ Every ``tools/call`` becomes one :class:`~workers.core.models.ToolCall` run by
 :class:`~workers.gateway.client.ToolGateway`, so it is answered by its deadline plus the grace
 whatever the tool does. Protocol features map onto the ledger:
 
+- every call is answered before the client gives up (``mcp.client_timeout_s``): one still
+  running ``mcp.answer_margin_s`` before it is answered ``still_running``, the tool runs on
+  and its late result is fetched with ``unstuck_result`` (:mod:`workers.doors.mcp_late_results`);
 - the tool's heartbeats become ``notifications/progress`` when the request has a
-  ``progressToken`` (``progress`` counts heartbeats, ``message`` is the tool's details);
-- a cancelled request (``notifications/cancelled``, a closed response stream, the door
-  shutting down) is answered ``cancelled`` in the ledger, first writer wins, and the tool's
-  later result is kept there as late and never sent;
+  ``progressToken``, and a silent call reports progress every 10 s (:data:`PROGRESS_EVERY_S`)
+  (``progress`` counts notifications, ``message`` is the tool's details or the time so far);
+- a cancelled request (``notifications/cancelled``, a closed response stream, stdin closed,
+  the door shutting down) is answered ``cancelled`` in the ledger, first writer wins, and
+  the tool's later result is kept there as late and never sent. On Streamable HTTP the SDK
+  keeps serving a request whose client hung up (for resumption, which this door does not
+  offer), so :meth:`McpDoor.client_left` cancels it when the transport sees the hang-up;
 - arguments that fail the tool's schema, or are not even a JSON object, get an ``isError``
   result (``invalid_arguments``), never a protocol error.
 
@@ -17,10 +23,11 @@ Sessions and runs: see :mod:`workers.doors.mcp_sessions`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from importlib.metadata import version
 from typing import Any, Final, TypeVar, TypeVarTuple, Unpack
@@ -34,6 +41,18 @@ from mcp.server.context import CallNext, HandlerResult
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, rejected_result, synthetic_result
 from workers.core.run_health import RunStatus
+from workers.doors.mcp_late_results import (
+    RESULT_TOOL,
+    StillRunningCall,
+    StillRunningCalls,
+    answer_within_s,
+    fetched_result,
+    not_ready_result,
+    result_tool_entry,
+    still_running_result,
+    unknown_call_result,
+    wanted_call_id,
+)
 from workers.doors.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
 from workers.errors import InvalidArguments, LoopDetected, StoreError
 from workers.gateway.client import ToolGateway
@@ -45,13 +64,21 @@ from workers.store.records import CALL, CallField
 from workers.store.rows import Row
 from workers.tools.registry import ToolSpec, registered_tools
 
-__all__ = ["MALFORMED_ARGUMENTS", "McpDoor", "accept_any_arguments", "to_mcp_result", "tool_entries"]
+__all__ = [
+    "MALFORMED_ARGUMENTS",
+    "PROGRESS_EVERY_S",
+    "McpDoor",
+    "accept_any_arguments",
+    "to_mcp_result",
+    "tool_entries",
+]
 
 log = logging.getLogger(__name__)
 
 MALFORMED_ARGUMENTS: Final = "unstuck/malformed_arguments"
 _MAX_WAITING: Final = 512  # calls waited on at once; more queue for a thread
 _PROGRESS_POLL_S: Final = 0.5
+PROGRESS_EVERY_S: Final = 10.0  # a silent call still reports progress this often
 _MAX_BEAT_INTERVAL_S: Final = 10.0
 _BETWEEN_CALLS: Final = "mcp client between calls"
 _INSTRUCTIONS: Final = (
@@ -128,6 +155,7 @@ class McpDoor:
         *,
         stdio_session: str | None = None,
         clock: Callable[[], float] = time.time,
+        progress_every_s: float = PROGRESS_EVERY_S,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
@@ -135,15 +163,26 @@ class McpDoor:
         self.runs = RunTracker(int(settings.api.mcp_run_idle_s * 1000))
         self._stdio_session = stdio_session
         self._clock = clock
+        self._progress_every_ms = int(progress_every_s * 1000)
         self._writer = f"{worker_id()}/mcp"
         self._limiter = anyio.CapacityLimiter(_MAX_WAITING)
+        self.still_running = StillRunningCalls()
+        self._answer_within_s = answer_within_s(settings.mcp)
+        self._in_flight: dict[tuple[str, str], anyio.CancelScope] = {}
+        self.open_calls = 0  # tools/call requests not yet answered
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, stdio_session: str | None = None) -> McpDoor:
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        stdio_session: str | None = None,
+        progress_every_s: float = PROGRESS_EVERY_S,
+    ) -> McpDoor:
         """A door with its own gateway and ledger connection (tools load here)."""
         gateway, ledger = ToolGateway(settings), open_ledger(settings)
         gateway.watch_answers(ledger)  # a cancelled call's task is closed in Flower too
-        return cls(settings, gateway, ledger, stdio_session=stdio_session)
+        return cls(settings, gateway, ledger, stdio_session=stdio_session, progress_every_s=progress_every_s)
 
     def server(self) -> Server[Any]:
         """The MCP server: ``tools/list`` and ``tools/call``, nothing else."""
@@ -162,6 +201,8 @@ class McpDoor:
         return int(self._clock() * 1000)
 
     def _input_schema(self, name: str) -> dict[str, Any] | None:
+        if name == RESULT_TOOL:
+            return dict(result_tool_entry().input_schema)
         spec = registered_tools().get(name)
         return spec.arguments_model.model_json_schema() if spec is not None else None
 
@@ -169,22 +210,52 @@ class McpDoor:
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         meta = params.meta if params is not None else None
-        return types.ListToolsResult(tools=tool_entries(self.settings, agent_of(meta)))
+        return types.ListToolsResult(
+            tools=[*tool_entries(self.settings, agent_of(meta)), result_tool_entry()]
+        )
 
     async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         meta: Mapping[str, Any] = params.meta or {}
         target = await self._open(meta, ctx)
         call = ToolCall(id=target.call_id, name=params.name[:256] or "?", arguments=params.arguments or {})
         started_ms = self._now_ms()
+        result: ToolResult | None = None
+        self.open_calls += 1
         try:
-            result = await self._answer(ctx, target, call, meta)
+            with self._cancellable(ctx):
+                result = await self._answer(ctx, target, call, meta)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._thread(self._answer_cancelled, target, call, started_ms)
                 await self._close(target)
             raise
+        finally:
+            self.open_calls -= 1
+        if result is None:  # the client hung up: nobody to deliver to, answered cancelled
+            result = await self._thread(self._cancelled_answer, target, call, started_ms)
         await self._close(target, result)
         return to_mcp_result(result, target)
+
+    @contextlib.contextmanager
+    def _cancellable(self, ctx: Context) -> Iterator[anyio.CancelScope]:
+        """A scope :meth:`client_left` cancels when the request's HTTP client hangs up."""
+        session_id = _http_session_id(ctx)
+        key = (session_id, str(ctx.request_id)) if session_id and ctx.request_id is not None else None
+        with anyio.CancelScope() as scope:
+            if key is not None:
+                self._in_flight[key] = scope
+            try:
+                yield scope
+            finally:
+                if key is not None and self._in_flight.get(key) is scope:
+                    del self._in_flight[key]
+
+    def client_left(self, session_id: str, request_ids: Iterable[str]) -> None:
+        """The HTTP client of these requests hung up before their answers: cancel them."""
+        for request_id in request_ids:
+            scope = self._in_flight.pop((session_id, request_id), None)
+            if scope is not None:
+                scope.cancel()
 
     async def _answer(
         self, ctx: Context, target: CallTarget, call: ToolCall, meta: Mapping[str, Any]
@@ -192,12 +263,72 @@ class McpDoor:
         malformed = meta.get(MALFORMED_ARGUMENTS)
         if malformed is not None:
             return await self._thread(self._refuse_arguments, target, call, str(malformed))
+        if call.name == RESULT_TOOL:
+            return await self._fetch_late(target, call)
+        started_ms = self._now_ms()
         async with anyio.create_task_group() as relays:
             if meta.get("progress_token") is not None:
-                relays.start_soon(self._relay_progress, ctx, target)
-            result = await self._thread(self._call_blocking, target, call)
+                relays.start_soon(self._relay_progress, ctx, target, started_ms)
+            with anyio.move_on_after(self._answer_within_s) as before_the_client:
+                result = await self._thread(self._call_blocking, target, call)
+            if before_the_client.cancelled_caught:
+                result = await self._thread(self._answer_still_running, target, call, started_ms)
             relays.cancel_scope.cancel()
         return result
+
+    def _answer_still_running(self, target: CallTarget, call: ToolCall, started_ms: int) -> ToolResult:
+        """Answer ``still_running`` unless the call was answered first; the call's one result."""
+        keys, now = self._keys(target), self._now_ms()
+        try:
+            record = self.ledger.record(keys, call.id)
+            attempt = record.row.integer(CallField.ATTEMPT) if record is not None else 0
+            result = still_running_result(call, elapsed_ms=now - started_ms, attempt=attempt)
+            if self.ledger.finish(keys, result, now_ms=now, writer=self._writer):
+                self.still_running.add(StillRunningCall(target, call.name, started_ms))
+                return result
+            return self.ledger.results(keys, [call.id])[call.id]
+        except (StoreError, KeyError) as exc:
+            # The ledger cannot be read or written: the gateway's own wait answers by the deadline.
+            log.warning("still_running answer of %s not recorded: %s", call.id, exc)
+            return self._call_blocking(target, call)
+
+    async def _fetch_late(self, target: CallTarget, call: ToolCall) -> ToolResult:
+        """Answer an ``unstuck_result`` call: the late result, waited for up to the client's patience."""
+        call_id = wanted_call_id(call.arguments)
+        waited = self.still_running.get(call_id) if call_id is not None else None
+        if waited is None:
+            result = unknown_call_result(call, call_id)
+        else:
+            late = None
+            with anyio.move_on_after(self._answer_within_s):
+                late = await self._wait_late(waited)
+            result = (
+                fetched_result(call, waited, late)
+                if late is not None
+                else not_ready_result(call, waited, now_ms=self._now_ms())
+            )
+        await self._thread(self._record, target, result)
+        return result
+
+    async def _wait_late(self, waited: StillRunningCall) -> ToolResult:
+        while True:
+            late = await self._thread(self._late_result, waited)
+            if late is not None:
+                return late
+            await anyio.sleep(_PROGRESS_POLL_S)
+
+    def _late_result(self, waited: StillRunningCall) -> ToolResult | None:
+        try:
+            late = self.ledger.late_results(self._keys(waited.target), waited.target.call_id)
+        except StoreError:
+            return None
+        return late[0] if late else None
+
+    def _record(self, target: CallTarget, result: ToolResult) -> None:
+        try:
+            self.ledger.finish(self._keys(target), result, now_ms=self._now_ms(), writer=self._writer)
+        except StoreError as exc:
+            log.warning("answer of %s not recorded: %s", result.tool_call_id, exc)
 
     async def _thread(self, func: Callable[[Unpack[Args]], T], *args: *Args) -> T:
         # Abandoned on cancel: the thread finishes on its own once the ledger has the answer.
@@ -252,6 +383,17 @@ class McpDoor:
             log.warning("refusal of %s not recorded: %s", call.id, exc)
         return result
 
+    def _cancelled_answer(self, target: CallTarget, call: ToolCall, started_ms: int) -> ToolResult:
+        """Answer the call ``cancelled`` (first writer wins) and return its one result."""
+        self._answer_cancelled(target, call, started_ms)
+        try:
+            answered = self.ledger.results(self._keys(target), [call.id]).get(call.id)
+        except StoreError:
+            answered = None
+        elapsed_ms = self._now_ms() - started_ms
+        cancelled = synthetic_result(call, SyntheticReason.CANCELLED, elapsed_ms=elapsed_ms, attempt=0)
+        return answered or cancelled
+
     def _answer_cancelled(self, target: CallTarget, call: ToolCall, started_ms: int) -> bool:
         """Answer the call ``cancelled`` unless something answered it first; True when this won."""
         keys, now = self._keys(target), self._now_ms()
@@ -277,14 +419,22 @@ class McpDoor:
             log.warning("cancel of %s not recorded (answered at its deadline instead): %s", call.id, exc)
             return False
 
-    async def _relay_progress(self, ctx: Context, target: CallTarget) -> None:
+    async def _relay_progress(self, ctx: Context, target: CallTarget, started_ms: int) -> None:
         keys, seen_ms, count = self._keys(target), 0, 0
+        reported_ms, every_ms = started_ms, self._progress_every_ms
         while True:
             await anyio.sleep(_PROGRESS_POLL_S)
             beat = await self._thread(self._last_heartbeat, keys, target.call_id)
+            now = self._now_ms()
+            running_for = f"running for {(now - started_ms) / 1000:.0f}s"
             if beat is not None and beat[0] > seen_ms:
-                seen_ms, count = beat[0], count + 1
-                await ctx.session.report_progress(count, None, beat[1])
+                seen_ms, message = beat[0], beat[1] or running_for
+            elif now - reported_ms >= every_ms:
+                message = running_for
+            else:
+                continue
+            count, reported_ms = count + 1, now
+            await ctx.session.report_progress(count, None, message)
 
     def _last_heartbeat(self, keys: RunKeys, call_id: str) -> tuple[int, str] | None:
         try:
