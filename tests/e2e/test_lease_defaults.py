@@ -23,7 +23,9 @@ from workers import ToolCall, ToolGateway, ToolResult
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 
-pytestmark = [pytest.mark.slow]
+# Serial: one test keeps every core busy, which would slow every test beside it, and the
+# others measure a worker_lost bound of the shipped lease.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 HOST_DEATH_BOUND_S = 5.0
 STALL_S = 2.0

@@ -43,6 +43,7 @@ def served() -> Iterator[str]:
         server.close()
 
 
+@pytest.mark.serial  # a hung tool's hard kill races its deadline by the 3 s queue allowance
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_a_node_agent_loop_gets_every_answer_in_every_format(served: str) -> None:
     # When the Node agent loop runs one turn per format, all at once

@@ -57,6 +57,7 @@ def _runs(runs_file: Path) -> list[str]:
     return runs_file.read_text().splitlines() if runs_file.exists() else []
 
 
+@pytest.mark.serial  # the republish after one lease must beat a 9 s deadline
 @pytest.mark.timeout(60)
 def test_a_message_lost_before_its_claim_is_published_again_and_runs(
     gateway: ToolGateway, settings: Settings, broker: redis.Redis, env: dict[str, str], worker_on: WorkerOn,
@@ -119,6 +120,7 @@ def test_a_call_queued_behind_a_busy_worker_runs_once_however_many_copies(
     assert _runs(runs_file) == ["queued"]
 
 
+@pytest.mark.serial  # the republish after one lease must beat a 9 s deadline
 @pytest.mark.timeout(60)
 async def test_the_async_gateway_publishes_a_lost_message_again_too(
     agateway: ToolGateway, settings: Settings, broker: redis.Redis, env: dict[str, str], worker_on: WorkerOn
