@@ -53,7 +53,9 @@ CLUSTER_SUITES := tests/integration/test_backbone.py tests/integration/loops \
 # marked `serial` then run alone; pytest's exit 5 (nothing selected) counts as success there.
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
-PYTEST_SERIAL = $(BIN)/pytest -q -m serial $(1) || [ $$? -eq 5 ]
+# Only the files that hold serial tests are collected again for the serial run.
+SERIAL_FILES = $(shell grep -rlE '^(pytestmark = .*|@pytest)\.?.*mark\.serial' $(1) 2>/dev/null)
+PYTEST_SERIAL = $(if $(call SERIAL_FILES,$(1)),$(BIN)/pytest -q -m serial $(call SERIAL_FILES,$(1)) || [ $$? -eq 5 ],echo "no serial tests in $(1)")
 
 test: $(STAMP)
 	$(PYTEST_PARALLEL) -m "not serial" --durations=25 tests

@@ -36,7 +36,9 @@ pytestmark = [pytest.mark.slow]
 
 INTERVAL_S = 1.0
 RUN_BUDGET_S = 5.0
-HUNG_FOR_S = 120.0  # the issue's figure: every pool slot held for two minutes
+# How long every pool slot stays hung: 30 s (30 sweeps) in make test; UNSTUCK_HUNG_FOR_S=120 holds
+# them for the two minutes an operator's worst case is usually quoted at.
+HUNG_FOR_S = float(os.environ.get("UNSTUCK_HUNG_FOR_S", "30"))
 
 # An agent process: one run, one long call; it blocks in call_tools until it is killed.
 AGENT = """
