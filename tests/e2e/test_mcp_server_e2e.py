@@ -371,8 +371,10 @@ def test_typescript_sdk_over_streamable_http(door: Door) -> None:
 
 
 def test_node_modules_stay_out_of_git() -> None:
+    # The trailing slash names a directory: without it, git matches the `node_modules/` pattern
+    # only once `npm ci` has made the directory, so the answer depended on which test ran first.
     ignored = subprocess.run(
-        ["git", "check-ignore", "-q", str(TS_DIR / "node_modules")], cwd=TS_DIR, check=False
+        ["git", "check-ignore", "-q", f"{TS_DIR / 'node_modules'}/"], cwd=TS_DIR, check=False
     ).returncode
     assert ignored == 0, "add node_modules/ to .gitignore"
     assert (TS_DIR / "package-lock.json").is_file()
