@@ -35,6 +35,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The inner loop: lint, typecheck, unit and architecture tests, in parallel. mypy's incremental
+# cache (.mypy_cache) re-checks only the modules changed since the last run and their dependents.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/vulture
+	$(BIN)/mypy
+	$(PYTEST_PARALLEL) tests/unit tests/test_architecture.py tests/test_public_api.py tests/test_parallel_groups.py
+
 # The manual (docs/, mkdocs-material): any warning, a broken link or anchor included, fails.
 # NO_MKDOCS_2_WARNING silences Material's end-of-life banner, which is not about these pages.
 docs: $(STAMP)
