@@ -35,7 +35,7 @@ import pytest
 from tests.harness import REPO, UNSTUCK, Proc, base_env, start_worker, store_client, wait_until
 from tests.openclaw.mock_model import LAST_CALL_ID, MockModel, Step
 from workers.core.models import ToolResult
-from workers.local.embedded_redis import EmbeddedRedis
+from workers.local.embedded_redis import EmbeddedRedis, free_port
 
 OPENCLAW = os.environ.get("UNSTUCK_OPENCLAW_BIN", "")
 pytestmark = pytest.mark.skipif(not OPENCLAW, reason="make test-openclaw installs OpenClaw and sets its path")
@@ -91,13 +91,6 @@ class Figure:
 FIGURES: list[Figure] = []
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class Backbone:
     """The private Redis, a tool worker and unstuck's HTTP door (8 s client timeout)."""
@@ -114,7 +107,7 @@ def _door_env(env: dict[str, str], client_timeout_s: float | None) -> dict[str, 
 
 
 def _start_door(env: dict[str, str], name: str) -> tuple[Proc, str]:
-    port = _free_port()
+    port = free_port()
     door = Proc([UNSTUCK, "mcp", "--port", str(port)], env, name)
     door.wait_for_log("Streamable HTTP on", timeout_s=60)
     return door, f"http://127.0.0.1:{port}/mcp"
@@ -425,7 +418,7 @@ def _run(
     hogs_before = len(_hog_answers(backbone.redis_url))
     model = MockModel(plan=[step for _, step in scenarios]).start()
     home = Path(tempfile.mkdtemp(prefix="unstuck-openclaw-"))
-    plain_port = _free_port()
+    plain_port = free_port()
     plain_proc: subprocess.Popen[bytes] | None = None
     marker = backbone.redis_url if server == "unstuck" else str(home)
     kill_when: Callable[[], bool] = functools.partial(_hog_running, backbone.redis_url)
