@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from functools import cache
 
-from workers.celery_app import control_app as app
+from workers.celery_edge.app import control_app as app
+from workers.celery_edge.names import HOUSEKEEPING_TASK, SWEEP_TASK
+from workers.celery_edge.task_events import TaskEvents
 from workers.core.run_health import watchdog_late
 from workers.runtime import now_ms, runtime, worker_id
 from workers.store.sessions import SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness
-from workers.task_events import TaskEvents
-from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
 from workers.watchdog.alerts import AlertSink
 from workers.watchdog.sweep import Watchdog, clean_stale_lanes
 
