@@ -1,8 +1,9 @@
 """The Celery edge: every place unstuck subclasses, hooks or imitates Celery or kombu internals.
 
-Nothing else in ``workers`` reaches past Celery's public API (``Celery``, ``send_task``,
-``control``, signals). What each module relies on, and the test that fails when a Celery or
-kombu release changes it (all under ``tests/``):
+Elsewhere ``workers`` uses only Celery's public API (the app, ``send_task``, ``control.revoke``,
+``events.default_dispatcher().send``, ``setup_security``) and catches billiard's
+``SoftTimeLimitExceeded`` around a tool (:mod:`workers.worker.calls`). What each module here
+relies on, and the test that fails when a Celery or kombu release changes it (under ``tests/``):
 
 ``app.py``: the app of each role (``celery -A workers.celery_edge.app``, ``...app:control_app``)
     - ``conf.worker_consumer`` names the consumer class; ``app.steps["worker"|"consumer"].add``
