@@ -6,7 +6,7 @@ from workers.core.loops import Detector, LoopVerdict
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
 from workers.gateway.call_path import CallPath, InFlight, Stage
-from workers.gateway.waiting import Abort, Batch, Outstanding, Waiter
+from workers.gateway.waiter import Abort, Batch, Waiter
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.runs import RunAbort
@@ -65,13 +65,13 @@ def test_a_recorded_abort_wins_over_one_decided_in_the_batch() -> None:
     assert found.record == RunAbort("ping_pong", 6, "again")
 
 
-def test_the_waiters_view_leaves_the_batch_alone() -> None:
+def test_the_waiter_leaves_the_batch_alone() -> None:
     batch = _batch()
-    batch.deadlines.update({"c1": 1, "c2": 2})
-    out = Outstanding(batch)
-    out.learn({"c1": batch_result("c1")})
-    assert out.waiting == ["c2"]
-    assert batch.waiting == ["c1", "c2"]  # the gateway applies what the waiter returns
+    batch.deadlines.update({"c1": 60_000, "c2": 60_000})
+    batch.answers["c1"] = batch_result("c1")
+    answers = _waiter(_ReadsLedger()).wait(batch)
+    assert set(answers) == {"c2"}
+    assert batch.waiting == ["c2"]  # the gateway applies what the waiter returns
 
 
 def batch_result(call_id: str) -> ToolResult:
@@ -96,9 +96,8 @@ class _ReadsLedger:
         }
 
 
-def _reads_before_blocking(call_ids: list[str], registered_last: str | None) -> list[list[str]]:
-    ledger = _ReadsLedger()
-    waiter = Waiter(
+def _waiter(ledger: _ReadsLedger) -> Waiter:
+    return Waiter(
         ledger,  # type: ignore[arg-type]  # a stand-in with the two methods wait() uses here
         Settings(),
         "gw",
@@ -106,6 +105,11 @@ def _reads_before_blocking(call_ids: list[str], registered_last: str | None) -> 
         sleep=lambda _: None,
         redispatch=lambda keys, call_id: None,
     )
+
+
+def _reads_before_blocking(call_ids: list[str], registered_last: str | None) -> list[list[str]]:
+    ledger = _ReadsLedger()
+    waiter = _waiter(ledger)
     batch = _batch()
     for call_id in call_ids:
         batch.deadlines[call_id] = 60_000

@@ -20,13 +20,12 @@ from celery import Celery
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer
 from workers.gateway.async_submit import AsyncSubmitter
-from workers.gateway.awaiting import AsyncWaiter
 from workers.gateway.call_path import CallPath
 from workers.gateway.cancelling import Canceller
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.persister import Persister
 from workers.gateway.provider_turns import aanswer_message
-from workers.gateway.waiting import Batch
+from workers.gateway.waiter import AsyncWaiter, Batch
 from workers.runtime import Runtime, open_async_ledger
 from workers.settings import Settings
 from workers.store.keys import RunKeys

@@ -24,7 +24,7 @@ from workers.core.models import ToolCall
 from workers.errors import StoreError
 from workers.gateway.call_path import CallPath, InFlight
 from workers.gateway.dispatching import Dispatcher, task_id
-from workers.gateway.waiting import Batch
+from workers.gateway.waiter import Batch
 from workers.store.aledger import AsyncLedger
 from workers.store.keys import RunKeys
 

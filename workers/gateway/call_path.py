@@ -24,7 +24,7 @@ from workers.gateway.breaker_gate import BreakerGate
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.loop_abort import abort_run
 from workers.gateway.loop_gate import LoopGate
-from workers.gateway.waiting import Abort, Batch
+from workers.gateway.waiter import Abort, Batch
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger

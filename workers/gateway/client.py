@@ -30,7 +30,7 @@ from workers.gateway.ledger_repair import repair_with_ledger
 from workers.gateway.loop_gate import LoopGate
 from workers.gateway.persister import Persister
 from workers.gateway.provider_turns import answer_message
-from workers.gateway.waiting import Batch, Waiter
+from workers.gateway.waiter import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys

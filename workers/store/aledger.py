@@ -26,8 +26,9 @@ from redis.exceptions import NoScriptError
 
 from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ToolResult
-from workers.core.reaper import OpenCall
+from workers.core.reaper import ActionKind, OpenCall
 from workers.core.sentinel_url import SentinelAccess
+from workers.core.waiting import Reap
 from workers.errors import StoreError
 from workers.store.call_views import OPEN_FIELDS, announce, event_entry, open_call, synthetic_event_fields
 from workers.store.connection import sentinel_client_kwargs, sentinel_of
@@ -292,6 +293,20 @@ class AsyncLedger:
         async with astore_errors():
             script_keys = [keys.call(call_id), keys.lease(call_id)]
             return bool(await self._script(self._republish, script_keys, [expected, now_ms]))
+
+    async def reap(self, keys: RunKeys, reaps: Sequence[Reap], *, now_ms: int, writer: str) -> list[str]:
+        """``Ledger.reap``, awaited: the ids of calls taken back for another worker."""
+        resend = []
+        for reap in reaps:
+            call = reap.call
+            if reap.answer is not None:
+                await self.finish(keys, reap.answer, now_ms=now_ms, writer=writer)
+            elif reap.kind is ActionKind.REQUEUE:
+                if await self.requeue(keys, call.call_id, expected_attempt=call.attempt, now_ms=now_ms):
+                    resend.append(call.call_id)
+            elif await self.count_republish(keys, call.call_id, expected=call.republishes, now_ms=now_ms):
+                resend.append(call.call_id)
+        return resend
 
     async def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""

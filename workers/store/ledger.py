@@ -19,7 +19,8 @@ from redis.exceptions import NoScriptError
 
 from workers.core.failure_policy import FallbackRule, apply_fallback
 from workers.core.models import CallState, ClaimStatus, ToolResult
-from workers.core.reaper import OpenCall, past_first_look
+from workers.core.reaper import ActionKind, OpenCall, past_first_look
+from workers.core.waiting import Reap
 from workers.store.answer_wait import wait_for_results
 from workers.store.call_views import (
     OPEN_FIELDS,
@@ -286,6 +287,26 @@ class Ledger:
         with store_errors():
             script_keys = [keys.call(call_id), keys.lease(call_id)]
             return bool(self._republish(keys=script_keys, args=[expected, now_ms]))
+
+    def reap(
+        self, keys: RunKeys, reaps: Sequence[Reap], *, now_ms: int, writer: str
+    ) -> tuple[int, list[str]]:
+        """Apply the reaper's decisions on calls of one run (:func:`workers.core.waiting.reaps`).
+
+        Returns how many calls were answered here and the ids of those taken back for another
+        worker, whose task the caller sends again.
+        """
+        answered, resend = 0, []
+        for reap in reaps:
+            call = reap.call
+            if reap.answer is not None:
+                answered += self.finish(keys, reap.answer, now_ms=now_ms, writer=writer)
+            elif reap.kind is ActionKind.REQUEUE:
+                if self.requeue(keys, call.call_id, expected_attempt=call.attempt, now_ms=now_ms):
+                    resend.append(call.call_id)
+            elif self.count_republish(keys, call.call_id, expected=call.republishes, now_ms=now_ms):
+                resend.append(call.call_id)
+        return answered, resend
 
     def heartbeat(self, keys: RunKeys, call_id: str, *, now_ms: int, details: Any) -> None:
         """Record a tool's progress report (and so the run's progress)."""
