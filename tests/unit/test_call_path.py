@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from workers.core.failure_policy import FallbackRule
 from workers.core.loops import Detector, LoopVerdict
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
@@ -83,6 +84,7 @@ class _ReadsLedger:
 
     def __init__(self) -> None:
         self.reads: list[list[str]] = []
+        self.fallbacks: dict[str, FallbackRule] = {}
 
     def results(self, keys: RunKeys, call_ids: list[str]) -> dict[str, ToolResult]:
         self.reads.append(list(call_ids))
@@ -98,7 +100,7 @@ class _ReadsLedger:
 
 def _waiter(ledger: _ReadsLedger) -> Waiter:
     return Waiter(
-        ledger,  # type: ignore[arg-type]  # a stand-in with the two methods wait() uses here
+        ledger,  # type: ignore[arg-type]  # a stand-in with what wait() uses here
         Settings(),
         "gw",
         now_ms=lambda: 1_000,

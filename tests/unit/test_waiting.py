@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from workers.core.failure_policy import FallbackRule, delivered
 from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
-from workers.core.reaper import ActionKind, OpenCall
 from workers.core.results import deadline_result, success_result
 from workers.core.waiting import (
+    ActionKind,
     AnswerLocally,
     Block,
     Check,
     Finish,
+    OpenCall,
     Read,
     Reap,
     ReapRules,
@@ -110,6 +112,17 @@ def test_the_prepared_answer_wins_over_the_deadline_result_when_answering_locall
     machine = _machine({"c1": T0}, prepared={"c1": _ok("c1")})
     assert machine.step(T0 + MARGIN_MS) == Store([_ok("c1")])
     assert machine.step(T0 + MARGIN_MS) == AnswerLocally([_ok("c1")])
+
+
+def test_what_is_answered_locally_is_what_the_ledger_would_store_with_the_tools_fallback() -> None:
+    fallbacks = {"echo": FallbackRule({"status": "unknown"})}
+    machine = _machine({"c1": T0}, tools={"c1": "echo"}, submitted={"c1": T0 - 4_000}, fallbacks=fallbacks)
+    raw = deadline_result(ToolCall(id="c1", name="echo"), submitted_ms=T0 - 4_000, deadline_ms=T0)
+    step = machine.step(T0 + MARGIN_MS)
+    assert step == AnswerLocally([delivered(raw, fallbacks)])
+    assert isinstance(step, AnswerLocally)
+    assert not step.results[0].is_error
+    assert step.results[0].reason == SyntheticReason.DEADLINE_EXCEEDED.value
 
 
 def test_the_pause_after_a_store_error_ends_at_the_soonest_deadline_plus_margin() -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workers.core.failure_policy import delivered
 from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
@@ -210,19 +211,20 @@ class CallPath:
         # Stored by the waiter as soon as Redis answers (then the ledger's answer is
         # delivered), else handed over once the grace margin passes and stored later.
         batch.deadlines[call.id] = now_ms
-        batch.fallbacks[call.id] = synthetic_result(
+        result = synthetic_result(
             call,
             SyntheticReason.DISPATCH_FAILED,
             elapsed_ms=0,
             attempt=0,
             detail=" (result store unreachable)",
         )
+        batch.fallbacks[call.id] = delivered(result, self._ledger.fallbacks)
 
     # -- answering and the run ---------------------------------------------------------------
 
     def answer_now(self, batch: Batch, call: ToolCall, result: ToolResult) -> None:
         """Record a stage's answer once; the stored one wins for a resubmitted call id."""
-        result = self._ledger.with_fallback(result)  # what the ledger stores (circuit_open)
+        result = delivered(result, self._ledger.fallbacks)  # what the ledger stores (circuit_open)
         batch.tools[call.id] = call.name
         batch.deadlines[call.id] = self._now_ms()
         try:

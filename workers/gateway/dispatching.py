@@ -242,7 +242,7 @@ class Dispatcher:
         )
 
     def dispatch_failed(self, job: CallJob, exc: Exception) -> ToolResult:
-        """The answer to a call whose message the broker did not take (tools.fallbacks applied)."""
+        """The answer to a call whose message the broker did not take (the ledger delivers it)."""
         log.warning("dispatch of %s failed: %s", job.call.id, exc)
         result = synthetic_result(
             job.call,
@@ -251,12 +251,12 @@ class Dispatcher:
             attempt=0,
             detail=f" ({type(exc).__name__})",
         )
-        return self._ledger.with_fallback(result)
+        return result
 
     def dispatch(
         self, keys: RunKeys, job: CallJob, *, attempt: int, loop_warning: dict[str, Any] | None = None
     ) -> ToolResult | None:
-        """Publish the call; on failure store ``dispatch_failed`` and return it."""
+        """Publish the call; on failure store ``dispatch_failed`` and return what was handed to the ledger."""
         message_id = task_id(keys, job.call.id, attempt)
         options = self.invoke_options(job)
         try:

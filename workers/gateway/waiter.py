@@ -19,10 +19,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.core.failure_policy import FallbackRule
 from workers.core.loops import LoopVerdict, PendingCall
 from workers.core.models import ToolResult
-from workers.core.reaper import OpenCall
-from workers.core.waiting import AnswerLocally, Block, Check, Finish, Read, ReapRules, Store, Waiting
+from workers.core.waiting import (
+    AnswerLocally,
+    Block,
+    Check,
+    Finish,
+    OpenCall,
+    Read,
+    ReapRules,
+    Store,
+    Waiting,
+)
 from workers.errors import StoreError
 from workers.settings import Settings
 from workers.store.aledger import AsyncLedger
@@ -134,7 +144,12 @@ class Batch:
 
 
 def _waiting(
-    batch: Batch, settings: Settings, *, first_check_ms: int, undispatched_after_ms: int | None
+    batch: Batch,
+    settings: Settings,
+    fallbacks: Mapping[str, FallbackRule],
+    *,
+    first_check_ms: int,
+    undispatched_after_ms: int | None,
 ) -> Waiting:
     """The decisions of one wait on ``batch``, on the gateway's settings.
 
@@ -160,6 +175,7 @@ def _waiting(
         tools=batch.tools,
         submitted=batch.submitted,
         read_first=[cid for cid in batch.waiting if cid != batch.registered_last],
+        fallbacks=fallbacks,
     )
 
 
@@ -181,7 +197,11 @@ class Waiter:
         check_ms = int(self.settings.gateway.check_interval_s * 1000)
         first_check_ms = self.now_ms() + check_ms
         machine = _waiting(
-            batch, self.settings, first_check_ms=first_check_ms, undispatched_after_ms=undispatched_after_ms
+            batch,
+            self.settings,
+            self.ledger.fallbacks,
+            first_check_ms=first_check_ms,
+            undispatched_after_ms=undispatched_after_ms,
         )
         keys, ledger = batch.keys, self.ledger
         while True:
@@ -227,9 +247,9 @@ class Waiter:
             self.redispatch(keys, call_id)
         machine.learn(self.ledger.results(keys, call_ids))
 
-    def _answer_locally(self, keys: RunKeys, prepared: ToolResult) -> ToolResult:
-        """Store ``prepared`` (first writer wins) and return what the ledger holds, or keep it for later."""
-        result, call_id = self.ledger.with_fallback(prepared), prepared.tool_call_id
+    def _answer_locally(self, keys: RunKeys, result: ToolResult) -> ToolResult:
+        """Store ``result`` (first writer wins) and return what the ledger holds, or keep it for later."""
+        call_id = result.tool_call_id
         try:
             if not self.ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer):
                 # Another writer won just now: deliver what the ledger holds.
@@ -274,7 +294,11 @@ class AsyncWaiter:
         # Spread the first check: batches submitted together would otherwise check together.
         first_check_ms = self.now_ms() + check_ms // 2 + random.randrange(check_ms // 2 + 1)
         machine = _waiting(
-            batch, self.settings, first_check_ms=first_check_ms, undispatched_after_ms=undispatched_after_ms
+            batch,
+            self.settings,
+            self.ledger.fallbacks,
+            first_check_ms=first_check_ms,
+            undispatched_after_ms=undispatched_after_ms,
         )
         keys, ledger = batch.keys, self.ledger
         while True:
@@ -321,9 +345,9 @@ class AsyncWaiter:
             await self.offload(self.redispatch, keys, call_id)
         machine.learn(await self.ledger.results(keys, call_ids))
 
-    async def _answer_locally(self, keys: RunKeys, prepared: ToolResult) -> ToolResult:
+    async def _answer_locally(self, keys: RunKeys, result: ToolResult) -> ToolResult:
         """``Waiter._answer_locally``, awaited."""
-        result, call_id = self.ledger.with_fallback(prepared), prepared.tool_call_id
+        call_id = result.tool_call_id
         try:
             if not await self.ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer):
                 result = (await self.ledger.results(keys, [call_id])).get(call_id, result)

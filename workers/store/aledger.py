@@ -24,11 +24,10 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import NoScriptError
 
-from workers.core.failure_policy import FallbackRule, apply_fallback
+from workers.core.failure_policy import FallbackRule, delivered
 from workers.core.models import CallState, ToolResult
-from workers.core.reaper import ActionKind, OpenCall
 from workers.core.sentinel_url import SentinelAccess
-from workers.core.waiting import Reap
+from workers.core.waiting import ActionKind, OpenCall, Reap
 from workers.errors import StoreError
 from workers.store.call_views import OPEN_FIELDS, announce, event_entry, open_call, synthetic_event_fields
 from workers.store.connection import sentinel_client_kwargs, sentinel_of
@@ -242,16 +241,12 @@ class AsyncLedger:
         async with astore_errors():
             return step.registration(await self._script(self._register, *step.script_call, index))
 
-    def with_fallback(self, result: ToolResult) -> ToolResult:
-        """``result``, or its tool's configured fallback (as ``Ledger.with_fallback``)."""
-        return apply_fallback(result, self.fallbacks.get(result.tool_name))
-
     async def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
         """Store ``result`` (or its configured fallback) if it is the first, else keep it as late.
 
         True when it won; the twin of ``Ledger.finish``.
         """
-        result = self.with_fallback(result)
+        result = delivered(result, self.fallbacks)
         call_id = result.tool_call_id
         member = keys.due_member(call_id)
 
