@@ -24,7 +24,7 @@ PACKAGES = (ROOT / "workers", ROOT / "tasks")
 
 # The most modules one healthy call may touch on the agent's side: the aim is 16; this is what
 # the code reaches today, so it can only go down.
-MAX_MODULES = 31
+MAX_MODULES = 30
 
 
 def _project_module(filename: str) -> str | None:

@@ -65,7 +65,7 @@ class CallPath:
         sessions: SessionStore,
         dispatcher: Dispatcher,
         loops: LoopGate,
-        breakers: BreakerGate,
+        breakers: BreakerGate | None,
         *,
         writer: str,
         now_ms: Callable[[], int],
@@ -129,7 +129,8 @@ class CallPath:
     def conclude(self, batch: Batch, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """Record loop and breaker outcomes; the results in call order, or the abort raised with them."""
         self._record_loop_outcomes(batch)
-        self._breakers.record(batch.keys, batch.answers)
+        if self._breakers is not None:
+            self._breakers.record(batch.keys, batch.answers)
         results = [batch.answers[call.id] for call in calls]
         if batch.abort is not None:
             raise abort_run(
@@ -181,7 +182,9 @@ class CallPath:
     def admit(self, batch: Batch, in_flight: InFlight) -> bool:
         """Validation (tool, policy, arguments) and the tool's circuit breaker."""
         call = in_flight.call
-        early = self._dispatcher.reject_early(call, batch.agent_id) or self._breakers.admit(batch.keys, call)
+        early = self._dispatcher.reject_early(call, batch.agent_id)
+        if early is None and self._breakers is not None:
+            early = self._breakers.admit(batch.keys, call)
         if early is None:
             return False
         self.answer_now(batch, call, early)

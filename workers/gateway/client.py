@@ -89,8 +89,13 @@ class ToolGateway(AsyncCalls):
         history = RedisLoopHistory.on_ledger(self._rt.ledger)
         self._loops = LoopGate(self.settings, history, emit=self._emit_event)
         self._canceller = Canceller(self._rt.ledger, writer=self._writer, now_ms=self._now_ms)
-        breakers = BreakerGate(
-            self.settings.tools.breakers, self._rt.ledger, now_ms=self._now_ms, emit=self._emit_event
+        # Without breakers configured the gate would only say "admitted": the path skips it.
+        breakers = (
+            BreakerGate(
+                self.settings.tools.breakers, self._rt.ledger, now_ms=self._now_ms, emit=self._emit_event
+            )
+            if self.settings.tools.breakers
+            else None
         )
         self._path = CallPath(
             self.settings,
