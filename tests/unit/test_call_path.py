@@ -133,3 +133,36 @@ def test_calls_registered_before_the_last_one_are_read_before_blocking() -> None
 def test_a_batch_not_just_registered_reads_all_its_calls_first() -> None:
     # collect, or a resubmission of calls already registered
     assert _reads_before_blocking(["c1", "c2"], registered_last=None) == [["c1", "c2"]]
+
+
+class _FinishingLedger(_ReadsLedger):
+    """A ledger whose ``finish`` wins or loses as told; reads are noted."""
+
+    def __init__(self, wins: bool) -> None:
+        super().__init__()
+        self.wins = wins
+        self.finished: list[str] = []
+
+    def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
+        self.finished.append(result.tool_call_id)
+        return self.wins
+
+
+def _answered_locally(wins: bool) -> tuple[ToolResult, _FinishingLedger]:
+    ledger = _FinishingLedger(wins)
+    batch = _batch()
+    batch.deadlines["c1"] = -60_000  # long past deadline + margin at 1_000
+    answers = _waiter(ledger).wait(batch)
+    return answers["c1"], ledger
+
+
+def test_a_call_answered_locally_is_read_back_only_when_another_writer_won() -> None:
+    # Given a call past its deadline plus the margin, answered locally with the deadline result
+    result, ledger = _answered_locally(wins=True)
+    assert result.reason == "deadline_exceeded"
+    assert ledger.finished == ["c1"]
+    # When it won: what it stored is what the ledger holds, nothing more to read
+    assert ledger.reads == [["c1"]]  # the one read before the first step (not just registered)
+    # When another writer won: the ledger's answer is read and delivered
+    _, lost = _answered_locally(wins=False)
+    assert lost.reads == [["c1"], ["c1"]]

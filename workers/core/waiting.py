@@ -355,8 +355,8 @@ class Waiting:
     read_first: Sequence[str] = ()
     fallbacks: Mapping[str, FallbackRule] = field(default_factory=dict)
     answers: dict[str, ToolResult] = field(default_factory=dict)
-    _phase: _Phase = _Phase.STORE
-    _started: bool = False
+    _phase: _Phase = field(default=_Phase.STORE, init=False)
+    _started: bool = field(default=False, init=False)
 
     @property
     def waiting(self) -> list[str]:
