@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 _SHARED_SCOPES = frozenset({"module", "class", "package"})
@@ -26,3 +28,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     # the marks into its scheduling groups there).
     if _shares_a_scoped_fixture(item) and item.get_closest_marker("xdist_group") is None:
         item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Test teardowns SIGKILL their workers (tests/harness.py: Proc.kill); a killed worker's
+    # empty memory cgroup is removed by the next worker's start, and here for the last ones.
+    from workers.worker.memory_cgroups import find_layout, remove_stale_workers
+
+    layout = find_layout(os.getpid())
+    if not isinstance(layout, str):
+        remove_stale_workers(layout.own)

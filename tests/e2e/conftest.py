@@ -99,7 +99,7 @@ class Processes:
         for proc in self.procs:
             self.strays.extend(proc.children())
         for proc in self.procs:
-            proc.stop()
+            proc.kill()
         kill_pids(self.strays)
 
 

@@ -133,7 +133,7 @@ def stack() -> Iterator[Stack]:
     finally:
         for proc in procs:
             strays = proc.children()
-            proc.stop()
+            proc.kill()
             kill_pids(strays)
         redis_server.close()
 

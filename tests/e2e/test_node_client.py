@@ -39,7 +39,7 @@ def served() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         for proc in procs:
-            proc.stop()
+            proc.kill()
         server.close()
 
 

@@ -64,7 +64,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, str]]:
         yield env
     finally:
         for proc in procs:
-            proc.stop()
+            proc.kill()
         server.close()
 
 

@@ -91,7 +91,7 @@ def processes(env: dict[str, str]) -> Iterator[list[Proc]]:
     procs = [start_worker(env, concurrency=3, name="wd"), start_watchdog(env), start_beat(env)]
     yield procs
     for proc in procs:
-        proc.stop()
+        proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_worker_host_killed_is_answered_within_one_interval(
         wait_until(lambda: answered(store, "kill-s", "r1", "k1"), timeout_s=30, what="k1 answered")
         took_s = time.monotonic() - killed_at
     finally:
-        victim.stop()
+        victim.kill()
     record = store.ledger.record(keys, "k1")
     assert record is not None
     assert record.result is not None
@@ -260,7 +260,7 @@ def test_two_beats_answer_each_overdue_call_once(
         wait_until(lambda: all(answered(store, "two-s", "r1", c) for c in ids), timeout_s=20, what="answers")
         wait_until(lambda: SWEEP_TASK in second.log(), timeout_s=10, what="second beat sent")
     finally:
-        second.stop()
+        second.kill()
     # Then each got exactly one answer, written by a watchdog sweep
     keys = store.ledger.keys("two-s", "r1")
     for call_id in ids:

@@ -79,7 +79,7 @@ def started() -> Iterator[list[Proc]]:
     procs: list[Proc] = []
     yield procs
     for proc in procs:
-        proc.stop()
+        proc.kill()
 
 
 def _store(settings: Settings) -> SessionStore:

@@ -95,7 +95,7 @@ def worker_on() -> Iterator[WorkerOn]:
 
     yield start
     for proc in procs:
-        proc.stop()
+        proc.kill()
 
 
 @pytest.fixture

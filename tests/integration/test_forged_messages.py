@@ -221,4 +221,4 @@ def test_an_empty_body_on_the_control_queue_does_not_stop_the_watchdog(
         # (the refusal is logged, then counted: wait for the count, do not race it)
         wait_until(lambda: _refused(gateway)[RefusalReason.UNDECODABLE] == 1, timeout_s=5, what="the count")
     finally:
-        watchdog.stop()
+        watchdog.kill()

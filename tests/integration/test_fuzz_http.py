@@ -62,8 +62,8 @@ def server(fuzz_env: dict[str, str]) -> Iterator[str]:
         proc.wait_for_log("Uvicorn running on", timeout_s=30)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.stop()
-        worker.stop()
+        proc.kill()
+        worker.kill()
 
 
 def _request(url: str, method: str, data: bytes | None, token: str | None) -> int:

@@ -56,7 +56,7 @@ def api(env: dict[str, str], worker: Proc) -> Iterator[Api]:
         proc.wait_for_log("Uvicorn running on", timeout_s=30)
         yield Api(f"http://127.0.0.1:{port}")
     finally:
-        proc.stop()
+        proc.kill()
 
 
 RUN = "/v1/sessions/http-s/runs/r1"

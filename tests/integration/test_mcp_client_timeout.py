@@ -188,7 +188,7 @@ def test_an_http_client_that_hangs_up_cancels_its_call(
         print(f"\nhang-up answered cancelled after {time.monotonic() - hung_up:.2f}s")
         assert _reason(ledger, "c1") == "cancelled"
     finally:
-        door.stop()
+        door.kill()
 
 
 def _stdio_door_with_a_call(env: dict[str, str], ledger: Ledger, call_id: str) -> subprocess.Popen[str]:

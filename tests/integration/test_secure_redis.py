@@ -59,7 +59,7 @@ def test_acl_user_runs_calls_and_its_password_never_reaches_the_log(
         wait_until(lambda: "ready" in worker.log(), timeout_s=5)
         assert PASSWORD not in worker.log()
     finally:
-        worker.stop()
+        worker.kill()
 
 
 @pytest.fixture
@@ -98,5 +98,5 @@ def tls_url(tmp_path: Path) -> Iterator[str]:
 @pytest.mark.timeout(90)
 def test_tls_rediss_url_runs_calls_end_to_end(tls_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     text, worker = _run_one_call(tls_url, monkeypatch)
-    worker.stop()
+    worker.kill()
     assert text == "ok"

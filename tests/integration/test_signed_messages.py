@@ -124,5 +124,5 @@ def test_beat_and_watchdog_exchange_signed_sweeps(env: dict[str, str]) -> None:
         assert "Refusing to deserialize" not in watchdog.log()
         assert "Can't decode message body" not in watchdog.log()
     finally:
-        beat.stop()
-        watchdog.stop()
+        beat.kill()
+        watchdog.kill()

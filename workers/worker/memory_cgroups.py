@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CgroupLayout", "MemoryCgroups", "find_layout", "open_memory_cgroups"]
+__all__ = ["CgroupLayout", "MemoryCgroups", "find_layout", "open_memory_cgroups", "remove_stale_workers"]
 
 _PROC_SELF = Path("/proc/self")
 
@@ -134,7 +134,7 @@ def _counter(text: str, name: str) -> int:
     return 0
 
 
-def _remove_stale_workers(own: Path) -> None:
+def remove_stale_workers(own: Path) -> None:
     """Remove what workers that died without their shutdown left empty below ``own``."""
     with contextlib.suppress(OSError):
         for entry in os.listdir(own):
@@ -171,7 +171,7 @@ class MemoryCgroups:
     def prepare(self, main_pid: int) -> None:
         """Create this worker's directory (main process, before the pool forks); raises OSError."""
         layout = self.layout
-        _remove_stale_workers(layout.own)
+        remove_stale_workers(layout.own)
         layout.parent.mkdir(exist_ok=True)
         if layout.version == 1:
             if not (layout.parent / self._limit_file).exists():
