@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import logging
 from functools import cache
+from typing import Any
 
+from workers import tracing
 from workers.celery_app import control_app as app
 from workers.core.run_health import watchdog_late
 from workers.runtime import now_ms, runtime, worker_id
+from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness
 from workers.task_events import TaskEvents
@@ -36,6 +39,7 @@ def _task_events() -> TaskEvents:
     # Calls the watchdog answers close their task in Flower (their worker is gone or late).
     rt = runtime()
     flush_ms = rt.settings.broker.task_events_flush_ms
+    tracing.watch_answers(rt.ledger, "watchdog")
     return TaskEvents(app, rt.ledger, role="watchdog", flush_ms=flush_ms).attach()
 
 
@@ -49,12 +53,15 @@ def _watchdog() -> Watchdog:
         writer=f"{worker_id()}/watchdog",
         alerts=AlertSink(
             rt.settings.watchdog.webhook_url,
-            publish=lambda event: rt.ledger.publish_event(
-                str(event.get("kind", "alert")), **{k: v for k, v in event.items() if k != "kind"}
-            ),
+            publish=lambda event: _publish_alert(rt.ledger, event),
         ),
         revoke=_revoke,
     )
+
+
+def _publish_alert(ledger: Ledger, event: dict[str, Any]) -> None:
+    tracing.alert(event)
+    ledger.publish_event(str(event.get("kind", "alert")), **{k: v for k, v in event.items() if k != "kind"})
 
 
 @cache
@@ -66,7 +73,9 @@ def _liveness() -> WatchdogLiveness:
 def sweep() -> int:
     """One watchdog sweep; returns how many calls it answered (0 when another sweep held the lock)."""
     watchdog = _watchdog()
-    report = watchdog.sweep(now_ms())
+    with tracing.span("unstuck.watchdog.sweep") as note:
+        report = watchdog.sweep(now_ms())
+        note("unstuck.sweep.calls_answered", report.calls_answered)
     if report.locked_out:
         log.info("watchdog sweep skipped: another sweep holds the lock")
         return 0

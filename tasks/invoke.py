@@ -11,6 +11,7 @@ from celery.exceptions import Ignore, Reject
 from pydantic import ValidationError
 
 from tasks.requests import answer_if_holder_died, memory_limit_mb, report_outcome, stored_answer
+from workers import tracing
 from workers.celery_app import app
 from workers.core.job_digest import job_digest
 from workers.core.memory_limits import OomCause
@@ -76,7 +77,10 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
         raise Ignore()
     stored = None
     if claim.status is ClaimStatus.CLAIMED:
-        stored = _answer(rt, keys, parsed, self.request.id, claim.attempt)
+        with tracing.run_span(
+            self.request, keys.session_key, keys.run_id, parsed.call, claim.attempt
+        ) as span:
+            stored = span.ended(_answer(rt, keys, parsed, self.request.id, claim.attempt))
     # Whoever answered first (this task, the gateway, the watchdog) decides how the task ends.
     return report_outcome(stored or stored_answer(rt, keys, parsed.call.id), loop_warning)
 

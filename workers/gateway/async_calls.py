@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from celery import Celery
 
+from workers import tracing
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer
 from workers.gateway.async_submit import AsyncSubmitter
@@ -75,8 +76,11 @@ class AsyncCalls:
         Cancelling it cancels the calls (see :mod:`workers.gateway.cancelling`).
         """
         keys = self._rt.ledger.keys(session_key, run_id)
-        answering = self._acall_tools(keys, agent_id, calls)
-        return await self._canceller.cancel_if_cancelled(answering, keys, [call.id for call in calls])
+        with tracing.CallSpans(session_key, run_id, agent_id, calls) as spans:
+            answering = self._acall_tools(keys, agent_id, calls)
+            return spans.end(
+                await self._canceller.cancel_if_cancelled(answering, keys, [c.id for c in calls])
+            )
 
     async def _acall_tools(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> list[ToolResult]:
         if self.settings.redis.cluster:
@@ -143,6 +147,7 @@ class AsyncCalls:
                 self._async_submitters.pop(gone, None)
             ledger = open_async_ledger(self.settings)
             ledger.on_answered.append(self._task_events.answered)  # as for the sync ledger
+            ledger.on_answered.append(tracing.answer_spans("gateway", None))
             waiter = AsyncWaiter(
                 ledger,
                 self.settings,

@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers import tracing
 from workers.celery_config import client_app
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer, encode_results
@@ -66,6 +67,7 @@ class ToolGateway(AsyncCalls):
         self._task_events = TaskEvents(
             self._app, self._rt.ledger, role="gateway", flush_ms=self.settings.broker.task_events_flush_ms
         ).attach()
+        tracing.watch_answers(self._rt.ledger, "gateway")
         self._dispatcher = Dispatcher(
             self.settings,
             self._rt.ledger,
@@ -120,9 +122,10 @@ class ToolGateway(AsyncCalls):
                 for a loop that survived compaction); ``error.results`` still holds one
                 result per call.
         """
-        batch = self._path.submit_all(self._rt.ledger.keys(session_key, run_id), agent_id, calls)
-        batch.answers.update(self._waiter.wait(batch))
-        return self._path.conclude(batch, calls)
+        with tracing.CallSpans(session_key, run_id, agent_id, calls) as spans:
+            batch = self._path.submit_all(self._rt.ledger.keys(session_key, run_id), agent_id, calls)
+            batch.answers.update(self._waiter.wait(batch))
+            return spans.end(self._path.conclude(batch, calls))
 
     def cancel(self, session_key: str, run_id: str, call_id: str | None = None) -> int:
         """Cancel a call of a run, or all of them; returns how many were unanswered.
