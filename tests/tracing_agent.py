@@ -1,6 +1,7 @@
 """An agent process for the tracing e2e test: one agent span around calls of every outcome.
 
-Run as ``python -m tests.tracing_agent OUT.json`` with the OTEL_* variables set. The agent
+Run as ``python -m tests.tracing_agent OUT.json`` with the OTEL_* variables set (``--lost``:
+one long call, the ids written before it; the test kills this process and the worker). The agent
 sets up its own tracer provider (as an application would); unstuck's spans join it. Writes
 the agent span's ids and each call's reason (None: the tool's own result) to OUT.json.
 """
@@ -23,10 +24,24 @@ from workers import ToolCall, ToolGateway, ToolResult
 from workers.settings import load_settings
 
 
+def _ids(span: trace.Span) -> dict[str, str]:
+    context = span.get_span_context()
+    return {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
+
+
+def lost(out: str) -> None:
+    """One call that outlives this process: the test kills it and the worker running it."""
+    gateway = ToolGateway(load_settings())
+    with trace.get_tracer("agent").start_as_current_span("agent") as agent:
+        with open(out, "w") as file:
+            json.dump(_ids(agent), file)
+        gateway.call_tools(
+            session_key="trace-lost", run_id="r1",
+            calls=[ToolCall(id="c-lost", name="slow", arguments={"seconds": 60})],
+        )  # fmt: skip
+
+
 def main(out: str) -> None:
-    provider = TracerProvider(resource=Resource.create({"service.name": "agent"}))
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(provider)
     settings = load_settings()
     gateway = ToolGateway(settings)
     # Each run its own session (a session's new run supersedes its older one).
@@ -59,19 +74,12 @@ def main(out: str) -> None:
         for result in asyncio.run(_async_call(ToolGateway(settings))):
             results[result.tool_call_id] = result
         lonely.join()
-        context = agent.get_span_context()
     gateway.close()
     lonely_gateway.close()
-    provider.shutdown()
+    trace.get_tracer_provider().shutdown()  # type: ignore[attr-defined]
     with open(out, "w") as file:
-        json.dump(
-            {
-                "trace_id": format(context.trace_id, "032x"),
-                "span_id": format(context.span_id, "016x"),
-                "reasons": {call_id: result.reason for call_id, result in results.items()},
-            },
-            file,
-        )
+        reasons = {call_id: result.reason for call_id, result in results.items()}
+        json.dump({**_ids(agent), "reasons": reasons}, file)
 
 
 async def _async_call(gateway: ToolGateway) -> list[ToolResult]:
@@ -85,4 +93,7 @@ async def _async_call(gateway: ToolGateway) -> list[ToolResult]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    provider = TracerProvider(resource=Resource.create({"service.name": "agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    (lost if "--lost" in sys.argv else main)(sys.argv[1])

@@ -11,6 +11,8 @@ ids) and status with ``error.type``.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -23,9 +25,10 @@ import pytest
 from mcp import Client
 
 from tests.e2e.conftest import Processes
-from tests.harness import REPO, UNSTUCK, Proc, wait_until
+from tests.harness import REPO, UNSTUCK, Proc, settings_of, wait_until
 from tests.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
 from workers.local.embedded_redis import free_port
+from workers.runtime import open_ledger
 
 pytestmark = [pytest.mark.slow]
 
@@ -178,6 +181,48 @@ def test_http_and_mcp_doors_join_the_callers_trace(
         assert (caller.trace_id, caller.parent_id, caller.status) == (TRACE_ID, parent, "UNSET")
         run = _one(spans, "unstuck.run echo")
         assert (run.trace_id, run.parent_id) == (TRACE_ID, caller.span_id)
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_worker_is_answered_by_the_watchdog_in_the_callers_trace(
+    traced_env: dict[str, str], receiver: Receiver, processes: Processes, tmp_path: Path
+) -> None:
+    # Given a traced worker, watchdog and beat, and an agent whose call runs on that worker
+    worker = processes.worker(traced_env, name="lost", concurrency=1)
+    processes.watchdog(traced_env, name="lost")
+    processes.beat(traced_env)
+    out = tmp_path / "agent.json"
+    agent = processes.track(
+        Proc([sys.executable, "-m", "tests.tracing_agent", str(out), "--lost"], traced_env, "agent")
+    )
+    ledger = open_ledger(settings_of(traced_env))
+    keys = ledger.keys("trace-lost", "r1")
+
+    def running() -> bool:
+        record = ledger.record(keys, "c-lost")
+        return record is not None and record.state.value == "running"
+
+    wait_until(running, timeout_s=30, what="the call running")
+    record = ledger.record(keys, "c-lost")
+    assert record is not None
+    ids = json.loads(out.read_text())
+    # When the agent's process and the worker's whole host go (nobody but the watchdog is left)
+    os.kill(agent.pid, signal.SIGKILL)
+    os.killpg(worker.pid, signal.SIGKILL)
+    spans = _spans_of(receiver, "c-lost", "unstuck.answer slow", "unstuck.run slow", timeout_s=30)
+    ledger.close()
+    # Then the watchdog's answer is a span under the call's span, from the context the ledger kept
+    traceparent = record.fields["traceparent"]
+    _, trace_id, call_span, _ = traceparent.split("-")
+    assert trace_id == ids["trace_id"]
+    answer = _one(spans, "unstuck.answer slow")
+    assert (answer.trace_id, answer.parent_id) == (trace_id, call_span)
+    _check_error(answer, "worker_lost")
+    assert answer.attributes["unstuck.answered_by"] == "watchdog"
+    # ... and the lost attempt's span, which its child never ended, is ended by the watchdog
+    run = _one(spans, "unstuck.run slow")
+    assert (run.trace_id, run.parent_id, run.attributes["unstuck.attempt"]) == (trace_id, call_span, 1)
+    _check_error(run, "worker_lost")
 
 
 def _mcp_call(url: str, traceparent: str) -> types.CallToolResult:

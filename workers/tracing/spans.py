@@ -313,11 +313,13 @@ def child_lost(
     call: ToolCall,
     answer: ToolResult,
     started_ms: int,
+    answered_by: str = "worker main process",
 ) -> None:
     """End the ``unstuck.run`` span of a pool child that died, from the worker's main process.
 
     ``fields`` is the call's ledger record (its kept trace context); the span gets the id the
     child's own had, started when the attempt was claimed, status ERROR with the answer's reason.
+    The watchdog ends a lost worker's attempt the same way (``answered_by``).
     """
     if fields is None or not active():
         return
@@ -325,7 +327,7 @@ def child_lost(
     attempt = int(answer.details.get("attempt") or 1)
     start_ns = started_ms * 1_000_000 if started_ms else None
     span = _attempt_span(carrier, call, session_key, run_id, attempt, start_time=start_ns)
-    span.set_attribute("unstuck.answered_by", "worker main process")
+    span.set_attribute("unstuck.answered_by", answered_by)
     _end_with(span, answer)
 
 
@@ -369,9 +371,13 @@ def answer_spans(role: str, read: RecordReader | None) -> Callable[[Any, ToolRes
 def _answer_span(fields: Mapping[str, str], key: CallKey, result: ToolResult, role: str) -> None:
     call = ToolCall(id=key[2], name=result.tool_name, arguments={})
     carrier = {k: fields[k] for k in _CARRIER_KEYS if fields.get(k)}
+    started_ms = int(fields.get("started_ms") or 0)
     if result.reason in _CHILD_GONE:
-        child_lost(fields, key[0], key[1], call, result, int(fields.get("started_ms") or 0))
+        child_lost(fields, key[0], key[1], call, result, started_ms)
         return
+    if result.reason == SyntheticReason.WORKER_LOST.value and started_ms:
+        # The worker went with its pool child: nobody else ends the attempt's span.
+        child_lost(fields, key[0], key[1], call, result, started_ms, answered_by=role)
     attributes = _tool_attributes(call, key[0], key[1])
     attributes["unstuck.answered_by"] = role
     span = tracer().start_span(f"unstuck.answer {call.name}", context=_parent(carrier), attributes=attributes)
