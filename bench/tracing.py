@@ -17,6 +17,7 @@ Nothing is asserted; the ratios are printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -24,10 +25,25 @@ import sys
 import threading
 import time
 
+import psutil
+
 from bench.overhead_probes import freeze, thaw
 from tests.harness import REPO, Proc, base_env, kill_pids, start_worker
 from tests.otlp_receiver import otlp_receiver
 from workers.local.embedded_redis import EmbeddedRedis
+
+_FIGURES = ("p50_ms", "p99_ms", "calls_per_s", "client_cpu_ms", "worker_cpu_ms")
+
+
+def _tree_cpu_s(worker: Proc) -> float:
+    """CPU seconds (user + system) of a worker's main process and its pool children so far."""
+    main = psutil.Process(worker.pid)
+    total = 0.0
+    for process in [main, *main.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -48,10 +64,12 @@ def client(label: str, calls: int, threads: int, per_thread: int) -> None:
     for n in range(20):  # warm up connections, pool children, imports
         one(gateway, f"{label}-lat", 100_000 + n)
     samples = []
+    cpu_start = time.process_time()
     for n in range(calls):
         start = time.perf_counter()
         one(gateway, f"{label}-lat", n)
         samples.append(time.perf_counter() - start)
+    client_cpu_ms = (time.process_time() - cpu_start) / calls * 1000
     gateways = [ToolGateway() for _ in range(threads)]
     for t, gw in enumerate(gateways):
         one(gw, f"{label}-tput{t}", 10_000_000)
@@ -74,6 +92,8 @@ def client(label: str, calls: int, threads: int, per_thread: int) -> None:
         "p50_ms": _percentile(samples, 0.5) * 1000,
         "p99_ms": _percentile(samples, 0.99) * 1000,
         "calls_per_s": calls_per_s,
+        "client_cpu_ms": client_cpu_ms,
+        "calls": calls + 20 + threads * (per_thread + 1),
     }
     print(json.dumps(figures))
 
@@ -124,11 +144,12 @@ def main(argv: list[str] | None = None) -> None:
                     other = sides["traced" if name == "plain" else "plain"][1]
                     freeze(other)
                     thaw(worker)
+                    worker_cpu = _tree_cpu_s(worker)
                     figures = _phase(env, f"{name}{round_}", args)
+                    figures["worker_cpu_ms"] = (_tree_cpu_s(worker) - worker_cpu) / figures["calls"] * 1000
                     assert bool(figures["traced"]) == (name == "traced"), figures
                     results[name].append(figures)
-                    print(f"round {round_} {name:6}: p50 {figures['p50_ms']:.2f} ms  p99 "
-                          f"{figures['p99_ms']:.2f} ms  {figures['calls_per_s']:.0f} calls/s")  # fmt: skip
+                    print(f"round {round_} {_line(name, figures)}")
                 thaw(sides["plain"][1])
                 thaw(sides["traced"][1])
             _report(results, len(receiver.spans))
@@ -141,18 +162,27 @@ def main(argv: list[str] | None = None) -> None:
             redis_server.close()
 
 
+def _line(name: str, row: dict[str, float]) -> str:
+    return (
+        f"{name:6}: p50 {row['p50_ms']:.2f} ms  p99 {row['p99_ms']:.2f} ms  {row['calls_per_s']:.0f} calls/s"
+        f"  CPU/call: client {row['client_cpu_ms']:.2f} ms, worker {row['worker_cpu_ms']:.2f} ms"
+    )
+
+
 def _report(results: dict[str, list[dict[str, float]]], spans: int) -> None:
     median = {
-        name: {key: statistics.median(r[key] for r in rows) for key in ("p50_ms", "p99_ms", "calls_per_s")}
+        name: {key: statistics.median(r[key] for r in rows) for key in _FIGURES}
         for name, rows in results.items()
     }
     plain, traced = median["plain"], median["traced"]
-    print(f"medians   plain : p50 {plain['p50_ms']:.2f} ms  p99 {plain['p99_ms']:.2f} ms  "
-          f"{plain['calls_per_s']:.0f} calls/s")  # fmt: skip
-    print(f"medians   traced: p50 {traced['p50_ms']:.2f} ms  p99 {traced['p99_ms']:.2f} ms  "
-          f"{traced['calls_per_s']:.0f} calls/s")  # fmt: skip
+    for name, row in median.items():
+        print(f"medians {_line(name, row)}")
+    cpu_ratio = (traced["client_cpu_ms"] + traced["worker_cpu_ms"]) / (
+        plain["client_cpu_ms"] + plain["worker_cpu_ms"]
+    )
     p50_ratio, tput_ratio = traced["p50_ms"] / plain["p50_ms"], traced["calls_per_s"] / plain["calls_per_s"]
-    print(f"traced/plain: p50 x{p50_ratio:.3f}  throughput x{tput_ratio:.3f}  ({spans} spans received)")
+    print(f"traced/plain: p50 x{p50_ratio:.3f}  throughput x{tput_ratio:.3f}  CPU x{cpu_ratio:.3f}")
+    print(f"{spans} spans received")
 
 
 if __name__ == "__main__":

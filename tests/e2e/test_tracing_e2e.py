@@ -49,7 +49,6 @@ def traced_env(backbone_env: dict[str, str], receiver: Receiver) -> dict[str, st
     return {
         **backbone_env,
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
 
 

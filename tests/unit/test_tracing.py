@@ -223,3 +223,21 @@ def test_spans_follow_the_genai_conventions_and_one_attempt_keeps_its_id() -> No
     assert child["links"][0] != child["id"]
     assert (main["status"], main["attributes"]["error.type"]) == ("ERROR", "crashed")
     assert main["attributes"]["unstuck.answered_by"] == "worker main process"
+
+
+def test_an_applications_own_provider_turns_it_on_without_otel_variables() -> None:
+    seen = _run(
+        """
+        import json
+        import redis  # imports opentelemetry.trace itself: imported is not configured
+        from workers import tracing
+        before = tracing.active()
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+        print("RESULT", json.dumps({"before": before, "after": tracing.active(),
+                                    "kept": trace.get_tracer_provider() is provider}))
+        """
+    )
+    assert seen == {"before": False, "after": True, "kept": True}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
-from workers.tracing.setup import active, capture_content, flush, start_with_id, tracer
+from workers.tracing.setup import active, capture_content, start_with_id, tracer
 
 if TYPE_CHECKING:  # typing only: this module imports OpenTelemetry when tracing is on, never before
     from opentelemetry.context import Context
@@ -272,7 +272,6 @@ class _RunSpan:
             if result is None:
                 opened.span.set_attribute("unstuck.late", True)
             _end_with(opened.span, result)
-            flush()
         self._key = None
         return result
 
