@@ -157,6 +157,9 @@ _SPANS = """
         run.ended(None)
     lost = synthetic_result(hung, SyntheticReason.CRASHED, elapsed_ms=5, attempt=2)
     tracing.child_lost(fields, "s", "r", hung, lost, started_ms=1_700_000_000_000)
+    # a gateway started after the caller's died collects the hung call's answer
+    gone = synthetic_result(hung, SyntheticReason.WORKER_LOST, elapsed_ms=9, attempt=1)
+    tracing.collected(lambda *key: fields, "s", "r", [gone])
     finished = memory.get_finished_spans()
     mine = agent.get_span_context()
     print("RESULT", json.dumps({
@@ -183,7 +186,12 @@ _SPANS = """
 def test_spans_follow_the_genai_conventions_and_one_attempt_keeps_its_id() -> None:
     seen = _run(_SPANS, OTEL_TRACES_EXPORTER="console")
     trace_id, agent_id = seen["agent"]
-    spans = {s["name"] + "/" + s["attributes"].get("gen_ai.tool.call.id", ""): s for s in seen["spans"]}
+    collected = [s for s in seen["spans"] if s["attributes"].get("unstuck.collected")]
+    spans = {
+        s["name"] + "/" + s["attributes"].get("gen_ai.tool.call.id", ""): s
+        for s in seen["spans"]
+        if s not in collected
+    }
     ok, hung, looped = (
         spans["execute_tool echo/ok"],
         spans["execute_tool echo/hung"],
@@ -223,6 +231,10 @@ def test_spans_follow_the_genai_conventions_and_one_attempt_keeps_its_id() -> No
     assert child["links"][0] != child["id"]
     assert (main["status"], main["attributes"]["error.type"]) == ("ERROR", "crashed")
     assert main["attributes"]["unstuck.answered_by"] == "worker main process"
+    # A collected answer: its own execute_tool span, linked to the call's, with its reason
+    (late,) = collected
+    assert (late["name"], late["links"], late["parent"]) == ("execute_tool echo", [hung["id"]], None)
+    assert (late["status"], late["attributes"]["error.type"]) == ("ERROR", "worker_lost")
 
 
 def test_an_applications_own_provider_turns_it_on_without_otel_variables() -> None:

@@ -122,7 +122,10 @@ class AsyncCalls:
         answers = await ledger.results(keys, call_ids)
         batch = Batch.collected(keys, call_ids, answers, await ledger.open_calls(keys, call_ids))
         batch.answers.update(await waiter.wait(batch, undispatched_after_ms=self._undispatched_after_ms()))
-        return [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+        # No link to each call's own span: reading the records would block the loop.
+        return tracing.collected(
+            None, session_key, run_id, [batch.answers[c] for c in call_ids if c in batch.answers]
+        )
 
     async def aclose(self) -> None:
         """Release connections, those of the running loop's asyncio client included."""

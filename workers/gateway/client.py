@@ -185,7 +185,8 @@ class ToolGateway(AsyncCalls):
             keys, call_ids, ledger.results(keys, call_ids), ledger.open_calls(keys, call_ids)
         )
         batch.answers.update(self._waiter.wait(batch, undispatched_after_ms=self._undispatched_after_ms()))
-        return [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+        results = [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+        return tracing.collected(tracing.ledger_reader(ledger), session_key, run_id, results)
 
     def _undispatched_after_ms(self) -> int:
         # A call never marked dispatched this long after submission was lost with its gateway.

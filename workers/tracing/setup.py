@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # typing only: OpenTelemetry is imported when tracing is on, never before
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["active", "capture_content", "start_with_id", "tracer"]
+__all__ = ["active", "capture_content", "flush", "start_with_id", "tracer"]
 
 log = logging.getLogger(__name__)
 
-_EXPORT_DELAY_MS = 200
 _UNKNOWN = object()
 
 
@@ -106,14 +105,10 @@ def _sdk_provider() -> Any:
     ):
         attributes[SERVICE_NAME] = "unstuck"
     # Sampler (OTEL_TRACES_SAMPLER), span limits and batching (OTEL_BSP_*) come from the
-    # environment through the SDK's own defaults, but for the export delay when it is not set:
-    # a pool child may be killed (a crash) right after its previous call, and what it held
-    # unsent dies with it. 200 ms instead of the SDK's 5 s keeps that window short without a
-    # flush per call (which cost 0.6 ms at p50 in bench/tracing.py).
-    delay_ms = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else _EXPORT_DELAY_MS
+    # environment through the SDK's own defaults.
     provider = TracerProvider(resource=Resource.create(attributes), id_generator=_chosen_ids())
     for exporter in _exporters():
-        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms))
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
@@ -186,3 +181,12 @@ def start_with_id(name: str, span_id: int, **options: Any) -> Span:
         return tracer().start_span(name, **options)
     finally:
         _CHOSEN_SPAN_ID.reset(token)
+
+
+def flush() -> None:
+    """Send what the provider holds now (up to 1 s), waiting for it."""
+    from opentelemetry import trace
+
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is not None:
+        force_flush(1000)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
-from workers.tracing.setup import active, capture_content, start_with_id, tracer
+from workers.tracing.setup import active, capture_content, flush, start_with_id, tracer
 
 if TYPE_CHECKING:  # typing only: this module imports OpenTelemetry when tracing is on, never before
     from opentelemetry.context import Context
@@ -21,8 +21,10 @@ __all__ = [
     "alert",
     "answer_spans",
     "child_lost",
+    "collected",
     "joined",
     "joined_asgi",
+    "ledger_reader",
     "message_headers",
     "record_fields",
     "run_span",
@@ -165,6 +167,36 @@ class CallSpans:
         self._keys = []
 
 
+def collected(
+    read: RecordReader | None, session_key: str, run_id: str, results: Sequence[ToolResult]
+) -> list[ToolResult]:
+    """``execute_tool`` spans of calls a caller collected (submitted by a gateway gone since).
+
+    Each is a child of the collector's current span, linked to the call's own span when its
+    ledger record kept one (``read``), and ends at once with the collected answer.
+    """
+    if not results or not active():
+        return list(results)
+    from opentelemetry.trace import Link
+
+    for result in results:
+        key = (session_key, run_id, result.tool_call_id)
+        if key in _OPEN:
+            continue  # this process's own call, traced already
+        fields = _read_fields(read, key)
+        links = []
+        if fields is not None:
+            from opentelemetry import trace
+
+            original = trace.get_current_span(_parent(fields)).get_span_context()
+            links.append(Link(original))
+        call = ToolCall(id=result.tool_call_id, name=result.tool_name, arguments={})
+        attributes = {**_tool_attributes(call, session_key, run_id), "unstuck.collected": True}
+        span = tracer().start_span(f"execute_tool {call.name}", attributes=attributes, links=links)
+        _end_with(span, result)
+    return list(results)
+
+
 def record_fields(session_key: str, run_id: str, call_id: str) -> dict[str, str]:
     """The trace context the call's ledger record keeps (``{}`` when the call is not traced)."""
     if not _OPEN:
@@ -272,6 +304,9 @@ class _RunSpan:
             if result is None:
                 opened.span.set_attribute("unstuck.late", True)
             _end_with(opened.span, result)
+            # Sent now, once the answer is stored: the pool child may die on its next call (a
+            # crash, a hard limit) and take what it had not sent with it.
+            flush()
         self._key = None
         return result
 
@@ -352,31 +387,46 @@ def answer_spans(role: str, read: RecordReader | None) -> Callable[[Any, ToolRes
         opened = _OPEN.get(key)
         if opened is not None:
             opened.answered_here = True
+            if result.reason != SyntheticReason.WORKER_LOST.value:
+                return  # recorded on the open span; a lost worker's attempt still needs ending
+        fields = _read_fields(read, key)
+        if fields is None:
             return
-        if read is None:
-            return
-        try:
-            fields = read(*key)
-        except Exception as exc:  # noqa: BLE001 - a span is never a reason to fail an answer
-            log.debug("trace context of %s not read: %s", result.tool_call_id, exc)
-            return
-        if not fields or not fields.get(TRACEPARENT):
-            return
-        _answer_span(fields, key, result, role)
+        if opened is not None:
+            _end_lost_attempt(fields, key, result, role)
+        else:
+            _answer_span(fields, key, result, role)
 
     return answered
+
+
+def _read_fields(read: RecordReader | None, key: CallKey) -> Mapping[str, str] | None:
+    """The call record's fields when they hold a trace context, else None."""
+    if read is None:
+        return None
+    try:
+        fields = read(*key)
+    except Exception as exc:  # noqa: BLE001 - a span is never a reason to fail an answer
+        log.debug("trace context of %s not read: %s", key[2], exc)
+        return None
+    return fields if fields and fields.get(TRACEPARENT) else None
+
+
+def _end_lost_attempt(fields: Mapping[str, str], key: CallKey, result: ToolResult, role: str) -> None:
+    started_ms = int(fields.get("started_ms") or 0)
+    if result.reason == SyntheticReason.WORKER_LOST.value and started_ms:
+        # The worker went with its pool child: nobody else ends the attempt's span.
+        call = ToolCall(id=key[2], name=result.tool_name, arguments={})
+        child_lost(fields, key[0], key[1], call, result, started_ms, answered_by=role)
 
 
 def _answer_span(fields: Mapping[str, str], key: CallKey, result: ToolResult, role: str) -> None:
     call = ToolCall(id=key[2], name=result.tool_name, arguments={})
     carrier = {k: fields[k] for k in _CARRIER_KEYS if fields.get(k)}
-    started_ms = int(fields.get("started_ms") or 0)
     if result.reason in _CHILD_GONE:
-        child_lost(fields, key[0], key[1], call, result, started_ms)
+        child_lost(fields, key[0], key[1], call, result, int(fields.get("started_ms") or 0))
         return
-    if result.reason == SyntheticReason.WORKER_LOST.value and started_ms:
-        # The worker went with its pool child: nobody else ends the attempt's span.
-        child_lost(fields, key[0], key[1], call, result, started_ms, answered_by=role)
+    _end_lost_attempt(fields, key, result, role)
     attributes = _tool_attributes(call, key[0], key[1])
     attributes["unstuck.answered_by"] = role
     span = tracer().start_span(f"unstuck.answer {call.name}", context=_parent(carrier), attributes=attributes)
@@ -385,12 +435,17 @@ def _answer_span(fields: Mapping[str, str], key: CallKey, result: ToolResult, ro
 
 def watch_answers(ledger: Any, role: str) -> None:
     """Trace the synthetic answers stored through ``ledger`` (a sync ``Ledger``; see :func:`answer_spans`)."""
+    ledger.on_answered.append(answer_spans(role, ledger_reader(ledger)))
+
+
+def ledger_reader(ledger: Any) -> RecordReader:
+    """A :data:`RecordReader` on a sync ``Ledger``."""
 
     def read(session_key: str, run_id: str, call_id: str) -> Mapping[str, str] | None:
         record = ledger.record(ledger.keys(session_key, run_id), call_id)
         return None if record is None else record.fields
 
-    ledger.on_answered.append(answer_spans(role, read))
+    return read
 
 
 # -- any other span (the watchdog's sweeps and alerts) ----------------------------------------
