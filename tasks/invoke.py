@@ -77,9 +77,8 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
         raise Ignore()
     stored = None
     if claim.status is ClaimStatus.CLAIMED:
-        with tracing.run_span(
-            self.request, keys.session_key, keys.run_id, parsed.call, claim.attempt
-        ) as span:
+        flush = rt.settings.worker.flush_spans_each_call
+        with tracing.run_span(self.request, keys, parsed.call, claim.attempt, flush=flush) as span:
             stored = span.ended(_answer(rt, keys, parsed, self.request.id, claim.attempt))
     # Whoever answered first (this task, the gateway, the watchdog) decides how the task ends.
     return report_outcome(stored or stored_answer(rt, keys, parsed.call.id), loop_warning)

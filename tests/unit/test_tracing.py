@@ -153,7 +153,8 @@ _SPANS = """
             pass
     # the worker side: attempt 2 of the hung call, then its child lost (ended by the main process)
     request = SimpleNamespace(**fields)
-    with tracing.run_span(request, "s", "r", hung, 2) as run:
+    keys = SimpleNamespace(session_key="s", run_id="r")
+    with tracing.run_span(request, keys, hung, 2, flush=True) as run:
         run.ended(None)
     lost = synthetic_result(hung, SyntheticReason.CRASHED, elapsed_ms=5, attempt=2)
     tracing.child_lost(fields, "s", "r", hung, lost, started_ms=1_700_000_000_000)

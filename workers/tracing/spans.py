@@ -293,8 +293,9 @@ def _attempt_span(
 class _RunSpan:
     """The open ``unstuck.run`` span of a claimed call in the pool child."""
 
-    def __init__(self, key: CallKey | None) -> None:
+    def __init__(self, key: CallKey | None, *, flush: bool = False) -> None:
         self._key = key
+        self._flush = flush
 
     def ended(self, result: ToolResult | None) -> ToolResult | None:
         """End the span with the answer the ledger took (None: another writer's answer won)."""
@@ -304,9 +305,10 @@ class _RunSpan:
             if result is None:
                 opened.span.set_attribute("unstuck.late", True)
             _end_with(opened.span, result)
-            # Sent now, once the answer is stored: the pool child may die on its next call (a
-            # crash, a hard limit) and take what it had not sent with it.
-            flush()
+            if self._flush:
+                # Sent now, once the answer is stored: the pool child may die on its next
+                # call (a crash, a hard limit) and take what it had not sent with it.
+                flush()
         self._key = None
         return result
 
@@ -317,21 +319,21 @@ class _RunSpan:
 
 
 @contextlib.contextmanager
-def run_span(
-    request: object, session_key: str, run_id: str, call: ToolCall, attempt: int
-) -> Iterator[_RunSpan]:
+def run_span(request: object, keys: Any, call: ToolCall, attempt: int, *, flush: bool) -> Iterator[_RunSpan]:
     """The pool child's ``unstuck.run`` span of a claimed call, parent from the message headers.
 
-    ``request`` is the Celery task's request (its message headers as attributes).
+    ``request`` is the Celery task's request (its message headers as attributes), ``keys``
+    the run's (session and run id); ``flush``: send the span as soon as it ends.
     """
     if not active():
         yield _RunSpan(None)
         return
+    session_key, run_id = keys.session_key, keys.run_id
     carrier = {k: v for k in _CARRIER_KEYS if isinstance(v := getattr(request, k, None), str)}
     span = _attempt_span(carrier, call, session_key, run_id, attempt)
     key = (session_key, run_id, call.id)
     _OPEN[key] = _OpenCall(span, carrier)
-    run = _RunSpan(key)
+    run = _RunSpan(key, flush=flush)
     try:
         yield run
     except BaseException as exc:
