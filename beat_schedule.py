@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers.celery_edge.names import HOUSEKEEPING_TASK, SWEEP_TASK
 from workers.settings import Settings
-from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
 
 __all__ = ["build_beat_schedule"]
 

@@ -1,1 +1,1 @@
-"""Thin Celery adapters: each task parses, calls domain code, and persists."""
+"""The Celery task functions only: each parses, calls the worker or watchdog package, and ends the task."""

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from kombu.serialization import registry  # type: ignore[attr-defined]  # absent from the stubs
 
-from workers.task_names import INVOKE_TASK
+from workers.celery_edge.names import INVOKE_TASK
 
 SEPARATOR = b"\x00\x01"  # celery.security.serialization.DEFAULT_SEPARATOR
 

@@ -10,10 +10,9 @@ decisions read the typed ``retryable`` field, never the message text::
      │    ├── InvalidArguments       arguments failed the tool's schema (R5)
      │    ├── ToolExecutionError     the tool raised; ``retryable`` says if a retry may help
      │    └── CallFailed             a call's one result is not a tool's success (its task's FAILURE)
-     │         └── one class per reason: ToolFailed (tool_error), TimeoutSoft, TimeoutHard,
-     │             HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory, ArgumentsInvalid, UnknownTool,
-     │             ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled, LoopBlocked, RunAborted,
-     │             CircuitOpen, CallMismatch, StillRunning
+     │         └── one class per SyntheticReason, generated (workers.core.outcome.CALL_FAILURES):
+     │             TimeoutSoft (timeout_soft), WorkerLost (worker_lost), ...; ToolFailed for
+     │             tool_error and ArgumentsInvalid for invalid_arguments (the names Flower shows)
      ├── LoopDetected                the loop detector blocked a call or aborted a run
      │    └── CompactionLoopPersisted  a loop survived context compaction: the run is aborted
      ├── TranscriptError
@@ -35,47 +34,28 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "CALL_FAILURES",
-    "ArgumentsInvalid",
     "CallFailed",
-    "CallMismatch",
-    "Cancelled",
-    "CircuitOpen",
     "ClusterDown",
     "CompactionLoopPersisted",
     "ConfigError",
-    "Crashed",
-    "DeadlineExceeded",
-    "DispatchFailed",
-    "HeartbeatTimeout",
     "InvalidArguments",
-    "LoopBlocked",
     "LoopDetected",
     "NoReplicas",
-    "OutOfMemory",
     "PrimaryDown",
     "ProviderFormatError",
     "ReadOnlyRedis",
     "RedisLoading",
     "RedisOutOfMemory",
     "RedisRefused",
-    "RunAborted",
-    "StillRunning",
     "StoreError",
     "StreamIdleTimeout",
-    "TimeoutHard",
-    "TimeoutSoft",
     "ToolCallError",
     "ToolExecutionError",
-    "ToolFailed",
-    "ToolNotAllowed",
     "ToolNotFound",
     "TranscriptError",
     "TranscriptRepairError",
-    "UnknownTool",
     "UnstuckError",
     "WorkerConfigError",
-    "WorkerLost",
 ]
 
 
@@ -128,7 +108,9 @@ class CallFailed(ToolCallError):
     """A call whose one result is not a tool's success: its invoke task ends FAILURE with this.
 
     The subclass names the reason, the message the reason and what the model was told (never
-    a traceback); ``info`` is the call's outcome summary (``workers.core.outcome``).
+    a traceback); ``info`` is the call's outcome summary. There is one subclass per
+    ``SyntheticReason``, generated where results become task outcomes
+    (``workers.core.outcome.CALL_FAILURES``): the reason enum is the one list of them.
     """
 
     reason = ""
@@ -136,125 +118,6 @@ class CallFailed(ToolCallError):
     def __init__(self, message: str, info: dict[str, Any] | None = None) -> None:
         self.info = info or {}
         super().__init__(message)
-
-
-class ToolFailed(CallFailed):
-    """The tool raised (``tool_error``)."""
-
-    reason = "tool_error"
-
-
-class TimeoutSoft(CallFailed):
-    """The tool was stopped at its soft limit."""
-
-    reason = "timeout_soft"
-
-
-class TimeoutHard(CallFailed):
-    """The tool ignored its soft limit and was killed at the hard limit."""
-
-    reason = "timeout_hard"
-
-
-class HeartbeatTimeout(CallFailed):
-    """The tool stopped reporting progress."""
-
-    reason = "heartbeat_timeout"
-
-
-class WorkerLost(CallFailed):
-    """The worker running the tool was lost (its lease lapsed)."""
-
-    reason = "worker_lost"
-
-
-class Crashed(CallFailed):
-    """The process running the tool died."""
-
-    reason = "crashed"
-
-
-class OutOfMemory(CallFailed):
-    """The call needed more memory than its limit (``memory_limit_mb``) and was stopped."""
-
-    reason = "out_of_memory"
-
-
-class ArgumentsInvalid(CallFailed):
-    """The call's arguments failed the tool's schema; nothing ran."""
-
-    reason = "invalid_arguments"
-
-
-class UnknownTool(CallFailed):
-    """The call named no registered tool; nothing ran."""
-
-    reason = "unknown_tool"
-
-
-class ToolNotAllowed(CallFailed):
-    """The agent may not call this tool; nothing ran."""
-
-    reason = "tool_not_allowed"
-
-
-class DispatchFailed(CallFailed):
-    """The call could not be handed to the broker; nothing ran."""
-
-    reason = "dispatch_failed"
-
-
-class DeadlineExceeded(CallFailed):
-    """The call had no result by its deadline."""
-
-    reason = "deadline_exceeded"
-
-
-class Cancelled(CallFailed):
-    """The call was cancelled (its task is shown revoked)."""
-
-    reason = "cancelled"
-
-
-class LoopBlocked(CallFailed):
-    """The loop detector refused to run the call."""
-
-    reason = "loop_blocked"
-
-
-class RunAborted(CallFailed):
-    """The call's run had ended; the call did not run (its task is shown revoked)."""
-
-    reason = "run_aborted"
-
-
-class CircuitOpen(CallFailed):
-    """The tool's shared circuit breaker was open; the call did not run."""
-
-    reason = "circuit_open"
-
-
-class CallMismatch(CallFailed):
-    """A task message was not the job registered for the call (altered or forged); nothing ran."""
-
-    reason = "call_mismatch"
-
-
-class StillRunning(CallFailed):
-    """The MCP client would have given up first: answered while the tool runs on (result kept)."""
-
-    reason = "still_running"
-
-
-CALL_FAILURES: dict[str, type[CallFailed]] = {
-    cls.reason: cls
-    for cls in (
-        ToolFailed, TimeoutSoft, TimeoutHard, HeartbeatTimeout, WorkerLost, Crashed, OutOfMemory,
-        ArgumentsInvalid, UnknownTool, ToolNotAllowed, DispatchFailed, DeadlineExceeded, Cancelled,
-        LoopBlocked, RunAborted, CircuitOpen, CallMismatch, StillRunning,
-    )
-}  # fmt: skip
-"""The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""
 
 
 class LoopDetected(UnstuckError):

@@ -43,7 +43,7 @@ def preflight(settings: Settings) -> None:
 def worker_argv(settings: Settings, *, concurrency: int | None, hostname: str, loglevel: str) -> list[str]:
     """The celery command line of a tool worker: always prefork, events on, the tool queue only."""
     return [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", "workers.celery_edge.app", "worker",
         "--pool", "prefork",
         "--concurrency", str(concurrency or settings.worker.concurrency),
         "--queues", settings.broker.queue,
@@ -61,7 +61,7 @@ def watchdog_argv(settings: Settings, *, hostname: str, loglevel: str) -> list[s
     one still runs; the control app registers no tool task, so this process runs no tools.
     """
     return [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app:control_app", "worker",
+        sys.executable, "-m", "celery", "-A", "workers.celery_edge.app:control_app", "worker",
         "--pool", "prefork",
         "--concurrency", "1",
         "--queues", settings.broker.control_queue,
@@ -76,7 +76,7 @@ def beat_argv(*, loglevel: str, schedule_file: str | None) -> list[str]:
     """The celery command line of beat (``schedule_file`` default: a fresh temp dir)."""
     schedule = schedule_file or os.path.join(tempfile.mkdtemp(prefix="unstuck-beat-"), "schedule")
     return [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app:control_app", "beat",
+        sys.executable, "-m", "celery", "-A", "workers.celery_edge.app:control_app", "beat",
         "--loglevel", loglevel, "--schedule", schedule,
     ]  # fmt: skip
 
@@ -84,6 +84,6 @@ def beat_argv(*, loglevel: str, schedule_file: str | None) -> list[str]:
 def flower_argv(port: int, address: str) -> list[str]:
     """The Flower command line: our Celery app (so our broker), the port, the address, our columns."""
     return [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "flower",
+        sys.executable, "-m", "celery", "-A", "workers.celery_edge.app", "flower",
         f"--tasks_columns={FLOWER_TASK_COLUMNS}", f"--port={port}", f"--address={address}",
     ]  # fmt: skip

@@ -37,7 +37,7 @@ from tests.harness import (
     start_worker,
     wait_until,
 )
-from workers.celery_app import create_app
+from workers.celery_edge.app import create_app
 from workers.core.models import ToolCall, ToolResult
 from workers.gateway.client import ToolGateway
 from workers.gateway.dispatching import Dispatcher

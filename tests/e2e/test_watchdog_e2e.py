@@ -27,7 +27,8 @@ from tests.harness import (
     start_worker,
     wait_until,
 )
-from workers.celery_app import create_app
+from workers.celery_edge.app import create_app
+from workers.celery_edge.names import INVOKE_TASK, SWEEP_TASK
 from workers.core.models import CallJob, ToolCall
 from workers.core.run_health import RunStatus
 from workers.local.embedded_redis import EmbeddedRedis
@@ -35,7 +36,6 @@ from workers.settings import Settings
 from workers.store.connection import connect
 from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
-from workers.task_names import INVOKE_TASK, SWEEP_TASK
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

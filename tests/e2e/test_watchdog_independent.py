@@ -24,13 +24,13 @@ from tests.harness import (
     start_worker,
     wait_until,
 )
+from workers.celery_edge.names import SWEEP_TASK
 from workers.core.run_health import RunStatus
 from workers.gateway.client import ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 from workers.store.sessions import SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness
-from workers.task_names import SWEEP_TASK
 
 pytestmark = [pytest.mark.slow]
 

@@ -8,67 +8,40 @@ gets its one output (the hung one by its deadline plus grace), and the ledger ho
 
 from __future__ import annotations
 
+import importlib.util
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
-pytest.importorskip("agents")
-
-from agents import Agent, ModelResponse, Runner, Tool, Usage
-from agents.items import ToolCallOutputItem
-from agents.models.interface import Model
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
-
 from tests.harness import Proc
-from workers.adapters.openai_agents import unstuck_function_tools, unstuck_run_config
 from workers.gateway.client import ToolGateway
 from workers.store.records import CallField
 
+# The SDK loads in the test (tests/integration/openai_agents_loop.py), not at collection.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("agents") is None, reason="openai-agents not installed"
+)
+
 SLACK_S = 3.0
-
-
-def _call(call_id: str, name: str, arguments: str) -> ResponseFunctionToolCall:
-    return ResponseFunctionToolCall(
-        type="function_call", id=f"fc-{call_id}", call_id=call_id, name=name, arguments=arguments
-    )
-
-
-def _text(text: str) -> ResponseOutputMessage:
-    content = [ResponseOutputText(type="output_text", text=text, annotations=[])]
-    return ResponseOutputMessage(
-        type="message", id="m1", role="assistant", status="completed", content=content
-    )
-
-
-class ScriptedModel(Model):
-    """Returns the scripted outputs turn by turn; records the tools it was offered."""
-
-    def __init__(self, turns: list[list[Any]]) -> None:
-        self.turns = turns
-        self.offered: list[str] = []
-
-    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-        tools = kwargs.get("tools", args[3] if len(args) > 3 else [])
-        self.offered = [tool.name for tool in tools]
-        return ModelResponse(output=self.turns.pop(0), usage=Usage(), response_id=None)
-
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError("the scripted model does not stream")
 
 
 @pytest.mark.timeout(90)
 async def test_an_agents_sdk_run_routes_every_call_through_unstuck(
     worker: Proc, agateway: ToolGateway
 ) -> None:
+    from agents import Agent, Runner, Tool
+    from agents.items import ToolCallOutputItem
+
+    from tests.integration.openai_agents_loop import ScriptedModel, function_call, text_message
+    from workers.adapters.openai_agents import unstuck_function_tools, unstuck_run_config
+
     turn = [
-        _call("oa-echo", "echo", '{"text": "hi"}'),
-        _call("oa-hung", "sleepy", '{"seconds": 60}'),
-        _call("oa-bad", "echo", "{not json"),
-        _call("oa-nope", "no_such_tool", "{}"),
+        function_call("oa-echo", "echo", '{"text": "hi"}'),
+        function_call("oa-hung", "sleepy", '{"seconds": 60}'),
+        function_call("oa-bad", "echo", "{not json"),
+        function_call("oa-nope", "no_such_tool", "{}"),
     ]
-    model = ScriptedModel([turn, [_text("done")]])
+    model = ScriptedModel([turn, [text_message("done")]])
     tools: list[Tool] = [*unstuck_function_tools(agateway, "oa", "r1")]
     agent = Agent(name="a", instructions="use tools", model=model, tools=tools)
     config = unstuck_run_config(agateway, "oa", "r1", tracing_disabled=True)

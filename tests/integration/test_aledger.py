@@ -17,6 +17,14 @@ from workers.store.ledger import Ledger
 from workers.store.records import CallField
 
 
+async def _listening_on(aio: AsyncLedger, *done_keys: str, timeout_s: float = 10.0) -> None:
+    """Wait until the loop's listener has a ``BLPOP`` out on every one of ``done_keys``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not set(done_keys) <= aio._listener._listening:
+        assert asyncio.get_running_loop().time() < deadline, f"listener never blocked on {done_keys}"
+        await asyncio.sleep(0.005)
+
+
 @pytest.fixture
 async def ledgers(settings: Settings) -> AsyncIterator[tuple[Ledger, AsyncLedger]]:
     sync, aio = open_ledger(settings), open_async_ledger(settings)
@@ -81,7 +89,9 @@ async def test_a_wake_up_brings_the_results_read_behind_its_signal(
     assert await aio.wait_for_results(keys, 0.05, mine={"a", "b"}, read=["a", "b"]) is None
     both = asyncio.create_task(aio.wait_for_results(keys, 5.0, mine={"a", "b"}, read=["a", "b"]))
     elsewhere = asyncio.create_task(aio.wait_for_results(other, 5.0, mine={"z"}, read=["z"]))
-    await asyncio.sleep(0.05)  # both waiting, the listener blocked on both runs' lists
+    # both waiting, the listener blocked on both runs' lists (the first wait's BLPOP, still
+    # blocked on this run's list alone, would bring the signal without the results behind it)
+    await _listening_on(aio, keys.done, other.done)
 
     async def no_second_round_trip(*_args: object) -> None:
         raise AssertionError("the results were not read behind the signal")

@@ -13,9 +13,9 @@ import pytest
 
 from tests.harness import Proc, base_env, processes_with_cmdline, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
+from workers.celery_edge.names import INVOKE_TASK
 from workers.settings import Settings
 from workers.store.keys import all_index_keys
-from workers.task_names import INVOKE_TASK
 
 GRACE_S = 2.0
 

@@ -2,7 +2,7 @@
 
 kombu tracks each unacknowledged Redis message in ``unacked`` / ``unacked_index`` (two MULTI
 round trips per call in the worker's main process); the ledger, not that redelivery, answers
-a call whose message is lost (workers/celery_config.py: LedgerAckedAMQP).
+a call whose message is lost (workers/celery_edge/app_config.py: LedgerAckedAMQP).
 """
 
 from __future__ import annotations

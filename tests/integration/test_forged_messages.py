@@ -16,12 +16,12 @@ import pytest
 from tests.harness import Proc, base_env, registration_fields, start_watchdog, task_outcome, wait_until
 from tests.signing import invoke_body, publish_raw
 from workers import ToolCall, ToolGateway
+from workers.celery_edge.names import INVOKE_TASK, SWEEP_TASK
 from workers.core.models import CallJob
 from workers.core.refusals import RefusalReason
 from workers.store.ledger import Ledger
 from workers.store.records import CallField
 from workers.store.refused import refusal_counts
-from workers.task_names import INVOKE_TASK, SWEEP_TASK
 
 pytestmark = pytest.mark.timeout(60)
 

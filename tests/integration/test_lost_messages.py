@@ -20,8 +20,9 @@ import redis
 
 from tests.harness import GatewayOn, Proc, WorkerOn, base_env, wait_until
 from workers import ToolGateway
-from workers.core.models import ToolCall, ToolResult
+from workers.core.models import CallState, ToolCall, ToolResult
 from workers.settings import Settings
+from workers.store.call_views import CallRecord
 from workers.store.keys import broker_queue_key
 from workers.store.records import CallField
 
@@ -51,6 +52,10 @@ def _call_in_thread(
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, results
+
+
+def _state(record: CallRecord | None) -> CallState | None:
+    return None if record is None else record.state
 
 
 def _runs(runs_file: Path) -> list[str]:
@@ -97,8 +102,13 @@ def test_a_call_queued_behind_a_busy_worker_runs_once_however_many_copies(
     hog_thread, hog = _call_in_thread(
         gateway, "busy", ToolCall(id="h", name="slow", arguments={"seconds": 2.5 * LEASE_S})
     )
+    # (running, not only off the queue: an empty queue is also what the hog's thread sees
+    # before it has registered, and the call below would then run first, unqueued)
+    ledger = gateway._rt.ledger
     wait_until(
-        lambda: broker.llen(broker_queue_key(settings.broker.queue)) == 0, timeout_s=10, what="the hog taken"
+        lambda: _state(ledger.record(ledger.keys("busy", "r"), "h")) is CallState.RUNNING,
+        timeout_s=10,
+        what="the hog running",
     )
     # When a call waits in the queue behind it (a real backlog, not a lost message)
     thread, results = _call_in_thread(

@@ -15,8 +15,8 @@ import pytest
 
 from tests.harness import Proc, registration_fields, wait_until
 from workers import ToolGateway
+from workers.celery_edge.names import INVOKE_TASK
 from workers.core.models import CallJob
-from workers.task_names import INVOKE_TASK
 
 
 def _dead_pid() -> int:

@@ -8,20 +8,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
 
+import workers.celery_edge.event_batching as batching
 from tests.harness import wait_until
-from workers.celery_app import create_app
+from workers.celery_edge.app import create_app
+from workers.celery_edge.event_batching import BatchedTaskEvents
+from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.gateway.client import ToolGateway
 from workers.runtime import open_ledger
 from workers.settings import Settings
 from workers.store.records import CallField
-from workers.task_events import TaskEvents
 
 
 class Captured:
@@ -230,3 +233,39 @@ def test_a_failing_listener_never_fails_the_stored_answer(gateway: ToolGateway) 
     assert ledger.finish(keys, answer, now_ms=now + 1, writer="test")
     assert ledger.results(keys, ["c1"]) == {"c1": answer}
     ledger.close()
+
+
+class TimerHub:
+    """The consumer's event loop, as far as the step uses it: timers, fired by the test."""
+
+    def __init__(self) -> None:
+        self.timers: list[tuple[float, Any]] = []
+
+    def call_later(self, delay_s: float, callback: Any) -> None:
+        self.timers.append((delay_s, callback))
+
+
+@pytest.mark.timeout(60)
+def test_celerys_own_dispatcher_publishes_the_worker_events_only_when_the_step_flushes(
+    settings: Settings, app: Celery, captured: Captured, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pins what BatchedTaskEvents relies on in Celery's EventDispatcher: events of the buffered
+    # "task" group wait in its buffer, ``on_send_buffered`` is called for each, ``flush`` sends them.
+    # Given Celery's dispatcher built as the consumer's Events step builds it, re-armed by the step
+    monkeypatch.setattr(batching, "runtime", lambda: SimpleNamespace(settings=settings))
+    with app.connection_for_write() as conn:
+        dispatcher = app.events.Dispatcher(conn, hostname="edge-pin@test", buffer_group=["task"])
+        consumer = SimpleNamespace(hub=TimerHub(), event_dispatcher=dispatcher)
+        step = BatchedTaskEvents(consumer)
+        step.start(consumer)
+        # When two task events are sent
+        dispatcher.send("task-received", uuid="pin/r/c1#1", name="echo")
+        dispatcher.send("task-started", uuid="pin/r/c1#1")
+        # Then nothing is published before the step's one timer fires
+        assert [delay for delay, _ in consumer.hub.timers] == [settings.broker.task_events_flush_ms / 1000]
+        time.sleep(0.3)  # what must not happen needs a wait
+        assert captured.of("pin/r/c1#1") == []
+        consumer.hub.timers[0][1]()
+        wait_until(lambda: len(captured.of("pin/r/c1#1")) == 2, timeout_s=10, what="the flushed events")
+        assert [kind for kind, _ in captured.of("pin/r/c1#1")] == ["task-received", "task-started"]
+        dispatcher.close()

@@ -1,6 +1,6 @@
 """Messages the async gateway pushes itself: what ``send_task`` would push, and workers run them.
 
-See :mod:`workers.gateway.task_messages`: the message is built by Celery's ``as_task_v2`` and
+See :mod:`workers.celery_edge.messages`: the message is built by Celery's ``as_task_v2`` and
 wrapped as kombu's Redis transport wraps it, then pushed with one ``LPUSH`` from the event
 loop. Compared here with the message ``send_task`` leaves on a real Redis for the same
 options, and run by a real worker with ``send_task`` made unusable.
@@ -17,16 +17,16 @@ import pytest
 import redis
 
 from tests.harness import Proc
-from workers.celery_config import configured_app
+from workers.celery_edge.app_config import configured_app
+from workers.celery_edge.messages import TaskMessages, fast_publish_possible
+from workers.celery_edge.names import INVOKE_TASK
 from workers.core.models import ToolCall
 from workers.core.run_health import RunStatus
 from workers.gateway.client import ToolGateway
-from workers.gateway.task_messages import TaskMessages, fast_publish_possible
 from workers.settings import Settings
 from workers.store.keys import broker_queue_key
 from workers.store.ledger import Ledger, Registration
 from workers.store.sessions import SessionStore
-from workers.task_names import INVOKE_TASK
 
 
 def _decoded(raw: bytes | str) -> dict[str, Any]:

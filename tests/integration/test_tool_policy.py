@@ -10,8 +10,8 @@ import pytest
 
 from tests.harness import GatewayOn, Proc, WorkerOn, base_env, registration_fields, wait_until
 from workers import ToolCall, ToolGateway
+from workers.celery_edge.names import INVOKE_TASK
 from workers.core.models import CallJob
-from workers.task_names import INVOKE_TASK
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from workers.runtime import open_ledger
+import workers.watchdog.service as service_module
+from tests.harness import settings_of
+from workers.celery_edge.app import create_app
+from workers.runtime import Runtime, open_ledger
 from workers.settings import Settings
+from workers.store.events import recent_events
 from workers.store.keys import watchdog_key
 from workers.store.watchdog_liveness import RECORD_TTL_MS, WatchdogLiveness
 from workers.watchdog.operator_view import watchdog_warning
+from workers.watchdog.service import WatchdogService
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,3 +51,24 @@ def test_the_operator_is_warned_when_no_sweep_completed_lately(settings: Setting
     warning = watchdog_warning(record, now=131_000, interval_s=15)
     assert warning is not None
     assert "31.0 s ago" in warning
+
+
+def test_the_watchdog_service_alerts_when_a_sweep_comes_more_than_two_intervals_late(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the watchdog process's service, sweeps due every 100 ms, and its clock in hand
+    settings = settings_of({**env, "UNSTUCK_WATCHDOG__INTERVAL_S": "0.1"})
+    ledger = open_ledger(settings)
+    app = create_app(settings, role="client")
+    service = WatchdogService(app, Runtime(settings=settings, ledger=ledger, tools={}))
+    clock = iter([10_000, 10_000, 10_150, 10_150, 10_650, 10_650])  # each sweep reads it twice
+    monkeypatch.setattr(service_module, "now_ms", lambda: next(clock))
+    # When three sweeps complete: the first, one on time (150 ms), one late (500 ms)
+    for _ in range(3):
+        service.sweep()
+    # Then only the late one raised watchdog_late, on the events stream, with its gap
+    late = [fields for _, fields in recent_events(ledger, 50) if fields.get("kind") == "watchdog_late"]
+    assert [(f["gap_ms"], f["interval_ms"]) for f in late] == [("500", "100")]
+    service.events.close(timeout_s=5)
+    app.close()
+    ledger.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.celery_app import celery_config
+from workers.celery_edge.app import celery_config
 from workers.settings import Settings
 
 REDIS = "redis://127.0.0.1:6390/0"

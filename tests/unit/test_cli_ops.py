@@ -226,7 +226,7 @@ def test_is_loopback(address: str, loopback: bool) -> None:
 def test_flower_argv_targets_our_app_without_credentials() -> None:
     argv = flower_argv(5555, "127.0.0.1")
     assert argv[1:] == [
-        "-m", "celery", "-A", "workers.celery_app", "flower",
+        "-m", "celery", "-A", "workers.celery_edge.app", "flower",
         "--tasks_columns=name,uuid,state,exception,result,received,runtime,worker",
         "--port=5555", "--address=127.0.0.1",
     ]  # fmt: skip

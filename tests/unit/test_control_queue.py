@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from celery import Celery
 
-import workers.celery_app
+import workers.celery_edge.app
 from beat_schedule import build_beat_schedule
-from workers.celery_app import celery_config, create_app
+from workers.celery_edge.app import celery_config, create_app
+from workers.celery_edge.names import HOUSEKEEPING_TASK, INVOKE_TASK, SWEEP_TASK
 from workers.launch import watchdog_argv, worker_argv
 from workers.settings import Settings
-from workers.task_names import HOUSEKEEPING_TASK, INVOKE_TASK, SWEEP_TASK
 
 SETTINGS = Settings(redis={"url": "redis://127.0.0.1:1/0"})
 
@@ -34,15 +34,15 @@ def test_a_tool_worker_listens_to_the_tool_queue_only_and_the_watchdog_to_the_co
     watchdog = watchdog_argv(SETTINGS, hostname="wd@h", loglevel="INFO")
     assert worker[worker.index("--queues") + 1] == "unstuck.tools"
     assert watchdog[watchdog.index("--queues") + 1] == "unstuck.control"
-    assert "workers.celery_app:control_app" in watchdog
+    assert "workers.celery_edge.app:control_app" in watchdog
 
 
 def test_each_role_registers_only_its_own_tasks() -> None:
-    # When each process's app (`-A workers.celery_app` and `-A workers.celery_app:control_app`)
+    # When each process's app (`-A workers.celery_edge.app` and `-A workers.celery_edge.app:control_app`)
     # loads its task modules, as `celery worker` does at start-up, in one interpreter
     registered = {}
     for attribute in ("app", "control_app"):
-        app = getattr(workers.celery_app, attribute)
+        app = getattr(workers.celery_edge.app, attribute)
         app.loader.import_default_modules()
         registered[attribute] = {name for name in app.tasks if name.startswith("unstuck.")}
     # Then a tool worker cannot run a sweep and the watchdog cannot run a tool

@@ -30,7 +30,7 @@ from workers.settings import Settings, load_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # Programs other than unstuck a manifest may run, with what their argv must contain.
-OTHER_PROGRAMS = {"redis-server": [], "redis-cli": [], "celery": ["-A", "workers.celery_app"]}
+OTHER_PROGRAMS = {"redis-server": [], "redis-cli": [], "celery": ["-A", "workers.celery_edge.app"]}
 
 
 class ManifestError(ValueError):

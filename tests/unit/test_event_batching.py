@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-import tasks.event_batching as batching
-from tasks.event_batching import BUFFER_LIMIT, BatchedTaskEvents
+import workers.celery_edge.event_batching as batching
+from workers.celery_edge.event_batching import BUFFER_LIMIT, BatchedTaskEvents
 from workers.settings import Settings
 
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from workers.celery_app import celery_config
+from workers.celery_edge.app import celery_config
 from workers.cli.main import main
 from workers.config_file import translate_reference_config
 from workers.core.config_checks import ConfigWarning

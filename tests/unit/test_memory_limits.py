@@ -26,8 +26,7 @@ from workers.core.memory_limits import (
     resolve_memory_limit_mb,
 )
 from workers.core.models import SyntheticReason, ToolCall
-from workers.core.outcome import outcome_of
-from workers.errors import OutOfMemory
+from workers.core.outcome import CALL_FAILURES, outcome_of
 from workers.settings import load_settings
 from workers.worker.memory_cgroups import CgroupLayout, MemoryCgroups, find_layout
 from workers.worker.memory_guard import MemoryGuard
@@ -123,7 +122,7 @@ def test_the_kernels_oom_kill_is_told_from_a_crash() -> None:
 def test_flower_shows_out_of_memory_as_its_own_failure_class() -> None:
     result = out_of_memory_result(CALL, limit_mb=256, cause=OomCause.CHILD_KILLED, elapsed_ms=5, attempt=1)
     failure = outcome_of(result).failure()
-    assert type(failure) is OutOfMemory
+    assert type(failure) is CALL_FAILURES[SyntheticReason.OUT_OF_MEMORY]
     assert failure.reason == "out_of_memory"
 
 

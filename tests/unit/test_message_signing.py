@@ -13,8 +13,8 @@ from kombu.serialization import dumps, loads
 from pydantic import ValidationError
 
 from tests.signing import SigningFiles, kombu_registry_restored, make_signing_files
-from workers.celery_app import create_app
-from workers.celery_config import celery_config
+from workers.celery_edge.app import create_app
+from workers.celery_edge.app_config import celery_config
 from workers.errors import ConfigError
 from workers.settings import Settings
 

@@ -6,14 +6,43 @@ import pickle
 
 import pytest
 
-from workers.celery_config import celery_config
+from workers.celery_edge.app_config import celery_config
 from workers.core.models import SyntheticReason, ToolCall
-from workers.core.outcome import TaskState, closing_event, failure_event, outcome_of
+from workers.core.outcome import CALL_FAILURES, TaskState, closing_event, failure_event, outcome_of
 from workers.core.results import fallback_result, success_result, synthetic_result, tool_error_result
-from workers.errors import CALL_FAILURES, CallFailed, Cancelled, TimeoutHard, ToolFailed
+from workers.errors import CallFailed
 from workers.settings import Settings
 
 CALL = ToolCall(id="c1", name="fetch", arguments={})
+ToolFailed = CALL_FAILURES[SyntheticReason.TOOL_ERROR]
+Cancelled = CALL_FAILURES[SyntheticReason.CANCELLED]
+
+# What Flower shows as each failed task's exception class, one per reason.
+FLOWER_NAMES = {
+    "timeout_soft": "TimeoutSoft",
+    "timeout_hard": "TimeoutHard",
+    "heartbeat_timeout": "HeartbeatTimeout",
+    "worker_lost": "WorkerLost",
+    "crashed": "Crashed",
+    "out_of_memory": "OutOfMemory",
+    "invalid_arguments": "ArgumentsInvalid",
+    "unknown_tool": "UnknownTool",
+    "tool_not_allowed": "ToolNotAllowed",
+    "dispatch_failed": "DispatchFailed",
+    "deadline_exceeded": "DeadlineExceeded",
+    "cancelled": "Cancelled",
+    "tool_error": "ToolFailed",
+    "loop_blocked": "LoopBlocked",
+    "run_aborted": "RunAborted",
+    "circuit_open": "CircuitOpen",
+    "call_mismatch": "CallMismatch",
+    "still_running": "StillRunning",
+}
+
+
+def test_each_reason_has_one_failure_class_under_the_name_flower_shows() -> None:
+    assert {reason: cls.__name__ for reason, cls in CALL_FAILURES.items()} == FLOWER_NAMES
+    assert all(cls.reason == reason and issubclass(cls, CallFailed) for reason, cls in CALL_FAILURES.items())
 
 
 def test_a_tools_success_is_the_only_success() -> None:
@@ -97,7 +126,7 @@ def test_a_failure_survives_the_pool_pipe_with_its_info() -> None:
         synthetic_result(CALL, SyntheticReason.TIMEOUT_HARD, elapsed_ms=1, attempt=1)
     ).failure()
     copy = pickle.loads(pickle.dumps(failure))
-    assert type(copy) is TimeoutHard
+    assert type(copy) is CALL_FAILURES[SyntheticReason.TIMEOUT_HARD]
     assert copy.info == failure.info
     assert failure_event(copy) == failure_event(failure)
 

@@ -8,7 +8,7 @@ from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.concurrency.thread import TaskPool as ThreadPool
 
-from tasks.worker_steps import check_pool
+from workers.celery_edge.bootsteps import check_pool
 from workers.errors import UnstuckError, WorkerConfigError
 
 

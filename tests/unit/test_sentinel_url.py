@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.celery_config import celery_config
+from workers.celery_edge.app_config import celery_config
 from workers.core.sentinel_url import is_sentinel_url, parse_sentinel_url
 from workers.errors import ConfigError, StoreError
 from workers.settings import Settings, load_settings

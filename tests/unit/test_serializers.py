@@ -12,7 +12,7 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import dumps, loads, prepare_accept_content
 from pydantic import ValidationError
 
-from workers.celery_app import create_app
+from workers.celery_edge.app import create_app
 from workers.core.models import CallJob
 from workers.core.tool_policy import BUILTIN_TOOLS
 from workers.errors import ToolNotFound

@@ -175,7 +175,7 @@ def _kill(args: argparse.Namespace, settings: Settings, store: SessionStore) -> 
     info = _find(store, args.id)
     if info is None:
         return 1
-    from workers.celery_app import create_app
+    from workers.celery_edge.app import create_app
 
     app = create_app(settings, role="client")
     if not args.let_finish:

@@ -15,13 +15,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.core.models import SyntheticReason, ToolResult
-from workers.errors import CALL_FAILURES, CallFailed
+from workers.errors import CallFailed
 from workers.redact import redact
 
-__all__ = ["CallOutcome", "TaskState", "closing_event", "failure_event", "outcome_of"]
+__all__ = ["CALL_FAILURES", "CallOutcome", "TaskState", "closing_event", "failure_event", "outcome_of"]
 
 _MESSAGE_CHARS = 500
 _REVOKED = frozenset({SyntheticReason.CANCELLED.value, SyntheticReason.RUN_ABORTED.value})
+
+# Two reasons keep names of their own in Flower: their CamelCase would be the name of the
+# error the gateway raises (InvalidArguments), or say less than the tool failed (ToolError).
+_CLASS_NAMES = {
+    SyntheticReason.TOOL_ERROR: "ToolFailed",
+    SyntheticReason.INVALID_ARGUMENTS: "ArgumentsInvalid",
+}
+
+
+def _failure_class(reason: SyntheticReason) -> type[CallFailed]:
+    name = _CLASS_NAMES.get(reason) or "".join(word.capitalize() for word in reason.split("_"))
+    doc = f"A call answered ``{reason.value}``: its task's exception, the class name Flower shows."
+    return type(name, (CallFailed,), {"reason": reason.value, "__doc__": doc, "__module__": __name__})
+
+
+CALL_FAILURES: dict[str, type[CallFailed]] = {r.value: _failure_class(r) for r in SyntheticReason}
+"""The :class:`CallFailed` subclass of each reason (``details.reason`` of a result)."""
+
+# Module attributes too, so pickle finds each class by name: the pool child sends the
+# exception to the worker's main process, which builds the task's closing event from it.
+globals().update({cls.__name__: cls for cls in CALL_FAILURES.values()})
 
 
 class TaskState(enum.StrEnum):

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from celery import Celery
 
 from workers import tracing
+from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer
 from workers.gateway.async_submit import AsyncSubmitter
@@ -31,7 +32,6 @@ from workers.gateway.waiting import Batch
 from workers.runtime import Runtime, open_async_ledger
 from workers.settings import Settings
 from workers.store.keys import RunKeys
-from workers.task_events import TaskEvents
 
 __all__ = ["AsyncCalls"]
 

@@ -6,7 +6,7 @@ at admission: :meth:`CallPath.storeless_until_registration`) passes them on the 
 first call of a run opens it on the submission pool: two round trips); each call is then
 registered through the asyncio ledger (the same script and arguments as the sync ledger),
 whose register script pushes its message onto the broker's Redis list in the same step
-(:mod:`workers.gateway.task_messages`), its ``task-sent`` event left to the gateway's event
+(:mod:`workers.celery_edge.messages`), its ``task-sent`` event left to the gateway's event
 thread. Anything else (loop detection,
 breakers, a refusal, an aborted run, a signed or non-Redis broker) takes the sync path on
 the submission pool. The guarantees are the same either way: first writer wins,

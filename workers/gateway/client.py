@@ -15,7 +15,8 @@ from typing import Any
 from celery import Celery
 
 from workers import tracing
-from workers.celery_config import client_app
+from workers.celery_edge.app_config import client_app
+from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer, encode_results
 from workers.core.run_health import RunStatus
@@ -39,7 +40,6 @@ from workers.store.ledger import Ledger
 from workers.store.loop_history import RedisLoopHistory
 from workers.store.runs import AgentBeats
 from workers.store.sessions import SessionStore
-from workers.task_events import TaskEvents
 from workers.tools.definitions import tool_definitions
 
 __all__ = ["ToolGateway"]

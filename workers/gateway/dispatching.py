@@ -12,18 +12,18 @@ from typing import Any
 from celery import Celery
 
 from workers import tracing
+from workers.celery_edge.messages import TaskMessages, fast_publish_possible
+from workers.celery_edge.names import INVOKE_TASK, invoke_task_id, invoke_task_label
 from workers.core.job_digest import job_digest
 from workers.core.limits import resolve_limits
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import RejectedCall
 from workers.core.results import not_allowed_result, rejected_result, synthetic_result
 from workers.errors import InvalidArguments, ToolNotFound
-from workers.gateway.task_messages import TaskMessages, fast_publish_possible
 from workers.settings import Settings
 from workers.store.keys import RunKeys, broker_queue_key
 from workers.store.ledger import Ledger, Registration
 from workers.store.records import CallField
-from workers.task_names import INVOKE_TASK, invoke_task_id, invoke_task_label
 from workers.tools.registry import get_tool, validate_arguments
 
 __all__ = ["Dispatcher", "task_id"]
@@ -64,7 +64,7 @@ class Dispatcher:
     Flower: Celery's own ``task_send_sent_event`` is off, it cost a publish per call).
 
     With a plain Redis broker on the ledger's own node (:func:`fast_publish_possible`), a new
-    call's message is built here (:mod:`workers.gateway.task_messages`) and pushed by the
+    call's message is built here (:mod:`workers.celery_edge.messages`) and pushed by the
     register script itself: one round trip registers and publishes, without ``send_task``.
     Otherwise (signing, another broker, Redis Cluster, a redispatch) ``send_task`` publishes.
     """

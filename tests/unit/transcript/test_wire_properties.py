@@ -20,6 +20,10 @@ from tests.unit.transcript.wire_scenarios import FORMATS, Scenario, scenarios
 
 EXAMPLES = int(os.environ.get("UNSTUCK_REPAIR_EXAMPLES", "300"))
 
+# On one xdist worker: each process that runs one of these imports every provider's SDK
+# (about 3 CPU-seconds), so spread over four workers they paid it four times.
+pytestmark = pytest.mark.xdist_group("provider_sdks")
+
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_repaired_wire_transcripts_are_valid_attributed_and_stable(fmt: str) -> None:

@@ -1,6 +1,6 @@
 """Task names: the one place they are spelled (a leaf module, so anyone may import it).
 
-``workers.celery_app`` (routing), ``tasks/`` (registration) and ``beat_schedule.py`` (the
+``workers.celery_edge.app`` (routing), ``tasks/`` (registration) and ``beat_schedule.py`` (the
 schedule) all refer to these constants; a renamed task cannot drift apart between them.
 """
 

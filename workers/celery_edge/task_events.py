@@ -32,13 +32,13 @@ from typing import Any
 
 from celery import Celery
 
+from workers.celery_edge.names import invoke_task_id, invoke_task_label
 from workers.core.models import SyntheticReason, ToolResult
 from workers.core.outcome import closing_event, outcome_of
 from workers.errors import StoreError
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.records import CallField
-from workers.task_names import invoke_task_id, invoke_task_label
 
 __all__ = ["TaskEvents"]
 

@@ -2,7 +2,7 @@
 
 The only place our settings become Celery setting names. It imports no task module, so the
 agent process (the gateway) builds its sending app here without importing the worker's
-entry point (:mod:`workers.celery_app`, which installs the worker's bootsteps).
+entry point (:mod:`workers.celery_edge.app`, which installs the worker's bootsteps).
 """
 
 from __future__ import annotations
@@ -11,66 +11,15 @@ import ssl
 from typing import Any
 
 from celery import Celery
-from celery.app.amqp import AMQP
-from kombu import Consumer
 
 from beat_schedule import build_beat_schedule
+from workers.celery_edge.amqp import LedgerAckedAMQP
+from workers.celery_edge.names import HOUSEKEEPING_TASK, SWEEP_TASK
 from workers.core.sentinel_url import is_sentinel_url
 from workers.message_signing import apply_signing, signing_config
 from workers.settings import Settings
-from workers.task_names import HOUSEKEEPING_TASK, SWEEP_TASK
 
-__all__ = ["LedgerAckedAMQP", "celery_config", "client_app", "configured_app"]
-
-
-# The consumer tag every message of an unacknowledging consumer is stamped with (below).
-_UNACKED_TAG = "unstuck-unacked"
-
-
-class _UnackedConsumer(Consumer):
-    """A kombu consumer that takes messages without acknowledging them, on Redis.
-
-    kombu skips ``ack()`` for a no-ack consumer's message only when the message names that
-    consumer's tag in its delivery info, which kombu's Redis transport never fills in: left
-    alone, Celery's ack would still cost a MULTI round trip removing a tag never stored. Each
-    message is stamped with one tag that the channel lists as not acknowledging.
-    """
-
-    def revive(self, channel: Any) -> None:
-        """Kombu's revive, then the channel learns that this consumer's messages take no ack."""
-        super().revive(channel)
-        self.channel.no_ack_consumers = {_UNACKED_TAG}  # type: ignore[union-attr]  # a channel now
-
-    def _receive_callback(self, message: Any) -> Any:
-        if isinstance(getattr(message, "delivery_info", None), dict):
-            message.delivery_info["consumer_tag"] = _UNACKED_TAG
-        return super()._receive_callback(message)
-
-
-class LedgerAckedAMQP(AMQP):
-    """Celery's AMQP helpers, but tool messages from a Redis broker are taken without acks.
-
-    On Redis, kombu tracks every unacknowledged message in two keys (``unacked``,
-    ``unacked_index``): two MULTI round trips and eight commands per call in the worker's main
-    process, a third of its time under load (docs/performance.md). What that buys is a
-    redelivery after the visibility timeout (>= 1 h), later than any call's deadline, and the
-    ledger already answers every registered call by its deadline whatever became of its message.
-    With ``worker_disable_prefetch`` a worker takes a message only for a free pool slot, so
-    there is no buffer of taken-but-unstarted messages to lose either. RabbitMQ keeps its acks:
-    it ignores prefetch limits for consumers that do not acknowledge.
-    """
-
-    def TaskConsumer(self, channel: Any, queues: Any = None, accept: Any = None, **kw: Any) -> Any:
-        """Celery's task consumer; on Redis with prefetch disabled, one that never acknowledges."""
-        if not (self.app.conf.worker_disable_prefetch and channel.transport.driver_type == "redis"):
-            return super().TaskConsumer(channel, queues, accept, **kw)
-        return _UnackedConsumer(
-            channel,
-            accept=self.app.conf.accept_content if accept is None else accept,
-            queues=queues or list(self.queues.consume_from.values()),
-            no_ack=True,
-            **kw,
-        )
+__all__ = ["celery_config", "client_app", "configured_app"]
 
 
 def _largest_hard_limit_s(settings: Settings) -> float:
@@ -114,7 +63,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # its deadline (a hog's: 150 s) though other workers were idle (chaos seed 412917878).
         "worker_disable_prefetch": True,
         "worker_send_task_events": True,
-        # The gateway sends task-sent itself, batched (workers.task_events): Celery's cost a
+        # The gateway sends task-sent itself, batched (workers.celery_edge.task_events): Celery's cost a
         # publish per call.
         "task_send_sent_event": False,
         "task_track_started": False,

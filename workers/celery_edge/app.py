@@ -1,6 +1,8 @@
-"""The Celery app of each process role: ``celery -A workers.celery_app`` finds them here.
+"""The Celery app of each process role: ``celery -A workers.celery_edge.app`` finds them here.
 
-Their settings come from :mod:`workers.celery_config`, a leaf the gateway uses on its own.
+Their settings come from :mod:`workers.celery_edge.app_config`, a leaf the gateway uses on its own.
+The task modules are named, never imported (as Celery's ``include`` does): ``tasks/`` imports
+this module, and nothing under ``workers`` imports ``tasks``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any, Literal
 
 from celery import Celery
 
-from workers.celery_config import celery_config, client_app, configured_app
+from workers.celery_edge.app_config import celery_config, client_app, configured_app
 from workers.settings import Settings, load_settings
 
 __all__ = ["Role", "app", "celery_config", "control_app", "create_app"]
@@ -40,13 +42,13 @@ def create_app(settings: Settings | None = None, *, role: Role = "worker") -> Ce
         return client_app(settings)
     celery = configured_app(settings, include=_TASK_MODULES[role], set_as_current=True)
     # Both consuming roles: no message body can stop the consumer, and each refusal is counted.
-    celery.conf.worker_consumer = "tasks.consumer:RefusingConsumer"
+    celery.conf.worker_consumer = "workers.celery_edge.consumer:RefusingConsumer"
     # And their task events are published in batches (broker.task_events_flush_ms).
-    from tasks.event_batching import BatchedTaskEvents
+    from workers.celery_edge.event_batching import BatchedTaskEvents
 
     celery.steps["consumer"].add(BatchedTaskEvents)
     if role == "worker":
-        from tasks.worker_steps import install_worker_steps
+        from workers.celery_edge.bootsteps import install_worker_steps
 
         install_worker_steps(celery)
     return celery
@@ -59,8 +61,8 @@ def _app(role: Role) -> Celery:
 
 def __getattr__(name: str) -> Any:
     # Built on first use, so importing this module costs nothing and cannot fail on
-    # configuration; `celery -A workers.celery_app` finds `app`, and
-    # `celery -A workers.celery_app:control_app` the watchdog's.
+    # configuration; `celery -A workers.celery_edge.app` finds `app`, and
+    # `celery -A workers.celery_edge.app:control_app` the watchdog's.
     if name == "app":
         return _app("worker")
     if name == "control_app":

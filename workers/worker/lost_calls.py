@@ -1,9 +1,10 @@
-"""Answer a call whose pool child was killed or hit its hard limit.
+"""Answer a call whose pool child was killed, hit its hard limit, or stopped beating.
 
 The task's own code never runs again after a hard kill, so the result is written here: in
 the worker's main process right after the pool reports the loss, or by the next delivery of
 the same call on this host when it finds the claim held by a child that no longer exists
 (the pool may redeliver a job whose child died before it reported the job accepted).
+``kwargs`` is a task message's keyword arguments (``{"job": ...}``), as Celery's request holds them.
 """
 
 from __future__ import annotations
@@ -16,18 +17,14 @@ import socket
 from typing import Any
 
 import psutil
-from billiard.exceptions import TimeLimitExceeded
-from celery.exceptions import Ignore, Reject, Retry
-from celery.worker.request import Request
 from pydantic import ValidationError
 
 from workers import tracing
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.memory_limits import lost_child_reason, resolve_memory_limit_mb
 from workers.core.models import CallJob, SyntheticReason, ToolResult
-from workers.core.outcome import TaskState, closing_event, failure_event, outcome_of
 from workers.core.results import answer_by_deadline
-from workers.errors import CallFailed, StoreError
+from workers.errors import StoreError
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 from workers.store.records import CallField
@@ -35,21 +32,21 @@ from workers.worker.execution import interrupted_result
 from workers.worker.memory_guard import memory_guard
 
 __all__ = [
-    "GuardedRequest",
     "answer_from_main_process",
     "answer_if_holder_died",
     "answer_lost_child",
+    "job_of",
     "memory_limit_mb",
     "pid_alive",
     "pid_of",
-    "report_outcome",
     "stored_answer",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def _job(kwargs: dict[str, Any]) -> CallJob | None:
+def job_of(kwargs: dict[str, Any]) -> CallJob | None:
+    """The call job of a task's keyword arguments, None if they hold none."""
     try:
         return CallJob.model_validate(kwargs.get("job", {}))
     except ValidationError:
@@ -58,7 +55,7 @@ def _job(kwargs: dict[str, Any]) -> CallJob | None:
 
 def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, detail: str = "") -> None:
     """Write the synthetic result for a call whose child died, and kill its process groups."""
-    job = _job(kwargs)
+    job = job_of(kwargs)
     if job is None:
         return
     rt = runtime()
@@ -131,7 +128,7 @@ def pid_alive(worker: str) -> bool:
 
 def answer_if_holder_died(kwargs: dict[str, Any]) -> bool:
     """Answer ``crashed`` when the call's claim is held by a dead child of this host; True if so."""
-    job = _job(kwargs)
+    job = job_of(kwargs)
     if job is None:
         return False
     rt = runtime()
@@ -153,81 +150,3 @@ def answer_if_holder_died(kwargs: dict[str, Any]) -> bool:
 def stored_answer(rt: Runtime, keys: RunKeys, call_id: str) -> ToolResult | None:
     """The answer the ledger holds for a call (the first stored, whoever wrote it)."""
     return rt.ledger.results(keys, [call_id]).get(call_id)
-
-
-def report_outcome(answer: ToolResult | None, loop_warning: dict[str, Any] | None = None) -> dict[str, Any]:
-    """End the task as the call ended: the outcome's info for a tool's success, else raise its failure.
-
-    No answer (the record expired, or the message named no registered call): nothing to
-    report, so the task's state is left alone.
-    """
-    if answer is None:
-        raise Ignore()
-    outcome = outcome_of(answer, loop_warning)
-    if outcome.state is TaskState.SUCCESS:
-        return outcome.info()
-    raise outcome.failure()
-
-
-# Ends of a task with no lost or failed tool behind them: nothing to answer. (A child that
-# exits, or a task terminated from Flower, is answered ``crashed`` like any lost child.)
-_NOT_A_LOSS = (Ignore, Reject, Retry)
-
-
-class GuardedRequest(Request):
-    """A Celery request whose hard-limit and lost-child paths still answer the call.
-
-    Every failure closes the task with the call's stored answer (its reason, no traceback of
-    ours), so Flower shows what the agent was told rather than a pool error.
-    """
-
-    _failure: CallFailed | None = None
-
-    def on_timeout(self, soft: bool, timeout: float) -> None:
-        """Hard limit: the child is being killed; answer ``timeout_hard`` before Celery's own handling."""
-        if not soft:
-            answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
-        super().on_timeout(soft, timeout)
-
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
-        """A child that died (OOM, SIGKILL, segfault) surfaces as WorkerLostError here."""
-        exc = getattr(exc_info, "exception", None)
-        exc = getattr(exc, "exc", exc)  # billiard wraps pool errors in ExceptionWithTraceback
-        if isinstance(exc, CallFailed):
-            self._failure = exc  # the task body reported the call's outcome
-        elif isinstance(exc, TimeLimitExceeded):
-            answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
-        elif exc is not None and not isinstance(exc, _NOT_A_LOSS):
-            # A lost child, or the task body itself failed (e.g. the store vanished mid-call).
-            detail = f"{type(exc).__name__}: {exc}"
-            answer_lost_child(self.kwargs, pid_of(str(self.worker_pid or "")), detail=detail)
-        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-
-    def send_event(self, type: str, **fields: Any) -> None:
-        """Celery's ``task-failed`` becomes the event of the call's stored answer (reason, no traceback).
-
-        Both the pool's failure report and the hard-limit handler send one; each is replaced.
-        Every event carries the task's name (tool, session and run).
-        """
-        eventer = getattr(self, "_eventer", None)  # Celery's; None or disabled: nothing is sent
-        if type == "task-failed" and eventer is not None and eventer.enabled:
-            type, fields = self._closing_event(type, fields)
-        # The client's task-sent (named after the task, not the call) may reach Flower after
-        # task-received and rename the task; each later event names it after the call again.
-        super().send_event(type, **{"name": self.name, **fields})
-
-    def _closing_event(self, type: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        if self._failure is not None:
-            return failure_event(self._failure)
-        answer = self._stored_answer()
-        return (type, fields) if answer is None else closing_event(outcome_of(answer))
-
-    def _stored_answer(self) -> ToolResult | None:
-        job = _job(self.kwargs)
-        if job is None:
-            return None
-        rt = runtime()
-        try:
-            return stored_answer(rt, rt.ledger.keys(job.session_key, job.run_id), job.call.id)
-        except StoreError:
-            return None  # Celery's own failure event still closes the task

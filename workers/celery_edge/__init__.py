@@ -1,0 +1,49 @@
+"""The Celery edge: every place unstuck subclasses, hooks or imitates Celery or kombu internals.
+
+Elsewhere ``workers`` uses only Celery's public API (the app, ``send_task``, ``control.revoke``,
+``events.default_dispatcher().send``, ``setup_security``) and catches billiard's
+``SoftTimeLimitExceeded`` around a tool (:mod:`workers.worker.calls`). What each module here
+relies on, and the test that fails when a Celery or kombu release changes it (under ``tests/``):
+
+``app.py``: the app of each role (``celery -A workers.celery_edge.app``, ``...app:control_app``)
+    - ``conf.worker_consumer`` names the consumer class; ``app.steps["worker"|"consumer"].add``
+      adds bootsteps; ``include`` names the task modules (``tasks.invoke``, ``tasks.control``),
+      never imported from here. Pinned by every worker the integration tests start (they run
+      ``-A workers.celery_edge.app``) and ``unit/test_control_queue.py``.
+``app_config.py``: our settings as Celery setting names (a leaf: the gateway's sending app)
+    - ``worker_disable_prefetch`` (a slot-free worker takes no message):
+      ``integration/test_lost_messages.py``; ``Celery(amqp=...)``: ``integration/test_broker_acks.py``.
+``amqp.py``: ``LedgerAckedAMQP`` and its consumer, which take Redis messages without acks
+    - ``celery.app.amqp.AMQP.TaskConsumer``; kombu's ``Consumer.revive`` and private
+      ``Consumer._receive_callback``; the Redis channel's ``no_ack_consumers`` and the
+      ``delivery_info["consumer_tag"]`` it compares: ``integration/test_broker_acks.py``.
+``consumer.py``: ``RefusingConsumer``, which counts refused messages and survives hostile bodies
+    - ``celery.worker.consumer.Consumer.create_task_handler``, ``on_decode_error``,
+      ``on_invalid_task``, ``connection_errors`` / ``channel_errors``:
+      ``integration/test_forged_messages.py``, ``integration/test_signed_messages.py``.
+``request.py``: ``GuardedRequest``, the invoke task's request class
+    - ``celery.worker.request.Request.on_timeout``, ``on_failure`` (billiard's
+      ``TimeLimitExceeded``, ``WorkerLostError``, ``ExceptionWithTraceback.exc``),
+      ``send_event`` and its private ``_eventer``, ``worker_pid``: ``integration/test_backbone.py``
+      (hard limit, crashed child), ``e2e/test_flower.py`` (the failed task's event).
+``bootsteps.py``: ``PoolGuard`` and ``LeaseKeeping``, in the tool worker's main process
+    - ``bootsteps.Step`` built with the worker and its ``pool_cls``:
+      ``integration/test_worker_start.py``; the module-level ``celery.worker.state.reserved_requests``
+      and each request's ``task.name`` and ``kwargs``: ``integration/test_backbone.py`` (crashed
+      child, silent heartbeat answered from the main process).
+``event_batching.py``: ``BatchedTaskEvents``, a consumer step of both consuming roles
+    - the ``Events`` step's ``c.event_dispatcher``, ``c.hub.call_later``; the
+      ``EventDispatcher``'s ``buffer_limit``, ``on_send_buffered`` and ``flush``:
+      ``integration/test_task_events.py`` (Celery's own dispatcher), ``unit/test_event_batching.py``.
+``messages.py``: the invoke message as the Redis transport stores it, built without ``send_task``
+    - ``app.amqp.as_task_v2``, ``app.thread_oid`` and kombu's Redis envelope (base64 body,
+      ``delivery_info``, ``delivery_tag``): ``integration/test_task_messages.py`` compares it with
+      what ``send_task`` pushes.
+``task_events.py``: the task events of answers written outside a task, and the gateway's task-sent
+    - ``app.events.default_dispatcher`` and its ``buffer_group`` / ``buffer_limit`` (one
+      ``task.multi`` message per batch): ``integration/test_task_events.py`` (Celery's receiver).
+``names.py``: the task names and ids (plain strings; no internal).
+
+The worker's own logic (claim, refuse, run, answer by the deadline, answer lost children)
+is in :mod:`workers.worker`; these classes only hand it what Celery holds.
+"""

@@ -1,0 +1,122 @@
+"""The tool worker's bootsteps: refuse pools that cannot enforce limits; keep leases; redact logs.
+
+Both steps run in the worker's main process, which survives a hung or killed pool child;
+what a lease-keeping tick does is the worker's (:class:`workers.worker.lease_keeper.LeaseKeeper`).
+The consumer step both consuming roles share is :mod:`workers.celery_edge.event_batching`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Any
+
+from celery import Celery, bootsteps, signals
+from celery.worker import state
+
+from workers.celery_edge.names import INVOKE_TASK
+from workers.errors import ConfigError, StoreError, WorkerConfigError
+from workers.redact import install_log_redaction
+from workers.runtime import runtime
+from workers.worker.lease_keeper import LeaseKeeper, renew_interval_s
+from workers.worker.memory_guard import install_memory_guard, memory_guard
+
+__all__ = ["LeaseKeeping", "PoolGuard", "check_pool", "install_worker_steps"]
+
+log = logging.getLogger(__name__)
+
+
+def _pool_name(pool_cls: Any) -> str:
+    """'prefork', 'threads', 'solo', ... from a class, 'module:Class' string or alias."""
+    spec = pool_cls if isinstance(pool_cls, str) else f"{pool_cls.__module__}:{pool_cls.__name__}"
+    module, _, cls = spec.partition(":")
+    if not cls and "." in module:
+        module, cls = module.rsplit(".", 1)
+    name = module.rsplit(".", 1)[-1] if cls in ("", "TaskPool") else cls
+    return {"thread": "threads", "processes": "prefork"}.get(name.lower(), name.lower())
+
+
+def check_pool(pool_cls: Any) -> None:
+    """Raise ``WorkerConfigError`` unless the pool enforces soft and hard time limits (prefork)."""
+    name = _pool_name(pool_cls)
+    if name == "prefork":
+        return
+    raise WorkerConfigError(
+        f"unstuck refuses to start a worker with the {name!r} pool: only the prefork pool enforces "
+        "soft and hard time limits, so hung tools could never be answered. Use --pool prefork "
+        "(what `unstuck worker` does)."
+    )
+
+
+class PoolGuard(bootsteps.Step):
+    """Stops worker start-up on a pool without time limits."""
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        try:
+            check_pool(worker.pool_cls)
+            # Load settings, tools and the Redis client now, before the pool forks: a child
+            # forked while another thread holds the import lock would deadlock on import.
+            # The memory guard too: every pool child inherits its cgroups.
+            install_memory_guard(runtime().settings.limits.memory_cgroups)
+        except (WorkerConfigError, ConfigError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        super().__init__(worker, **kwargs)
+
+
+def _invoke_requests() -> list[Any]:
+    # reserved_requests also holds requests whose start the pool has not acknowledged yet:
+    # a child that dies right after claiming is still seen here.
+    for _ in range(3):
+        try:
+            return [
+                req for req in list(state.reserved_requests) if getattr(req.task, "name", None) == INVOKE_TASK
+            ]
+        except RuntimeError:  # the set changed size while copying; try again
+            continue
+    return []
+
+
+class LeaseKeeping(bootsteps.StartStopStep):
+    """Runs the lease keeper's ticks on a thread over the invoke tasks this worker holds."""
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._keeper = LeaseKeeper()
+
+    def start(self, worker: Any) -> None:
+        """Start the renewal thread."""
+        self._thread = threading.Thread(target=self._loop, name="unstuck-lease-keeper", daemon=True)
+        self._thread.start()
+
+    def stop(self, worker: Any) -> None:
+        """Stop renewing (leases then lapse, and the gateway answers or re-runs the calls)."""
+        self._stop.set()
+
+    def _loop(self) -> None:
+        interval = renew_interval_s()
+        while not self._stop.wait(interval):
+            try:
+                self._keeper.tick([req.kwargs for req in _invoke_requests()])
+            except StoreError as exc:
+                log.warning("lease renewal failed: %s", exc)
+
+
+def _redact_logs(logger: logging.Logger | None = None, **_: Any) -> None:
+    install_log_redaction(logger)
+
+
+def install_worker_steps(celery: Celery) -> None:
+    """Add the guard and the lease keeper to ``celery``'s worker blueprint; redact worker logs."""
+    celery.steps["worker"].add(PoolGuard)
+    celery.steps["worker"].add(LeaseKeeping)
+    signals.after_setup_logger.connect(_redact_logs, weak=False)
+    signals.after_setup_task_logger.connect(_redact_logs, weak=False)
+    signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
+
+
+def _remove_memory_cgroups(**_: Any) -> None:
+    memory_guard().close()  # the pool is gone by now: nothing runs in this worker's cgroups

@@ -1,0 +1,85 @@
+"""The watchdog process's sweep and housekeeping, as its two control tasks run them.
+
+One service per process, built on the first task: its :class:`Watchdog`, and the task events
+that close in Flower the tasks of the calls it answers (their worker is gone or late). Each
+completed sweep is recorded (``P:{runs}:watchdog``), and a gap of more than two intervals
+since the previous one raises a ``watchdog_late`` alert.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property
+from typing import Any
+
+from celery import Celery
+
+from workers import tracing
+from workers.celery_edge.task_events import TaskEvents
+from workers.core.run_health import watchdog_late
+from workers.runtime import Runtime, now_ms, worker_id
+from workers.store.sessions import SessionStore
+from workers.store.watchdog_liveness import WatchdogLiveness
+from workers.watchdog.alerts import AlertSink
+from workers.watchdog.sweep import Watchdog, clean_stale_lanes
+
+__all__ = ["WatchdogService"]
+
+log = logging.getLogger(__name__)
+
+
+class WatchdogService:
+    """The sweep and the lane housekeeping of one watchdog process (``app``: its control app)."""
+
+    def __init__(self, app: Celery, rt: Runtime) -> None:
+        flush_ms = rt.settings.broker.task_events_flush_ms
+        self.events = TaskEvents(app, rt.ledger, role="watchdog", flush_ms=flush_ms).attach()
+        tracing.watch_answers(rt.ledger, "watchdog")
+        self._app = app
+        self._ledger = rt.ledger
+        self.watchdog = Watchdog(
+            SessionStore(rt.ledger),
+            rt.settings,
+            writer=f"{worker_id()}/watchdog",
+            alerts=AlertSink(rt.settings.watchdog.webhook_url, publish=self._publish_alert),
+            revoke=self._revoke,
+        )
+
+    def _revoke(self, task_ids: list[str]) -> None:
+        # Never terminate: a tool already running finishes under its own limits.
+        self._app.control.revoke(task_ids, terminate=False)
+
+    def _publish_alert(self, event: dict[str, Any]) -> None:
+        fields = {k: v for k, v in event.items() if k != "kind"}
+        tracing.alert(event)
+        self._ledger.publish_event(str(event.get("kind", "alert")), **fields)
+
+    @cached_property
+    def _liveness(self) -> WatchdogLiveness:
+        return WatchdogLiveness(self._ledger)
+
+    def sweep(self) -> int:
+        """One watchdog sweep; returns how many calls it answered (0 when another sweep held the lock)."""
+        with tracing.span("unstuck.watchdog.sweep") as note:
+            report = self.watchdog.sweep(now_ms())
+            note("unstuck.sweep.calls_answered", report.calls_answered)
+        if report.locked_out:
+            log.info("watchdog sweep skipped: another sweep holds the lock")
+            return 0
+        if report.calls_answered or report.timed_out or report.recovered or report.alerts:
+            log.warning("watchdog sweep: %s", report)
+            self.events.flush(timeout_s=2.0)
+        self._note_completed()
+        return report.calls_answered
+
+    def _note_completed(self) -> None:
+        """Record the sweep; alert when the gap since the previous one shows the watchdog fell behind."""
+        done_ms = now_ms()
+        gap_ms = self._liveness.sweep_completed(done_ms)
+        interval_ms = int(self.watchdog.settings.watchdog.interval_s * 1000)
+        if gap_ms is not None and watchdog_late(gap_ms, interval_ms=interval_ms):
+            self.watchdog.alerts.emit({"kind": "watchdog_late", "gap_ms": gap_ms, "interval_ms": interval_ms})
+
+    def housekeeping(self) -> int:
+        """Release lanes whose run ended, expired or outlived its lease; returns how many."""
+        return clean_stale_lanes(self.watchdog.sessions, now_ms())

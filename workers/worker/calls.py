@@ -1,0 +1,170 @@
+"""One delivery of a call's message: claim it, refuse it or run it, and store exactly one answer.
+
+The invoke task (``tasks/invoke.py``) hands each delivery here and ends as the answer says.
+Only the job a gateway registered runs: anything else is refused before any tool code. The
+tool runs under its limits (soft limit, memory, cancel, heartbeat), its result is bounded,
+answered by the call's deadline and stored first-writer-wins.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
+
+from workers import tracing
+from workers.core.job_digest import job_digest
+from workers.core.memory_limits import OomCause
+from workers.core.models import CallJob, ClaimStatus, ToolResult
+from workers.core.refusals import RefusalReason
+from workers.core.results import answer_by_deadline, not_allowed_result
+from workers.runtime import Runtime, now_ms, runtime, worker_id
+from workers.store.keys import RunKeys
+from workers.tools.context import ToolContext
+from workers.worker.cancel_enforcer import cancel_check
+from workers.worker.execution import bounded_result, memory_exceeded_result, run_tool, soft_timeout_result
+from workers.worker.lost_calls import answer_if_holder_died, memory_limit_mb, stored_answer
+from workers.worker.memory_guard import memory_guard
+from workers.worker.refusing import record_refusal, refuse_claim
+
+__all__ = ["Refused", "answer_call"]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The message is not a registered call's job: nothing ran, and it reports no outcome of a call."""
+
+    message: str
+
+
+def answer_call(
+    job: dict[str, Any], *, task_id: str, trace_from: object = None
+) -> ToolResult | Refused | None:
+    """Handle one delivery of ``job``: the call's stored answer, a refusal, or None.
+
+    ``trace_from``: the task's request, whose message headers hold the call's trace context.
+
+    The answer is whoever's came first (this delivery, the gateway, the watchdog). None: nothing
+    for this delivery to report (another live delivery runs the call, or its record expired).
+    """
+    rt = runtime()
+    try:
+        parsed = CallJob.model_validate(job)
+    except ValidationError as exc:
+        # A forged or corrupt message: nothing to run and no call to answer.
+        record_refusal(rt.ledger, task_id, RefusalReason.UNREADABLE, str(exc.errors()[:3]))
+        return Refused(f"refused: not a call ({exc.error_count()} problem(s))")
+    keys = rt.ledger.keys(parsed.session_key, parsed.run_id)
+    claim = rt.ledger.claim(
+        keys,
+        parsed.call.id,
+        worker_id=worker_id(),
+        now_ms=now_ms(),
+        tool=parsed.call.name,
+        job_digest=job_digest(parsed),
+        submitted_ms=parsed.submitted_ms,
+    )
+    if refuse_claim(rt.ledger, keys, parsed, claim, task_id=task_id, writer=worker_id(), now_ms=now_ms()):
+        return Refused(f"refused: {claim.status.value}")
+    if claim.status is ClaimStatus.BUSY and not answer_if_holder_died({"job": job}):
+        return None  # a second delivery while the holder still runs: the holder's task reports
+    stored = None
+    if claim.status is ClaimStatus.CLAIMED:
+        flush = rt.settings.worker.flush_spans_each_call
+        with tracing.run_span(trace_from, keys, parsed.call, claim.attempt, flush=flush) as span:
+            stored = span.ended(_answer(rt, keys, parsed, task_id, claim.attempt))
+    return stored or stored_answer(rt, keys, parsed.call.id)
+
+
+def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: int) -> ToolResult | None:
+    """Run the claimed call (or refuse it) and store its answer; returns it if it was first.
+
+    A result that came too late is kept for audit.
+    """
+    if not rt.settings.tool_policy(parsed.agent_id).allows(parsed.call.name):
+        # Defence in depth: the gateway refuses these; a message that got here anyway runs nothing.
+        record_refusal(
+            rt.ledger,
+            task_id,
+            RefusalReason.TOOL_NOT_ALLOWED,
+            f"tool {parsed.call.name!r} not allowed for agent {parsed.agent_id!r}",
+        )
+        result = not_allowed_result(
+            parsed.call, parsed.agent_id, elapsed_ms=now_ms() - parsed.submitted_ms, attempt=0
+        )
+    else:
+        result = bounded_result(_execute(rt, parsed, attempt), max_bytes=rt.settings.limits.max_result_bytes)
+    finished_ms = now_ms()
+    answer = answer_by_deadline(
+        result,
+        parsed.call,
+        submitted_ms=parsed.submitted_ms,
+        deadline_ms=parsed.deadline_ms,
+        now_ms=finished_ms,
+    )
+    submitted_ms = parsed.submitted_ms
+    won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
+    if answer is not result:  # kept as late (audit)
+        rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
+    # The ledger stored the configured fallback if one covers this answer: report what it holds.
+    return rt.ledger.with_fallback(answer) if won else None
+
+
+def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:
+    ctx = _context(rt, job, attempt)
+    allows = rt.settings.tool_policy(job.agent_id).allows  # a fail-branch obeys it too
+    limit_mb = memory_limit_mb(rt, job.call.name)
+    try:
+        with memory_guard().limit(limit_mb) as memory:
+            result = run_tool(
+                job,
+                ctx,
+                clock_ms=now_ms,
+                sleep=time.sleep,
+                interrupts=(SoftTimeLimitExceeded,),
+                rules=rt.rules,
+                allows=allows,
+            )
+    except SoftTimeLimitExceeded:
+        # Caught first: billiard derives it from Exception, so a broad handler would hide it.
+        return soft_timeout_result(job, ctx, attempt=attempt, clock_ms=now_ms, rules=rt.rules, allows=allows)
+    except MemoryError:
+        # Here the limit is lifted and what the tool held is freed: building the answer is safe.
+        return _past_memory_limit(rt, job, OomCause.ALLOCATION_REFUSED, limit_mb, attempt)
+    if memory.oom_kills:
+        return _past_memory_limit(rt, job, OomCause.PROCESS_KILLED, limit_mb, attempt, partial=result.text)
+    return result
+
+
+def _past_memory_limit(
+    rt: Runtime, job: CallJob, cause: OomCause, limit_mb: int | None, attempt: int, partial: object = None
+) -> ToolResult:
+    return memory_exceeded_result(
+        job,
+        cause,
+        limit_mb=limit_mb,
+        elapsed_ms=now_ms() - job.submitted_ms,
+        attempt=attempt,
+        rules=rt.rules,
+        partial=partial,
+    )
+
+
+def _context(rt: Runtime, job: CallJob, attempt: int) -> ToolContext:
+    keys = rt.ledger.keys(job.session_key, job.run_id)
+    call_id = job.call.id
+    return ToolContext(
+        session_key=job.session_key,
+        run_id=job.run_id,
+        call_id=call_id,
+        attempt=attempt,
+        deadline_ms=job.deadline_ms,
+        clock=time.monotonic,
+        on_heartbeat=lambda details: rt.ledger.heartbeat(keys, call_id, now_ms=now_ms(), details=details),
+        on_process_group=lambda pgid: rt.ledger.add_process_group(keys, call_id, pgid),
+        on_cancel_check=cancel_check(rt.ledger, keys, call_id),
+        cancel_grace_s=rt.settings.limits.cancel_grace_s,
+    )
