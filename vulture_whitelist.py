@@ -41,6 +41,7 @@ _.healthz
 _.skip_known  # call-path stages, called by name from CallPath.STAGES (workers/gateway/call_path.py)
 _.refuse_aborted_run
 _.check_loops
+_.register_and_dispatch
 _.nx  # a parameter of the _IndexPipe protocol: redis-py's zadd signature (workers/store/registration.py)
 
 # --- Record fields: written as a whole, read by name in tests, JSON views or task results --------

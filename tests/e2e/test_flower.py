@@ -295,10 +295,10 @@ def _submit_unconsumed(settings: Settings, gateway: ToolGateway) -> dict[str, Ex
     ledger = gateway._rt.ledger
     dispatcher = Dispatcher(nobody, ledger, app, "flower-e2e", lambda: int(time.time() * 1000))
     keys = ledger.keys(SESSION, "run-wd")
-    job = dispatcher.job(
+    submission = dispatcher.plan(
         keys, "main", _call("call-queued", "sleepy", seconds=1), int(time.time() * 1000), None
     )
-    assert dispatcher.register_and_dispatch(keys, job).created
+    assert dispatcher.register(submission).created
     app.close()
     return {
         _task_id("run-wd", "call-queued"): Expected(

@@ -9,9 +9,9 @@ import pytest
 
 from tests.harness import GatewayOn, Proc, WorkerOn, base_env
 from workers import ToolCall, ToolGateway
-from workers.answering import reap
 from workers.core.failure_policy import FallbackRule
 from workers.core.models import SyntheticReason, ToolResult
+from workers.core.waiting import ReapRules, reaps
 from workers.store.connection import connect
 from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
@@ -148,7 +148,8 @@ def test_watchdog_and_reaper_answers_carry_the_config_fallback(redis_url: str) -
         ledger.register(keys, call_id, now_ms=now - 5000, deadline_ms=deadline, fields={"tool": "echo"})
     try:
         # When the reaper answers the overdue call and the watchdog cancels the run's other call
-        reap(ledger, keys, ["late"], now_ms=now, min_rerun_ms=0, writer="watchdog", redispatch=None)
+        planned = reaps(ledger.open_calls(keys, ["late"]), ReapRules(0, can_redispatch=False), now_ms=now)
+        ledger.reap(keys, planned, now_ms=now, writer="watchdog")
         store.answer_open_calls(
             "s", "r1", SyntheticReason.CANCELLED, now_ms=now, writer="watchdog", detail=""
         )

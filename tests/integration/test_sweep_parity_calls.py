@@ -2,7 +2,7 @@
 
 On a single Redis node the sweep probes due calls with ``sweep_calls.lua``; on a cluster the
 pipelined probe reads the same records and decides with ``_probe_verdict``. Either way the
-calls found are then reaped by :func:`workers.core.reaper.decide`. Every combination of the
+calls found are then reaped by :func:`workers.core.waiting.decide`. Every combination of the
 inputs the probe and ``decide`` branch on is generated (``CALL_TABLE``), written once through
 the ledger's write paths, copied to one prefix per path (:mod:`tests.integration.sweep_parity`),
 swept by :func:`sweep_due_calls`, and checked case by case: each path against the pure probe
@@ -44,7 +44,7 @@ from tests.integration.sweep_parity import (
     sweep_settings,
 )
 from workers.core.models import CallState, SyntheticReason
-from workers.core.reaper import OpenCall, decide
+from workers.core.waiting import OpenCall, decide
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.store.ledger import Ledger
 from workers.store.records import CALL as CALL_RECORD

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from workers.core.failure_policy import FallbackRule
 from workers.core.loops import Detector, LoopVerdict
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
 from workers.gateway.call_path import CallPath, InFlight, Stage
-from workers.gateway.waiting import Abort, Batch, Outstanding, Waiter
+from workers.gateway.waiter import Abort, Batch, Waiter
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.runs import RunAbort
@@ -65,13 +66,13 @@ def test_a_recorded_abort_wins_over_one_decided_in_the_batch() -> None:
     assert found.record == RunAbort("ping_pong", 6, "again")
 
 
-def test_the_waiters_view_leaves_the_batch_alone() -> None:
+def test_the_waiter_leaves_the_batch_alone() -> None:
     batch = _batch()
-    batch.deadlines.update({"c1": 1, "c2": 2})
-    out = Outstanding(batch)
-    out.learn({"c1": batch_result("c1")})
-    assert out.waiting == ["c2"]
-    assert batch.waiting == ["c1", "c2"]  # the gateway applies what the waiter returns
+    batch.deadlines.update({"c1": 60_000, "c2": 60_000})
+    batch.answers["c1"] = batch_result("c1")
+    answers = _waiter(_ReadsLedger()).wait(batch)
+    assert set(answers) == {"c2"}
+    assert batch.waiting == ["c2"]  # the gateway applies what the waiter returns
 
 
 def batch_result(call_id: str) -> ToolResult:
@@ -83,6 +84,7 @@ class _ReadsLedger:
 
     def __init__(self) -> None:
         self.reads: list[list[str]] = []
+        self.fallbacks: dict[str, FallbackRule] = {}
 
     def results(self, keys: RunKeys, call_ids: list[str]) -> dict[str, ToolResult]:
         self.reads.append(list(call_ids))
@@ -96,16 +98,20 @@ class _ReadsLedger:
         }
 
 
-def _reads_before_blocking(call_ids: list[str], registered_last: str | None) -> list[list[str]]:
-    ledger = _ReadsLedger()
-    waiter = Waiter(
-        ledger,  # type: ignore[arg-type]  # a stand-in with the two methods wait() uses here
+def _waiter(ledger: _ReadsLedger) -> Waiter:
+    return Waiter(
+        ledger,  # type: ignore[arg-type]  # a stand-in with what wait() uses here
         Settings(),
         "gw",
         now_ms=lambda: 1_000,
         sleep=lambda _: None,
         redispatch=lambda keys, call_id: None,
     )
+
+
+def _reads_before_blocking(call_ids: list[str], registered_last: str | None) -> list[list[str]]:
+    ledger = _ReadsLedger()
+    waiter = _waiter(ledger)
     batch = _batch()
     for call_id in call_ids:
         batch.deadlines[call_id] = 60_000
@@ -127,3 +133,36 @@ def test_calls_registered_before_the_last_one_are_read_before_blocking() -> None
 def test_a_batch_not_just_registered_reads_all_its_calls_first() -> None:
     # collect, or a resubmission of calls already registered
     assert _reads_before_blocking(["c1", "c2"], registered_last=None) == [["c1", "c2"]]
+
+
+class _FinishingLedger(_ReadsLedger):
+    """A ledger whose ``finish`` wins or loses as told; reads are noted."""
+
+    def __init__(self, wins: bool) -> None:
+        super().__init__()
+        self.wins = wins
+        self.finished: list[str] = []
+
+    def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
+        self.finished.append(result.tool_call_id)
+        return self.wins
+
+
+def _answered_locally(wins: bool) -> tuple[ToolResult, _FinishingLedger]:
+    ledger = _FinishingLedger(wins)
+    batch = _batch()
+    batch.deadlines["c1"] = -60_000  # long past deadline + margin at 1_000
+    answers = _waiter(ledger).wait(batch)
+    return answers["c1"], ledger
+
+
+def test_a_call_answered_locally_is_read_back_only_when_another_writer_won() -> None:
+    # Given a call past its deadline plus the margin, answered locally with the deadline result
+    result, ledger = _answered_locally(wins=True)
+    assert result.reason == "deadline_exceeded"
+    assert ledger.finished == ["c1"]
+    # When it won: what it stored is what the ledger holds, nothing more to read
+    assert ledger.reads == [["c1"]]  # the one read before the first step (not just registered)
+    # When another writer won: the ledger's answer is read and delivered
+    _, lost = _answered_locally(wins=False)
+    assert lost.reads == [["c1"], ["c1"]]

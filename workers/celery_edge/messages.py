@@ -91,7 +91,7 @@ class TaskMessages:
             soft_time_limit=soft_s,  # type: ignore[arg-type]
             shadow=shadow,
             ignore_result=True,
-            create_sent_event=False,  # the gateway batches task-sent itself (Dispatcher.announce_sent)
+            create_sent_event=False,  # the gateway batches task-sent itself (Dispatcher._announce_sent)
             reply_to=self._app.thread_oid,
             now=now,
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -49,25 +48,36 @@ def _worker(args: argparse.Namespace) -> int:
     settings = _checked_settings()
     if settings is None:
         return 2
-    argv = worker_argv(settings, concurrency=args.concurrency, hostname=args.hostname, loglevel=args.loglevel)
-    os.execv(argv[0], argv)
-    return 0  # not reached: execv replaces this process
+    return _celery(
+        worker_argv(settings, concurrency=args.concurrency, hostname=args.hostname, loglevel=args.loglevel)
+    )
 
 
 def _watchdog(args: argparse.Namespace) -> int:
     settings = _checked_settings()
     if settings is None:
         return 2
-    argv = watchdog_argv(settings, hostname=args.hostname, loglevel=args.loglevel)
-    os.execv(argv[0], argv)
-    return 0
+    return _celery(watchdog_argv(settings, hostname=args.hostname, loglevel=args.loglevel))
 
 
 def _beat(args: argparse.Namespace) -> int:
     if _checked_settings() is None:
         return 2
-    argv = beat_argv(loglevel=args.loglevel, schedule_file=args.schedule_file)
-    os.execv(argv[0], argv)
+    return _celery(beat_argv(loglevel=args.loglevel, schedule_file=args.schedule_file))
+
+
+def _celery(argv: list[str]) -> int:
+    """Run ``argv`` (``python -m celery ...``) as Celery's own command line, in this process.
+
+    The same as exec'ing it, without a second interpreter start that imports everything
+    again (about 0.3 CPU-seconds and half a second before the process is ready).
+    """
+    from celery.__main__ import main as celery_main
+
+    if argv[1:3] != ["-m", "celery"]:
+        raise ValueError(f"not a celery command line: {argv[:3]}")
+    sys.argv = ["celery", *argv[3:]]
+    celery_main()  # exits the process with Celery's status
     return 0
 
 

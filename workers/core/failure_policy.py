@@ -31,6 +31,7 @@ __all__ = [
     "apply_fallback",
     "branch_answer",
     "check_reasons",
+    "delivered",
 ]
 
 _R = SyntheticReason
@@ -124,6 +125,15 @@ def apply_fallback(result: ToolResult, rule: FallbackRule | None) -> ToolResult:
     # The failure's own facts stay (error_type, a cancelled tool's partial, retry_after_s, the
     # branch that answered); the fallback's keys say what the model got instead.
     return answer.model_copy(update={"details": {**result.details, **answer.details}})
+
+
+def delivered(result: ToolResult, fallbacks: Mapping[str, FallbackRule]) -> ToolResult:
+    """What the agent is given for ``result``: the one place ``tools.fallbacks`` is applied.
+
+    Every writer stores this (the ledger applies it to what it is handed; the gateway applies
+    it to what it answers itself), so the agent is given what the ledger holds.
+    """
+    return apply_fallback(result, fallbacks.get(result.tool_name))
 
 
 def branch_answer(first: ToolResult, branch: ToolResult, branch_tool: str) -> ToolResult:

@@ -5,6 +5,9 @@ call registered through the asyncio ledger and its message pushed onto a Redis b
 and otherwise on the gateway's small submission pool (loop detection, breakers, a signed or
 non-Redis broker, the first call of a run); the wait for answers is awaited on an asyncio
 Redis client of the running loop, so a waiting batch holds a connection, never a thread.
+
+The gateway holds one :class:`AsyncCalls` beside its sync parts (composition: what it shares
+with them is handed over at construction in :class:`SyncParts`).
 """
 
 from __future__ import annotations
@@ -12,93 +15,89 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
-
-from celery import Celery
 
 from workers import tracing
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer
 from workers.gateway.async_submit import AsyncSubmitter
-from workers.gateway.awaiting import AsyncWaiter
 from workers.gateway.call_path import CallPath
 from workers.gateway.cancelling import Canceller
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.persister import Persister
 from workers.gateway.provider_turns import aanswer_message
-from workers.gateway.waiting import Batch
-from workers.runtime import Runtime, open_async_ledger
+from workers.gateway.waiter import AsyncWaiter, Batch
+from workers.runtime import open_async_ledger
 from workers.settings import Settings
 from workers.store.keys import RunKeys
+from workers.store.ledger import Ledger
 
-__all__ = ["AsyncCalls"]
+__all__ = ["AsyncCalls", "SyncParts"]
 
 _SUBMIT_THREADS = 4
 
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class SyncParts:
+    """What the asyncio calls share with the gateway's sync ones."""
+
+    settings: Settings
+    ledger: Ledger
+    writer: str
+    task_events: TaskEvents
+    dispatcher: Dispatcher
+    persister: Persister
+    canceller: Canceller
+    path: CallPath
+    call_tools: Callable[..., list[ToolResult]]
+    collect: Callable[[str, str], list[ToolResult]]
+    now_ms: Callable[[], int]
+    undispatched_after_ms: int
+
+
 class AsyncCalls:
     """``acall_tools``, ``acall_tools_in``, ``acollect`` and ``aclose`` of the gateway."""
 
-    # Set by the gateway's constructor (see ``ToolGateway.__init__``).
-    settings: Settings
-    _rt: Runtime
-    _writer: str
-    _task_events: TaskEvents
-    _app: Celery
-    _dispatcher: Dispatcher
-    _persister: Persister
-    _canceller: Canceller
-    _path: CallPath
-    call_tools: Callable[..., list[ToolResult]]
-    collect: Callable[[str, str], list[ToolResult]]
-    close: Callable[[], None]
-    _now_ms: Callable[[], int]
-    _undispatched_after_ms: Callable[[], int]
-
-    def _init_async(self) -> None:
+    def __init__(self, parts: SyncParts) -> None:
+        self._parts = parts
         # Submission for asyncio callers: short blocking steps, never a wait.
-        self._pool = ThreadPoolExecutor(max_workers=_SUBMIT_THREADS, thread_name_prefix="unstuck-submit")
-        self._async_waiters: dict[asyncio.AbstractEventLoop, AsyncWaiter] = {}
-        self._async_submitters: dict[asyncio.AbstractEventLoop, AsyncSubmitter] = {}
+        self.pool = ThreadPoolExecutor(max_workers=_SUBMIT_THREADS, thread_name_prefix="unstuck-submit")
+        self._waiters: dict[asyncio.AbstractEventLoop, AsyncWaiter] = {}
+        self._submitters: dict[asyncio.AbstractEventLoop, AsyncSubmitter] = {}
 
-    async def acall_tools(
+    async def call_tools(
         self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
     ) -> list[ToolResult]:
-        """``call_tools`` for asyncio callers: the wait holds no thread.
-
-        Submission runs on the loop when it can, else on the gateway's small submission pool
-        (see the module docstring); the wait for answers is awaited on an asyncio Redis
-        client of the running loop (``await aclose()`` before that loop ends).
-        Cancelling it cancels the calls (see :mod:`workers.gateway.cancelling`).
-        """
-        keys = self._rt.ledger.keys(session_key, run_id)
+        """``ToolGateway.acall_tools``; cancelling it cancels the calls."""
+        keys = self._parts.ledger.keys(session_key, run_id)
         with tracing.CallSpans(session_key, run_id, agent_id, calls) as spans:
-            answering = self._acall_tools(keys, agent_id, calls)
-            return spans.end(
-                await self._canceller.cancel_if_cancelled(answering, keys, [c.id for c in calls])
-            )
+            answering = self._call_tools(keys, agent_id, calls)
+            cancelling = self._parts.canceller.cancel_if_cancelled(answering, keys, [c.id for c in calls])
+            return spans.end(await cancelling)
 
-    async def _acall_tools(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        if self.settings.redis.cluster:
+    async def _call_tools(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        parts = self._parts
+        if parts.settings.redis.cluster:
             # The asyncio listener waits on many runs' keys in one BLPOP: one node only. On a
             # cluster each waiting call holds a thread instead (asyncio's default executor).
             call = partial(
-                self.call_tools, session_key=keys.session_key, run_id=keys.run_id, agent_id=agent_id
+                parts.call_tools, session_key=keys.session_key, run_id=keys.run_id, agent_id=agent_id
             )
             return await asyncio.to_thread(call, calls=calls)
-        waiter = self._async_waiter()
-        batch = await self._async_submitters[asyncio.get_running_loop()].submit_all(keys, agent_id, calls)
+        waiter = self._waiter()
+        batch = await self._submitters[asyncio.get_running_loop()].submit_all(keys, agent_id, calls)
         batch.answers.update(await waiter.wait(batch))
-        if self._path.needs_store(batch):
-            results: list[ToolResult] = await self._offload(self._path.conclude, batch, calls)
+        if parts.path.needs_store(batch):
+            results: list[ToolResult] = await self._offload(parts.path.conclude, batch, calls)
             return results
-        return self._path.conclude(batch, calls)
+        return parts.path.conclude(batch, calls)
 
-    async def acall_tools_in(
+    async def call_tools_in(
         self,
         format: str,
         message: Any,
@@ -108,65 +107,60 @@ class AsyncCalls:
         agent_id: str = "main",
         turn: int | None = None,
     ) -> ProviderAnswer:
-        """``call_tools_in`` for asyncio callers (waits like ``acall_tools``: no thread held)."""
-        return await aanswer_message(self.acall_tools, format, message, session_key, run_id, agent_id, turn)
+        """``ToolGateway.acall_tools_in``."""
+        return await aanswer_message(self.call_tools, format, message, session_key, run_id, agent_id, turn)
 
-    async def acollect(self, session_key: str, run_id: str) -> list[ToolResult]:
-        """``collect`` for asyncio callers: every store access awaited, no thread held."""
-        if self.settings.redis.cluster:  # as in ``_acall_tools``: a thread per waiting collect
-            return await asyncio.to_thread(self.collect, session_key, run_id)
-        waiter = self._async_waiter()
+    async def collect(self, session_key: str, run_id: str) -> list[ToolResult]:
+        """``ToolGateway.acollect``: every store access awaited, no thread held."""
+        parts = self._parts
+        if parts.settings.redis.cluster:  # as in ``_call_tools``: a thread per waiting collect
+            return await asyncio.to_thread(parts.collect, session_key, run_id)
+        waiter = self._waiter()
         ledger = waiter.ledger
         keys = ledger.keys(session_key, run_id)
         call_ids = await ledger.run_call_ids(keys)
         answers = await ledger.results(keys, call_ids)
         batch = Batch.collected(keys, call_ids, answers, await ledger.open_calls(keys, call_ids))
-        batch.answers.update(await waiter.wait(batch, undispatched_after_ms=self._undispatched_after_ms()))
+        batch.answers.update(await waiter.wait(batch, undispatched_after_ms=parts.undispatched_after_ms))
         # No link to each call's own span: reading the records would block the loop.
-        return tracing.collected(
-            None, session_key, run_id, [batch.answers[c] for c in call_ids if c in batch.answers]
-        )
+        results = [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+        return tracing.collected(None, keys.session_key, keys.run_id, results)
 
-    async def aclose(self) -> None:
-        """Release connections, those of the running loop's asyncio client included."""
+    async def close(self) -> None:
+        """Release the running loop's asyncio client (the gateway then closes the rest)."""
         loop = asyncio.get_running_loop()
-        self._async_submitters.pop(loop, None)
-        waiter = self._async_waiters.pop(loop, None)
+        self._submitters.pop(loop, None)
+        waiter = self._waiters.pop(loop, None)
         if waiter is not None:
             await waiter.ledger.aclose()
-        self.close()
 
     async def _offload(self, function: Callable[..., T], *args: Any) -> T:
         """Run a short blocking step on the submission pool, off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, function, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
 
-    def _async_waiter(self) -> AsyncWaiter:
+    def _waiter(self) -> AsyncWaiter:
         """The async waiter of the running loop (an asyncio client belongs to one loop)."""
         loop = asyncio.get_running_loop()
-        waiter = self._async_waiters.get(loop)
+        waiter = self._waiters.get(loop)
         if waiter is None:
-            for gone in [other for other in self._async_waiters if other.is_closed()]:
-                del self._async_waiters[gone]  # nothing left to close its connections on
-                self._async_submitters.pop(gone, None)
-            ledger = open_async_ledger(self.settings)
-            ledger.on_answered.append(self._task_events.answered)  # as for the sync ledger
+            for gone in [other for other in self._waiters if other.is_closed()]:
+                del self._waiters[gone]  # nothing left to close its connections on
+                self._submitters.pop(gone, None)
+            parts = self._parts
+            ledger = open_async_ledger(parts.settings)
+            ledger.on_answered.append(parts.task_events.answered)  # as for the sync ledger
             ledger.on_answered.append(tracing.answer_spans("gateway", None))
             waiter = AsyncWaiter(
                 ledger,
-                self.settings,
-                self._writer,
-                self._now_ms,
-                self._dispatcher.redispatch,
+                parts.settings,
+                parts.writer,
+                parts.now_ms,
+                parts.dispatcher.redispatch,
                 self._offload,
-                store_later=self._persister.store_later,
+                store_later=parts.persister.store_later,
             )
-            self._async_waiters[loop] = waiter
-            self._async_submitters[loop] = AsyncSubmitter(
-                self._path,
-                self._dispatcher,
-                ledger,
-                self._offload,
-                writer=self._writer,
-                now_ms=self._now_ms,
+            self._waiters[loop] = waiter
+            self._submitters[loop] = AsyncSubmitter(
+                parts.path, parts.dispatcher, ledger, self._offload, writer=parts.writer, now_ms=parts.now_ms
             )
         return waiter

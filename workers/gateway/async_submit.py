@@ -23,8 +23,8 @@ from typing import Any
 from workers.core.models import ToolCall
 from workers.errors import StoreError
 from workers.gateway.call_path import CallPath, InFlight
-from workers.gateway.dispatching import Dispatcher, task_id
-from workers.gateway.waiting import Batch
+from workers.gateway.dispatching import Dispatcher
+from workers.gateway.waiter import Batch
 from workers.store.aledger import AsyncLedger
 from workers.store.keys import RunKeys
 
@@ -57,7 +57,6 @@ class AsyncSubmitter:
         self._offload = offload
         self._writer = writer
         self._now_ms = now_ms
-        self._early_stages = path.stages_before_registration()
         self._turns = asyncio.Semaphore(_AT_ONCE)
         self._submitting: set[asyncio.Future[Batch]] = set()
 
@@ -90,8 +89,8 @@ class AsyncSubmitter:
                 await self._offload(self._submit_each, batch, calls)
                 return batch
         for call in calls:
-            in_flight = InFlight(call, now_ms=0)
-            if not any(stage(batch, in_flight) for stage in self._early_stages):
+            in_flight = path.reaches_registration(batch, call)
+            if in_flight is not None:
                 await self._register_and_publish(batch, in_flight)
         return batch
 
@@ -100,26 +99,29 @@ class AsyncSubmitter:
             self._path.submit(batch, call)
 
     async def _register_and_publish(self, batch: Batch, in_flight: InFlight) -> None:
-        """:meth:`CallPath.register_and_dispatch`, awaited."""
-        keys, call, now = batch.keys, in_flight.call, in_flight.now_ms
-        job = self._dispatcher.job(keys, batch.agent_id, call, now, batch.run_deadline_ms)
-        batch.deadlines[call.id] = job.deadline_ms
-        batch.submitted[call.id] = job.submitted_ms
-        fields = self._dispatcher.registration_fields(keys, job)
-        # The message rides in the register script (see Dispatcher): registered and
-        # published in one step, or neither.
-        options = self._dispatcher.invoke_options(job)
-        push = self._dispatcher.queued_message(keys, job, self._path.loop_warning(in_flight), options)
+        """:meth:`CallPath.register_and_dispatch`, awaited.
+
+        The message rides in the register script (see Dispatcher): registered and published in
+        one step, or neither.
+        """
+        path = self._path
+        submission = path.plan(batch, in_flight)
+        job = submission.job
         try:
             registration = await self._ledger.register_call(
-                keys, call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields, push=push
+                submission.keys,
+                job.call.id,
+                now_ms=job.submitted_ms,
+                deadline_ms=job.deadline_ms,
+                fields=submission.fields,
+                push=submission.push,
             )
         except StoreError as exc:
-            self._path.unsubmitted(batch, call, now, exc)
+            path.unregistered(batch, submission, exc)
             return
-        batch.guard_armed = batch.guard_armed or registration.guard_armed
+        self._dispatcher.sent(submission, registration)
         if registration.refused:
             # The run ended meanwhile: its refusal is read and stored synchronously (rare).
-            await self._offload(self._path.refuse, batch, call, registration.run_status)
-        elif registration.created:
-            self._dispatcher.announce_sent(options, task_id(keys, job.call.id, 0))
+            await self._offload(path.registered, batch, submission, registration)
+        else:
+            path.registered(batch, submission, registration)

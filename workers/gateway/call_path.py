@@ -13,21 +13,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from workers.core.failure_policy import delivered
 from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.errors import StoreError
 from workers.gateway.breaker_gate import BreakerGate
-from workers.gateway.dispatching import Dispatcher
+from workers.gateway.dispatching import Dispatcher, Submission
 from workers.gateway.loop_abort import abort_run
 from workers.gateway.loop_gate import LoopGate
-from workers.gateway.waiting import Abort, Batch
+from workers.gateway.waiter import Abort, Batch
 from workers.settings import Settings
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger
+from workers.store.ledger import Ledger, Registration
 from workers.store.runs import open_run, run_abort
 from workers.store.sessions import SessionStore
 
@@ -65,7 +65,7 @@ class CallPath:
         sessions: SessionStore,
         dispatcher: Dispatcher,
         loops: LoopGate,
-        breakers: BreakerGate,
+        breakers: BreakerGate | None,
         *,
         writer: str,
         now_ms: Callable[[], int],
@@ -99,9 +99,14 @@ class CallPath:
             if stage(batch, in_flight):
                 return
 
-    def stages_before_registration(self) -> tuple[Stage, ...]:
-        """Every stage but the last (``register_and_dispatch``), for a submitter that registers itself."""
-        return tuple(getattr(self, name) for name in self.STAGES if name != "register_and_dispatch")
+    def reaches_registration(self, batch: Batch, call: ToolCall) -> InFlight | None:
+        """Pass ``call`` through the stages before registration (for a submitter that registers itself).
+
+        The call to :meth:`plan` and register, or None when an earlier stage answered it.
+        """
+        in_flight = InFlight(call, now_ms=0)
+        early = self.stages[:-1]
+        return None if any(stage(batch, in_flight) for stage in early) else in_flight
 
     def storeless_until_registration(self, agent_id: str, calls: Sequence[ToolCall]) -> bool:
         """Whether the stages before registration use no store for ``calls`` of a cached run.
@@ -124,7 +129,8 @@ class CallPath:
     def conclude(self, batch: Batch, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """Record loop and breaker outcomes; the results in call order, or the abort raised with them."""
         self._record_loop_outcomes(batch)
-        self._breakers.record(batch.keys, batch.answers)
+        if self._breakers is not None:
+            self._breakers.record(batch.keys, batch.answers)
         results = [batch.answers[call.id] for call in calls]
         if batch.abort is not None:
             raise abort_run(
@@ -176,7 +182,9 @@ class CallPath:
     def admit(self, batch: Batch, in_flight: InFlight) -> bool:
         """Validation (tool, policy, arguments) and the tool's circuit breaker."""
         call = in_flight.call
-        early = self._dispatcher.reject_early(call, batch.agent_id) or self._breakers.admit(batch.keys, call)
+        early = self._dispatcher.reject_early(call, batch.agent_id)
+        if early is None and self._breakers is not None:
+            early = self._breakers.admit(batch.keys, call)
         if early is None:
             return False
         self.answer_now(batch, call, early)
@@ -184,45 +192,58 @@ class CallPath:
 
     def register_and_dispatch(self, batch: Batch, in_flight: InFlight) -> bool:
         """Register the call in the ledger and publish it; the waiter takes it from here."""
-        call, now = in_flight.call, in_flight.now_ms
-        job = self._dispatcher.job(batch.keys, batch.agent_id, call, now, batch.run_deadline_ms)
-        batch.deadlines[call.id] = job.deadline_ms
-        batch.submitted[call.id] = job.submitted_ms
+        submission = self.plan(batch, in_flight)
         try:
-            warning = self.loop_warning(in_flight)
-            registration = self._dispatcher.register_and_dispatch(batch.keys, job, loop_warning=warning)
-            batch.guard_armed = batch.guard_armed or registration.guard_armed
-            if registration.refused:
-                self.refuse(batch, call, registration.run_status)
-            elif registration.created and self._dispatcher.messages is not None:
-                batch.registered_last = call.id  # registered and published in that one round trip
+            registration = self._dispatcher.register(submission)
+            self.registered(batch, submission, registration)
+            if registration.created and not registration.refused and submission.push is not None:
+                batch.registered_last = in_flight.call.id  # registered and published in one round trip
         except StoreError as exc:
-            self.unsubmitted(batch, call, now, exc)
+            self.unregistered(batch, submission, exc)
         return True
 
-    def loop_warning(self, in_flight: InFlight) -> dict[str, Any] | None:
-        """The loop detector's warning riding along in the call's message (shown in Flower)."""
-        return self._loops.warning_of(in_flight.verdict)
+    def plan(self, batch: Batch, in_flight: InFlight) -> Submission:
+        """The call's registration (its limits, record and message), its deadline noted in the batch."""
+        call = in_flight.call
+        submission = self._dispatcher.plan(
+            batch.keys,
+            batch.agent_id,
+            call,
+            in_flight.now_ms,
+            batch.run_deadline_ms,
+            loop_warning=self._loops.warning_of(in_flight.verdict),  # shown in Flower with the task
+        )
+        batch.deadlines[call.id] = submission.job.deadline_ms
+        batch.submitted[call.id] = submission.job.submitted_ms
+        return submission
 
-    def unsubmitted(self, batch: Batch, call: ToolCall, now_ms: int, exc: StoreError) -> None:
+    def registered(self, batch: Batch, submission: Submission, registration: Registration) -> None:
+        """What the register script said, for the batch (a refusal reads the run's abort: store I/O)."""
+        batch.guard_armed = batch.guard_armed or registration.guard_armed
+        if registration.refused:
+            self._refuse(batch, submission.job.call, registration.run_status)
+
+    def unregistered(self, batch: Batch, submission: Submission, exc: StoreError) -> None:
         """A call the store did not take: answered ``dispatch_failed`` by the waiter."""
+        call = submission.job.call
         log.warning("store unavailable while submitting %s: %s", call.id, exc)
         # Stored by the waiter as soon as Redis answers (then the ledger's answer is
         # delivered), else handed over once the grace margin passes and stored later.
-        batch.deadlines[call.id] = now_ms
-        batch.fallbacks[call.id] = synthetic_result(
+        batch.deadlines[call.id] = submission.job.submitted_ms
+        result = synthetic_result(
             call,
             SyntheticReason.DISPATCH_FAILED,
             elapsed_ms=0,
             attempt=0,
             detail=" (result store unreachable)",
         )
+        batch.fallbacks[call.id] = delivered(result, self._ledger.fallbacks)
 
     # -- answering and the run ---------------------------------------------------------------
 
     def answer_now(self, batch: Batch, call: ToolCall, result: ToolResult) -> None:
         """Record a stage's answer once; the stored one wins for a resubmitted call id."""
-        result = self._ledger.with_fallback(result)  # what the ledger stores (circuit_open)
+        result = delivered(result, self._ledger.fallbacks)  # what the ledger stores (circuit_open)
         batch.tools[call.id] = call.name
         batch.deadlines[call.id] = self._now_ms()
         try:
@@ -230,7 +251,7 @@ class CallPath:
             batch.guard_armed = batch.guard_armed or registration.guard_armed
             if registration.refused and result.reason != SyntheticReason.RUN_ABORTED.value:
                 # The run ended (a loop abort, a timeout, a newer run): that answer wins.
-                self.refuse(batch, call, registration.run_status)
+                self._refuse(batch, call, registration.run_status)
             elif registration.created:
                 batch.answers[call.id] = result
             else:
@@ -239,7 +260,7 @@ class CallPath:
             log.warning("store unavailable while answering %s: %s", call.id, exc)
             batch.fallbacks[call.id] = result  # answered by the waiter, stored first if it can
 
-    def refuse(self, batch: Batch, call: ToolCall, run_status: RunStatus) -> None:
+    def _refuse(self, batch: Batch, call: ToolCall, run_status: RunStatus) -> None:
         """Answer a call its run no longer accepts; a loop abort is raised to the caller later."""
         self.forget_run(batch.keys)
         try:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from workers.core.models import CallState, SyntheticReason
-from workers.core.reaper import answer_open_call
+from workers.core.waiting import answer_open_call
 from workers.errors import StoreError
 from workers.store.cancels import CancelMarks
 from workers.store.keys import RunKeys

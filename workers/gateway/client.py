@@ -23,7 +23,7 @@ from workers.core.run_health import RunStatus
 from workers.core.transcript import RepairedTranscript
 from workers.errors import StoreError
 from workers.gateway.agent_liveness import AgentLiveness
-from workers.gateway.async_calls import AsyncCalls
+from workers.gateway.async_calls import AsyncCalls, SyncParts
 from workers.gateway.breaker_gate import BreakerGate
 from workers.gateway.call_path import CallPath
 from workers.gateway.cancelling import Canceller
@@ -32,7 +32,7 @@ from workers.gateway.ledger_repair import repair_with_ledger
 from workers.gateway.loop_gate import LoopGate
 from workers.gateway.persister import Persister
 from workers.gateway.provider_turns import answer_message
-from workers.gateway.waiting import Batch, Waiter
+from workers.gateway.waiter import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
@@ -47,7 +47,7 @@ __all__ = ["ToolGateway"]
 log = logging.getLogger(__name__)
 
 
-class ToolGateway(AsyncCalls):
+class ToolGateway:
     """Sync and asyncio API of unstuck for the agent loop."""
 
     def __init__(
@@ -91,8 +91,13 @@ class ToolGateway(AsyncCalls):
         history = RedisLoopHistory.on_ledger(self._rt.ledger)
         self._loops = LoopGate(self.settings, history, emit=self._emit_event)
         self._canceller = Canceller(self._rt.ledger, writer=self._writer, now_ms=self._now_ms)
-        breakers = BreakerGate(
-            self.settings.tools.breakers, self._rt.ledger, now_ms=self._now_ms, emit=self._emit_event
+        # Without breakers configured the gate would only say "admitted": the path skips it.
+        breakers = (
+            BreakerGate(
+                self.settings.tools.breakers, self._rt.ledger, now_ms=self._now_ms, emit=self._emit_event
+            )
+            if self.settings.tools.breakers
+            else None
         )
         self._path = CallPath(
             self.settings,
@@ -107,7 +112,22 @@ class ToolGateway(AsyncCalls):
         self._liveness = AgentLiveness(
             AgentBeats(self._sessions), self._rt.ledger, now_ms=self._now_ms, ensure_run=self._path.ensure_run
         )
-        self._init_async()
+        self._async = AsyncCalls(
+            SyncParts(
+                settings=self.settings,
+                ledger=self._rt.ledger,
+                writer=self._writer,
+                task_events=self._task_events,
+                dispatcher=self._dispatcher,
+                persister=self._persister,
+                canceller=self._canceller,
+                path=self._path,
+                call_tools=self.call_tools,
+                collect=self.collect,
+                now_ms=self._now_ms,
+                undispatched_after_ms=self._undispatched_after_ms(),
+            )
+        )
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -126,6 +146,20 @@ class ToolGateway(AsyncCalls):
             batch = self._path.submit_all(self._rt.ledger.keys(session_key, run_id), agent_id, calls)
             batch.answers.update(self._waiter.wait(batch))
             return spans.end(self._path.conclude(batch, calls))
+
+    async def acall_tools(
+        self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
+    ) -> list[ToolResult]:
+        """``call_tools`` for asyncio callers: the wait holds no thread.
+
+        Submission runs on the loop when it can, else on the gateway's small submission pool
+        (see :mod:`workers.gateway.async_calls`); the wait for answers is awaited on an asyncio
+        Redis client of the running loop (``await aclose()`` before that loop ends).
+        Cancelling it cancels the calls (see :mod:`workers.gateway.cancelling`).
+        """
+        return await self._async.call_tools(
+            session_key=session_key, run_id=run_id, agent_id=agent_id, calls=calls
+        )
 
     def cancel(self, session_key: str, run_id: str, call_id: str | None = None) -> int:
         """Cancel a call of a run, or all of them; returns how many were unanswered.
@@ -157,6 +191,21 @@ class ToolGateway(AsyncCalls):
         """
         return answer_message(self.call_tools, format, message, session_key, run_id, agent_id, turn)
 
+    async def acall_tools_in(
+        self,
+        format: str,
+        message: Any,
+        *,
+        session_key: str,
+        run_id: str,
+        agent_id: str = "main",
+        turn: int | None = None,
+    ) -> ProviderAnswer:
+        """``call_tools_in`` for asyncio callers (waits like ``acall_tools``: no thread held)."""
+        return await self._async.call_tools_in(
+            format, message, session_key=session_key, run_id=run_id, agent_id=agent_id, turn=turn
+        )
+
     def results_in(self, format: str, results: Sequence[ToolResult]) -> Any:
         """What to append for ``results`` (e.g. from ``collect``) in a provider's ``format``."""
         return encode_results(format, results)
@@ -187,6 +236,10 @@ class ToolGateway(AsyncCalls):
         batch.answers.update(self._waiter.wait(batch, undispatched_after_ms=self._undispatched_after_ms()))
         results = [batch.answers[cid] for cid in call_ids if cid in batch.answers]
         return tracing.collected(tracing.ledger_reader(ledger), session_key, run_id, results)
+
+    async def acollect(self, session_key: str, run_id: str) -> list[ToolResult]:
+        """``collect`` for asyncio callers: every store access awaited, no thread held."""
+        return await self._async.collect(session_key, run_id)
 
     def _undispatched_after_ms(self) -> int:
         # A call never marked dispatched this long after submission was lost with its gateway.
@@ -266,9 +319,14 @@ class ToolGateway(AsyncCalls):
         Asyncio callers: ``await aclose()`` instead, on the loop they called from.
         """
         self._task_events.close(timeout_s=1.0)
-        self._pool.shutdown(wait=False)
+        self._async.pool.shutdown(wait=False)
         self._persister.stop()
         self._rt.ledger.close()
+
+    async def aclose(self) -> None:
+        """Release connections, those of the running loop's asyncio client included."""
+        await self._async.close()
+        self.close()
 
     # -- loops and events ---------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from workers.store.ledger import Ledger, Registration
 from workers.store.records import CallField
 from workers.tools.registry import get_tool, validate_arguments
 
-__all__ = ["Dispatcher", "task_id"]
+__all__ = ["Dispatcher", "Submission", "task_id"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,27 @@ class InvokeOptions:
             label=invoke_task_label(job.call.name, job.session_key, job.run_id),
             queue=queue,
         )
+
+
+@dataclass(frozen=True)
+class Submission:
+    """The whole registration of one new call, for either submitter: what both register and send.
+
+    ``fields`` are the call record's; ``push`` the first message for the register script to
+    push onto the broker's list (None: published with ``send_task`` once registered).
+    """
+
+    keys: RunKeys
+    job: CallJob
+    fields: dict[str, str]
+    push: tuple[str, str] | None
+    options: InvokeOptions
+    loop_warning: dict[str, Any] | None
+
+    @property
+    def task_id(self) -> str:
+        """The task id of the call's first message."""
+        return task_id(self.keys, self.job.call.id, 0)
 
 
 class Dispatcher:
@@ -160,31 +181,52 @@ class Dispatcher:
             ledger.finish(keys, result, now_ms=now, writer=self._writer)
         return registration
 
-    def register_and_dispatch(
-        self, keys: RunKeys, job: CallJob, *, loop_warning: dict[str, Any] | None = None
-    ) -> Registration:
-        """Register the call and publish it unless it existed or its run refuses new calls.
+    def plan(
+        self,
+        keys: RunKeys,
+        agent_id: str,
+        call: ToolCall,
+        now_ms: int,
+        run_deadline_ms: int | None,
+        *,
+        loop_warning: dict[str, Any] | None = None,
+    ) -> Submission:
+        """The registration of a valid new call: the one entry point of both submitters.
 
         A ``loop_warning`` rides along in the message, so Flower shows it with the call's task.
         """
-        fields = self.registration_fields(keys, job)
-        options = self.invoke_options(job)
-        push = self.queued_message(keys, job, loop_warning, options)
+        job = self.job(keys, agent_id, call, now_ms, run_deadline_ms)
+        options = InvokeOptions.of(job, self.settings.broker.queue)
+        push = self._queued_message(keys, job, loop_warning, options)
+        return Submission(keys, job, self._registration_fields(keys, job), push, options, loop_warning)
+
+    def register(self, submission: Submission) -> Registration:
+        """Register the call on the sync ledger, then :meth:`sent`."""
+        job = submission.job
         registration = self._ledger.register_call(
-            keys, job.call.id, now_ms=job.submitted_ms, deadline_ms=job.deadline_ms, fields=fields, push=push
+            submission.keys,
+            job.call.id,
+            now_ms=job.submitted_ms,
+            deadline_ms=job.deadline_ms,
+            fields=submission.fields,
+            push=submission.push,
         )
-        if registration.created and not registration.refused:
-            if push is None:
-                self.dispatch(keys, job, attempt=0, loop_warning=loop_warning)
-            else:
-                self.announce_sent(options, task_id(keys, job.call.id, 0))
+        self.sent(submission, registration)
         return registration
 
-    def invoke_options(self, job: CallJob) -> InvokeOptions:
-        """The options of ``job``'s messages, computed once per dispatch."""
-        return InvokeOptions.of(job, self.settings.broker.queue)
+    def sent(self, submission: Submission, registration: Registration) -> None:
+        """After the register script: publish a new call whose message it did not push, and announce it.
 
-    def queued_message(
+        Nothing is sent for a call that existed or whose run refuses new calls.
+        """
+        if not registration.created or registration.refused:
+            return
+        if submission.push is None:
+            self.dispatch(submission.keys, submission.job, attempt=0, loop_warning=submission.loop_warning)
+        else:
+            self._announce_sent(submission.options, submission.task_id)
+
+    def _queued_message(
         self, keys: RunKeys, job: CallJob, loop_warning: dict[str, Any] | None, options: InvokeOptions
     ) -> tuple[str, str] | None:
         """The first dispatch's message for the register script to push, or None (``send_task``)."""
@@ -193,7 +235,7 @@ class Dispatcher:
         message = self.messages.build(
             INVOKE_TASK,
             task_id=task_id(keys, job.call.id, 0),
-            kwargs=self.message_kwargs(job, loop_warning),
+            kwargs=self._message_kwargs(job, loop_warning),
             soft_s=job.soft_s,
             hard_s=job.hard_s,
             expires=options.expires,
@@ -203,7 +245,7 @@ class Dispatcher:
         )
         return broker_queue_key(message.queue), message.payload
 
-    def registration_fields(self, keys: RunKeys, job: CallJob) -> dict[str, str]:
+    def _registration_fields(self, keys: RunKeys, job: CallJob) -> dict[str, str]:
         """The call record's fields for a call about to be published (first attempt)."""
         spec = get_tool(job.call.name)
         return {
@@ -221,14 +263,14 @@ class Dispatcher:
         }
 
     @staticmethod
-    def message_kwargs(job: CallJob, loop_warning: dict[str, Any] | None) -> dict[str, Any]:
+    def _message_kwargs(job: CallJob, loop_warning: dict[str, Any] | None) -> dict[str, Any]:
         """The invoke task's keyword arguments: the job, and a loop warning Flower shows."""
         kwargs: dict[str, Any] = {"job": job.model_dump(mode="json")}
         if loop_warning:
             kwargs["loop_warning"] = loop_warning
         return kwargs
 
-    def announce_sent(self, options: InvokeOptions, message_id: str) -> None:
+    def _announce_sent(self, options: InvokeOptions, message_id: str) -> None:
         """Hand the published task's ``task-sent`` event to ``on_sent`` (batched for Flower).
 
         Named after the call, as the worker's events are; no args or kwargs: task-received
@@ -245,7 +287,7 @@ class Dispatcher:
         )
 
     def dispatch_failed(self, job: CallJob, exc: Exception) -> ToolResult:
-        """The answer to a call whose message the broker did not take (tools.fallbacks applied)."""
+        """The answer to a call whose message the broker did not take (the ledger delivers it)."""
         log.warning("dispatch of %s failed: %s", job.call.id, exc)
         result = synthetic_result(
             job.call,
@@ -254,18 +296,18 @@ class Dispatcher:
             attempt=0,
             detail=f" ({type(exc).__name__})",
         )
-        return self._ledger.with_fallback(result)
+        return result
 
     def dispatch(
         self, keys: RunKeys, job: CallJob, *, attempt: int, loop_warning: dict[str, Any] | None = None
     ) -> ToolResult | None:
-        """Publish the call; on failure store ``dispatch_failed`` and return it."""
+        """Publish the call; on failure store ``dispatch_failed`` and return what was handed to the ledger."""
         message_id = task_id(keys, job.call.id, attempt)
-        options = self.invoke_options(job)
+        options = InvokeOptions.of(job, self.settings.broker.queue)
         try:
             self._app.send_task(
                 INVOKE_TASK,
-                kwargs=self.message_kwargs(job, loop_warning),
+                kwargs=self._message_kwargs(job, loop_warning),
                 task_id=message_id,
                 soft_time_limit=job.soft_s,  # type: ignore[arg-type]  # floats work; stubs say int
                 time_limit=job.hard_s,  # type: ignore[arg-type]
@@ -279,7 +321,7 @@ class Dispatcher:
             result = self.dispatch_failed(job, exc)
             self._ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
             return result
-        self.announce_sent(options, message_id)
+        self._announce_sent(options, message_id)
         if attempt:
             self._ledger.mark_dispatched(keys, job.call.id, message_id)
         return None

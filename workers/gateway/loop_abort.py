@@ -8,7 +8,7 @@ from collections.abc import Callable
 from workers.core.models import SyntheticReason, ToolResult
 from workers.core.run_health import RunStatus
 from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
-from workers.gateway.waiting import Abort
+from workers.gateway.waiter import Abort
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.runs import mark_run_aborted

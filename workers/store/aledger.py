@@ -24,10 +24,10 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import NoScriptError
 
-from workers.core.failure_policy import FallbackRule, apply_fallback
+from workers.core.failure_policy import FallbackRule, delivered
 from workers.core.models import CallState, ToolResult
-from workers.core.reaper import OpenCall
 from workers.core.sentinel_url import SentinelAccess
+from workers.core.waiting import ActionKind, OpenCall, Reap
 from workers.errors import StoreError
 from workers.store.call_views import OPEN_FIELDS, announce, event_entry, open_call, synthetic_event_fields
 from workers.store.connection import sentinel_client_kwargs, sentinel_of
@@ -241,16 +241,12 @@ class AsyncLedger:
         async with astore_errors():
             return step.registration(await self._script(self._register, *step.script_call, index))
 
-    def with_fallback(self, result: ToolResult) -> ToolResult:
-        """``result``, or its tool's configured fallback (as ``Ledger.with_fallback``)."""
-        return apply_fallback(result, self.fallbacks.get(result.tool_name))
-
     async def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
         """Store ``result`` (or its configured fallback) if it is the first, else keep it as late.
 
         True when it won; the twin of ``Ledger.finish``.
         """
-        result = self.with_fallback(result)
+        result = delivered(result, self.fallbacks)
         call_id = result.tool_call_id
         member = keys.due_member(call_id)
 
@@ -292,6 +288,20 @@ class AsyncLedger:
         async with astore_errors():
             script_keys = [keys.call(call_id), keys.lease(call_id)]
             return bool(await self._script(self._republish, script_keys, [expected, now_ms]))
+
+    async def reap(self, keys: RunKeys, reaps: Sequence[Reap], *, now_ms: int, writer: str) -> list[str]:
+        """``Ledger.reap``, awaited: the ids of calls taken back for another worker."""
+        resend = []
+        for reap in reaps:
+            call = reap.call
+            if reap.answer is not None:
+                await self.finish(keys, reap.answer, now_ms=now_ms, writer=writer)
+            elif reap.kind is ActionKind.REQUEUE:
+                if await self.requeue(keys, call.call_id, expected_attempt=call.attempt, now_ms=now_ms):
+                    resend.append(call.call_id)
+            elif await self.count_republish(keys, call.call_id, expected=call.republishes, now_ms=now_ms):
+                resend.append(call.call_id)
+        return resend
 
     async def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""

@@ -1,7 +1,7 @@
 """What the sync and async ledgers share about reading calls and telling of answers.
 
 The fields of an unanswered call the gateway and the watchdog read (``ledger_open.lua``), the
-:class:`~workers.core.reaper.OpenCall` built from them, and the two things every first-stored
+:class:`~workers.core.waiting.OpenCall` built from them, and the two things every first-stored
 answer sets off: the ``synthetic`` event and the ``on_answered`` listeners. One copy, so the
 two ledgers cannot drift apart.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.core.models import CallState, ToolResult
-from workers.core.reaper import OpenCall
+from workers.core.waiting import OpenCall
 from workers.store.keys import RunKeys
 from workers.store.records import CALL, CallField, EventField
 from workers.store.rows import Row

@@ -122,7 +122,7 @@ by when its worker's lease runs out (as last written), so a sweep finds lost wor
 (O(due)) instead of probing every lease. A call is put in ``B:leases`` by that first look
 (which finds it running) or by a claim later than half a lease after submission, and is
 removed by an answer after that: a call answered sooner (most) never touches ``B:leases``
-and costs the indexes one write and one removal (``workers.core.reaper.past_first_look``).
+and costs the indexes one write and one removal (``workers.core.waiting.past_first_look``).
 The sweep works bucket by bucket (:func:`all_index_keys`).
 
 The run record carries a summary of its calls, kept by the ledger scripts in the run's

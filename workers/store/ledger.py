@@ -17,9 +17,9 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from workers.core.failure_policy import FallbackRule, apply_fallback
+from workers.core.failure_policy import FallbackRule, delivered
 from workers.core.models import CallState, ClaimStatus, ToolResult
-from workers.core.reaper import OpenCall, past_first_look
+from workers.core.waiting import ActionKind, OpenCall, Reap, past_first_look
 from workers.store.answer_wait import wait_for_results
 from workers.store.call_views import (
     OPEN_FIELDS,
@@ -210,7 +210,7 @@ class Ledger:
         ``tool``, ``job_digest`` and ``submitted_ms`` are those of the message received: a
         call that was never registered, or registered with another tool or digest, is refused
         (never claimed). A claim within half a lease of submission writes no lease-index entry
-        (:func:`~workers.core.reaper.past_first_look`): one command less per call.
+        (:func:`~workers.core.waiting.past_first_look`): one command less per call.
         """
         script_keys, args = claim_call(
             keys, call_id, now_ms=now_ms, worker_id=worker_id, lease_ttl_ms=self.lease_ttl_ms,
@@ -229,16 +229,17 @@ class Ledger:
         return Claim(status, int(attempt), registered_tool)
 
     def with_fallback(self, result: ToolResult) -> ToolResult:
-        """``result``, or its tool's configured fallback when it is a failure the fallback covers."""
-        return apply_fallback(result, self.fallbacks.get(result.tool_name))
+        """What :meth:`finish` stores for ``result``: :func:`~workers.core.failure_policy.delivered`."""
+        return delivered(result, self.fallbacks)
 
     def finish(
         self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str, submitted_ms: int | None = None
     ) -> bool:
         """Store ``result`` (or its configured fallback) if it is the first, else keep it as late.
 
-        True when it won. This is where every result enters the ledger, so ``tools.fallbacks``
-        is applied here once for every writer and every reason. ``submitted_ms``, when the
+        True when it won. What is stored is :func:`~workers.core.failure_policy.delivered` of
+        ``result``, the one function that applies ``tools.fallbacks`` (idempotent: a writer that
+        computed it already, as the gateway does, stores the same bytes). ``submitted_ms``, when the
         writer knows it (the worker, from its message), spares the lease-index removal of a
         call answered within half a lease of submission, which was never put there.
         """
@@ -286,6 +287,26 @@ class Ledger:
         with store_errors():
             script_keys = [keys.call(call_id), keys.lease(call_id)]
             return bool(self._republish(keys=script_keys, args=[expected, now_ms]))
+
+    def reap(
+        self, keys: RunKeys, reaps: Sequence[Reap], *, now_ms: int, writer: str
+    ) -> tuple[int, list[str]]:
+        """Apply the reaper's decisions on calls of one run (:func:`workers.core.waiting.reaps`).
+
+        Returns how many calls were answered here and the ids of those taken back for another
+        worker, whose task the caller sends again.
+        """
+        answered, resend = 0, []
+        for reap in reaps:
+            call = reap.call
+            if reap.answer is not None:
+                answered += self.finish(keys, reap.answer, now_ms=now_ms, writer=writer)
+            elif reap.kind is ActionKind.REQUEUE:
+                if self.requeue(keys, call.call_id, expected_attempt=call.attempt, now_ms=now_ms):
+                    resend.append(call.call_id)
+            elif self.count_republish(keys, call.call_id, expected=call.republishes, now_ms=now_ms):
+                resend.append(call.call_id)
+        return answered, resend
 
     def heartbeat(self, keys: RunKeys, call_id: str, *, now_ms: int, details: Any) -> None:
         """Record a tool's progress report (and so the run's progress)."""

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from workers.core.reaper import next_look_ms
 from workers.core.run_health import RunStatus
+from workers.core.waiting import next_look_ms
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys
 from workers.store.ledger_args import ScriptCall, register_call

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from workers.core.models import SyntheticReason
-from workers.core.reaper import answer_open_call
 from workers.core.run_health import RunStatus
+from workers.core.waiting import answer_open_call
 from workers.store.connection import store_errors
 from workers.store.keys import RunKeys, index_keys, member_bucket, run_member, sweep_lock_key
 from workers.store.ledger import Ledger

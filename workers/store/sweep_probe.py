@@ -11,7 +11,7 @@ from __future__ import annotations
 import redis
 
 from workers.core.models import CallState
-from workers.core.reaper import DueVerdict
+from workers.core.waiting import DueVerdict
 from workers.store.connection import store_errors
 from workers.store.keys import RunKeys, all_index_keys, parse_due_member
 from workers.store.ledger import Ledger

@@ -2,5 +2,5 @@
 
 Runs in the process that consumes the control queue (beat-scheduled), never in a tool worker's
 pool. The decisions themselves are pure, in :mod:`workers.core.run_health` and
-:mod:`workers.core.reaper`.
+:mod:`workers.core.waiting`.
 """

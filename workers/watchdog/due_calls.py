@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from workers.answering import reap
+from workers.core.waiting import ReapRules, reaps
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
@@ -40,16 +40,10 @@ def sweep_due_calls(
     runs: dict[RunKeys, list[str]] = defaultdict(list)
     for keys, call_id in found:
         runs[keys].append(call_id)
+    # The watchdog sends no tasks: a lost call is answered, a lost message waits for its deadline.
+    rules = ReapRules(min_rerun_ms=lease_ms, can_redispatch=False, undispatched_after_ms=lease_ms)
     answered = 0
     for keys, call_ids in runs.items():
-        answered += reap(
-            ledger,
-            keys,
-            call_ids,
-            now_ms=now_ms,
-            min_rerun_ms=lease_ms,
-            writer=writer,
-            redispatch=None,
-            undispatched_after_ms=lease_ms,
-        )
+        planned = reaps(ledger.open_calls(keys, call_ids), rules, now_ms=now_ms)
+        answered += ledger.reap(keys, planned, now_ms=now_ms, writer=writer)[0]
     return answered

@@ -6,7 +6,7 @@
 -- With a message and the broker queue's list (a Redis broker on this same single node), a new
 -- call's task message is pushed here too: registration and publication are one step, so no
 -- call is registered without its message or published unregistered, and the gateway saves a
--- round trip and Celery's publish path (workers/gateway/task_messages.py).
+-- round trip and Celery's publish path (workers/celery_edge/messages.py).
 -- The run record rides along so the gateway needs no separate read per batch; it is read
 -- once, with the run summary this registration updates.
 --

@@ -11,7 +11,7 @@
 -- answered leaves both indexes; a lease still alive puts the call in the lease index by its
 -- end (a first look) or re-scores it there (renewed, index lagging), and leaves the call due
 -- at its deadline; a call queued for a worker leaves the lease index and is due at its
--- deadline (a claim that late indexes its lease, workers.core.reaper.past_first_look); one
+-- deadline (a claim that late indexes its lease, workers.core.waiting.past_first_look); one
 -- never dispatched is kept until it is older than a lease. Returns the members to reap.
 local now, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local reap = {}

@@ -1,0 +1,65 @@
+"""How many of the project's modules one healthy call runs through in the agent's process.
+
+A reader follows a call through the modules it touches; the fewer, the easier the path is to
+read and change. Measured with ``sys.setprofile`` around one sync ``call_tools`` (after a
+warm-up call, so first-use imports and connection setup are not counted) against a real
+worker and a private redis-server: every Python function entered on the agent's thread whose
+file lies under ``workers/`` or ``tasks/`` counts its module once.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from tests.harness import Proc
+from workers import ToolCall, ToolGateway
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = (ROOT / "workers", ROOT / "tasks")
+
+# The most modules one healthy call may touch on the agent's side: the aim is 16; this is what
+# the code reaches today, so it can only go down.
+MAX_MODULES = 30
+
+
+def _project_module(filename: str) -> str | None:
+    path = Path(filename)
+    for package in PACKAGES:
+        if path.is_relative_to(package):
+            return path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+    return None
+
+
+def _modules_touched(gateway: ToolGateway, call: ToolCall, run_id: str) -> set[str]:
+    touched: set[str] = set()
+
+    def profile(frame: FrameType, event: str, _arg: Any) -> None:
+        if event == "call":
+            module = _project_module(frame.f_code.co_filename)
+            if module is not None:
+                touched.add(module)
+
+    sys.setprofile(profile)
+    try:
+        results = gateway.call_tools(session_key="modules", run_id=run_id, calls=[call])
+    finally:
+        sys.setprofile(None)
+    assert [(r.tool_call_id, r.is_error, r.text) for r in results] == [(call.id, False, "abab")]
+    return touched
+
+
+@pytest.mark.timeout(60)
+def test_one_healthy_call_touches_few_project_modules(worker: Proc, gateway: ToolGateway) -> None:
+    # Given a gateway that has made one call already (imports and connections are warm)
+    _modules_touched(gateway, ToolCall(id="warm", name="echo", arguments={"text": "ab", "times": 2}), "r0")
+    # When one more healthy call is traced
+    touched = _modules_touched(
+        gateway, ToolCall(id="c1", name="echo", arguments={"text": "ab", "times": 2}), "r1"
+    )
+    # Then it stays within the budget (the list is in the failure message, to see what grew)
+    assert len(touched) <= MAX_MODULES, f"{len(touched)} modules: {sorted(touched)}"
