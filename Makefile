@@ -135,6 +135,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.cancel_breaker
 	$(BIN)/python -m bench.async_sessions
 	$(BIN)/python -m bench.memory_limits
+	$(BIN)/python -m bench.tracing
 
 MINUTES ?= 5
 chaos: $(STAMP)

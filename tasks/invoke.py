@@ -32,7 +32,7 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
     the message was acked on receipt and the ledger already holds the answer) otherwise. A
     refused message is rejected; with no answer to report, the task's state is left alone.
     """
-    answer = answer_call(job, task_id=self.request.id)
+    answer = answer_call(job, task_id=self.request.id, trace_from=self.request)
     if isinstance(answer, Refused):
         raise Reject(answer.message, requeue=False)
     if answer is None:

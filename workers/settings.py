@@ -616,6 +616,11 @@ class WorkerSettings(BaseModel):
     max_memory_per_child_kb: PositiveInt | None = Field(
         None, description="recycle a pool child above this resident size, KiB; none: never"
     )
+    flush_spans_each_call: bool = Field(
+        False,
+        description="with tracing on (docs/tracing.md): a pool child sends its spans after every call, "
+        "so a child that crashes on its next call loses none (costs worker CPU); off: every 200 ms",
+    )
 
 
 class ApiSettings(BaseModel):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -74,8 +75,12 @@ class TaskMessages:
         expires: datetime,
         shadow: str,
         now: datetime,
+        headers: Mapping[str, str] | None = None,
     ) -> QueuedMessage:
-        """The message of ``name(**kwargs)``, its time limits, expiry and Flower label."""
+        """The message of ``name(**kwargs)``, its time limits, expiry and Flower label.
+
+        ``headers`` are added to the message's own (as ``send_task(headers=...)`` adds them).
+        """
         message = self._amqp.as_task_v2(
             task_id,
             name,
@@ -90,7 +95,9 @@ class TaskMessages:
             reply_to=self._app.thread_oid,
             now=now,
         )
-        headers, properties, body, _ = message
+        message_headers, properties, body, _ = message
+        if headers:
+            message_headers = {**message_headers, **headers}
         content_type, content_encoding, data = dumps(body, serializer="json")
         properties = {
             **properties,
@@ -106,7 +113,7 @@ class TaskMessages:
             "body": base64.b64encode(data.encode() if isinstance(data, str) else data).decode(),
             "content-encoding": content_encoding,
             "content-type": content_type,
-            "headers": headers,
+            "headers": message_headers,
             "properties": properties,
         }
         return QueuedMessage(self._queue, json_dumps(envelope))

@@ -36,6 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from workers import tracing
 from workers.doors.auth import bearer_ok
 from workers.doors.http_calls import CallsDoor
 from workers.doors.http_hot import HotToolCalls
@@ -80,6 +81,10 @@ class _Guard:
             await self._app(scope, receive, send)
             return
         headers = {name: value.decode("latin-1") for name, value in scope["headers"]}
+        with tracing.joined_asgi(headers):  # the caller's traceparent/tracestate, if any
+            await self._guarded(scope, receive, send, headers)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, str]) -> None:
         refusal = self._refusal(scope["path"], headers)
         if refusal is None:
             body, complete = await self._read_body(receive)

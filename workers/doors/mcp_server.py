@@ -38,6 +38,7 @@ import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 
+from workers import tracing
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, rejected_result, synthetic_result
 from workers.core.run_health import RunStatus
@@ -216,6 +217,12 @@ class McpDoor:
 
     async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         meta: Mapping[str, Any] = params.meta or {}
+        with tracing.joined(meta):  # params._meta.traceparent: the caller's trace
+            return await self._call_tool_in(ctx, params, meta)
+
+    async def _call_tool_in(
+        self, ctx: Context, params: types.CallToolRequestParams, meta: Mapping[str, Any]
+    ) -> types.CallToolResult:
         target = await self._open(meta, ctx)
         call = ToolCall(id=target.call_id, name=params.name[:256] or "?", arguments=params.arguments or {})
         started_ms = self._now_ms()

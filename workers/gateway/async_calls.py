@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from workers import tracing
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
 from workers.core.provider_calls import ProviderAnswer
@@ -74,8 +75,10 @@ class AsyncCalls:
     ) -> list[ToolResult]:
         """``ToolGateway.acall_tools``; cancelling it cancels the calls."""
         keys = self._parts.ledger.keys(session_key, run_id)
-        answering = self._call_tools(keys, agent_id, calls)
-        return await self._parts.canceller.cancel_if_cancelled(answering, keys, [call.id for call in calls])
+        with tracing.CallSpans(session_key, run_id, agent_id, calls) as spans:
+            answering = self._call_tools(keys, agent_id, calls)
+            cancelling = self._parts.canceller.cancel_if_cancelled(answering, keys, [c.id for c in calls])
+            return spans.end(await cancelling)
 
     async def _call_tools(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> list[ToolResult]:
         parts = self._parts
@@ -119,7 +122,9 @@ class AsyncCalls:
         answers = await ledger.results(keys, call_ids)
         batch = Batch.collected(keys, call_ids, answers, await ledger.open_calls(keys, call_ids))
         batch.answers.update(await waiter.wait(batch, undispatched_after_ms=parts.undispatched_after_ms))
-        return [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+        # No link to each call's own span: reading the records would block the loop.
+        results = [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+        return tracing.collected(None, keys.session_key, keys.run_id, results)
 
     async def close(self) -> None:
         """Release the running loop's asyncio client (the gateway then closes the rest)."""
@@ -144,6 +149,7 @@ class AsyncCalls:
             parts = self._parts
             ledger = open_async_ledger(parts.settings)
             ledger.on_answered.append(parts.task_events.answered)  # as for the sync ledger
+            ledger.on_answered.append(tracing.answer_spans("gateway", None))
             waiter = AsyncWaiter(
                 ledger,
                 parts.settings,

@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers import tracing
 from workers.celery_edge.app_config import client_app
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
@@ -66,6 +67,7 @@ class ToolGateway:
         self._task_events = TaskEvents(
             self._app, self._rt.ledger, role="gateway", flush_ms=self.settings.broker.task_events_flush_ms
         ).attach()
+        tracing.watch_answers(self._rt.ledger, "gateway")
         self._dispatcher = Dispatcher(
             self.settings,
             self._rt.ledger,
@@ -140,9 +142,10 @@ class ToolGateway:
                 for a loop that survived compaction); ``error.results`` still holds one
                 result per call.
         """
-        batch = self._path.submit_all(self._rt.ledger.keys(session_key, run_id), agent_id, calls)
-        batch.answers.update(self._waiter.wait(batch))
-        return self._path.conclude(batch, calls)
+        with tracing.CallSpans(session_key, run_id, agent_id, calls) as spans:
+            batch = self._path.submit_all(self._rt.ledger.keys(session_key, run_id), agent_id, calls)
+            batch.answers.update(self._waiter.wait(batch))
+            return spans.end(self._path.conclude(batch, calls))
 
     async def acall_tools(
         self, *, session_key: str, run_id: str, agent_id: str = "main", calls: Sequence[ToolCall]
@@ -231,7 +234,8 @@ class ToolGateway:
             keys, call_ids, ledger.results(keys, call_ids), ledger.open_calls(keys, call_ids)
         )
         batch.answers.update(self._waiter.wait(batch, undispatched_after_ms=self._undispatched_after_ms()))
-        return [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+        results = [batch.answers[cid] for cid in call_ids if cid in batch.answers]
+        return tracing.collected(tracing.ledger_reader(ledger), session_key, run_id, results)
 
     async def acollect(self, session_key: str, run_id: str) -> list[ToolResult]:
         """``collect`` for asyncio callers: every store access awaited, no thread held."""

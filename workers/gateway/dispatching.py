@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers import tracing
 from workers.celery_edge.messages import TaskMessages, fast_publish_possible
 from workers.celery_edge.names import INVOKE_TASK, invoke_task_id, invoke_task_label
 from workers.core.job_digest import job_digest
@@ -240,6 +241,7 @@ class Dispatcher:
             expires=options.expires,
             shadow=options.label,
             now=datetime.now(tz=UTC),
+            headers=tracing.message_headers(keys.session_key, keys.run_id, job.call.id),
         )
         return broker_queue_key(message.queue), message.payload
 
@@ -257,6 +259,7 @@ class Dispatcher:
             # between, the call is answered at its deadline instead of at once.
             CallField.DISPATCHED: "1",
             CallField.TASK_ID: task_id(keys, job.call.id, 0),
+            **tracing.record_fields(keys.session_key, keys.run_id, job.call.id),
         }
 
     @staticmethod
@@ -312,6 +315,7 @@ class Dispatcher:
                 queue=options.queue,
                 shadow=options.label,
                 ignore_result=True,  # results live in the ledger; skip the backend subscription
+                headers=tracing.message_headers(keys.session_key, keys.run_id, job.call.id),
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
             result = self.dispatch_failed(job, exc)

@@ -156,6 +156,8 @@ class CallField(enum.StrEnum):
     FINISHED_MS = "finished_ms"
     WRITER = "writer"
     CANCEL_MS = "cancel_ms"
+    TRACEPARENT = "traceparent"
+    TRACESTATE = "tracestate"
 
 
 CALL: Final = HashRecord[CallField](
@@ -201,6 +203,10 @@ CALL: Final = HashRecord[CallField](
         CallField.FINISHED_MS: _ms("when the delivered result was written; 0 while open"),
         CallField.WRITER: _str("who wrote the delivered result (worker id, gateway, watchdog)"),
         CallField.CANCEL_MS: _ms("when a cancel was first requested (ledger_cancel.lua); 0: never"),
+        CallField.TRACEPARENT: _str(
+            "W3C trace context of the call's execute_tool span (workers.tracing); absent when not traced"
+        ),
+        CallField.TRACESTATE: _str("W3C tracestate beside traceparent; absent when none"),
     },
     families={"pgid:": FieldSpec(FieldType.FLAG, "pgid:<n> = 1: a process group the tool started", 0)},
 )

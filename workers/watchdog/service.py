@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers import tracing
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.run_health import watchdog_late
 from workers.runtime import Runtime, now_ms, worker_id
@@ -33,6 +34,7 @@ class WatchdogService:
     def __init__(self, app: Celery, rt: Runtime) -> None:
         flush_ms = rt.settings.broker.task_events_flush_ms
         self.events = TaskEvents(app, rt.ledger, role="watchdog", flush_ms=flush_ms).attach()
+        tracing.watch_answers(rt.ledger, "watchdog")
         self._app = app
         self._ledger = rt.ledger
         self.watchdog = Watchdog(
@@ -49,6 +51,7 @@ class WatchdogService:
 
     def _publish_alert(self, event: dict[str, Any]) -> None:
         fields = {k: v for k, v in event.items() if k != "kind"}
+        tracing.alert(event)
         self._ledger.publish_event(str(event.get("kind", "alert")), **fields)
 
     @cached_property
@@ -57,7 +60,9 @@ class WatchdogService:
 
     def sweep(self) -> int:
         """One watchdog sweep; returns how many calls it answered (0 when another sweep held the lock)."""
-        report = self.watchdog.sweep(now_ms())
+        with tracing.span("unstuck.watchdog.sweep") as note:
+            report = self.watchdog.sweep(now_ms())
+            note("unstuck.sweep.calls_answered", report.calls_answered)
         if report.locked_out:
             log.info("watchdog sweep skipped: another sweep holds the lock")
             return 0

@@ -15,6 +15,7 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
+from workers import tracing
 from workers.core.job_digest import job_digest
 from workers.core.memory_limits import OomCause
 from workers.core.models import CallJob, ClaimStatus, ToolResult
@@ -39,8 +40,12 @@ class Refused:
     message: str
 
 
-def answer_call(job: dict[str, Any], *, task_id: str) -> ToolResult | Refused | None:
+def answer_call(
+    job: dict[str, Any], *, task_id: str, trace_from: object = None
+) -> ToolResult | Refused | None:
     """Handle one delivery of ``job``: the call's stored answer, a refusal, or None.
+
+    ``trace_from``: the task's request, whose message headers hold the call's trace context.
 
     The answer is whoever's came first (this delivery, the gateway, the watchdog). None: nothing
     for this delivery to report (another live delivery runs the call, or its record expired).
@@ -68,7 +73,9 @@ def answer_call(job: dict[str, Any], *, task_id: str) -> ToolResult | Refused | 
         return None  # a second delivery while the holder still runs: the holder's task reports
     stored = None
     if claim.status is ClaimStatus.CLAIMED:
-        stored = _answer(rt, keys, parsed, task_id, claim.attempt)
+        flush = rt.settings.worker.flush_spans_each_call
+        with tracing.run_span(trace_from, keys, parsed.call, claim.attempt, flush=flush) as span:
+            stored = span.ended(_answer(rt, keys, parsed, task_id, claim.attempt))
     return stored or stored_answer(rt, keys, parsed.call.id)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 from pydantic import ValidationError
 
+from workers import tracing
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.memory_limits import lost_child_reason, resolve_memory_limit_mb
 from workers.core.models import CallJob, SyntheticReason, ToolResult
@@ -80,7 +81,10 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
         answer = answer_by_deadline(
             result, job.call, submitted_ms=job.submitted_ms, deadline_ms=job.deadline_ms, now_ms=finished_ms
         )
-        rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=f"{worker_id()}/main")
+        if rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=f"{worker_id()}/main") and record:
+            # The child's unstuck.run span died with it: ended here, under the same id.
+            tracing.child_lost(record.fields, keys.session_key, keys.run_id, job.call, answer,
+                               record.row.integer(CallField.STARTED_MS))  # fmt: skip
     except StoreError as exc:
         # The gateway and watchdog still answer this call by its lease or deadline.
         log.warning("could not record %s for call %s: %s", reason.value, job.call.id, exc)

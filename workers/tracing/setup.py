@@ -1,0 +1,197 @@
+"""Whether spans are recorded and where they go: the OpenTelemetry SDK set up from ``OTEL_*``.
+
+The standard variables are OpenTelemetry's contract, not unstuck settings: they are read
+here, once per process, and by the SDK itself (exporter endpoint, headers, sampler, batching).
+Nothing of OpenTelemetry is imported until they ask for traces, or until the application
+installed a tracer provider of its own (then that one is used, never replaced).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # typing only: OpenTelemetry is imported when tracing is on, never before
+    from opentelemetry.trace import Span, Tracer
+
+__all__ = ["active", "capture_content", "flush", "start_with_id", "tracer"]
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN = object()
+_EXPORT_DELAY_MS = 200
+
+
+def _env_configured() -> bool:
+    """Whether the ``OTEL_*`` variables ask for traces (read once per process)."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = env.get("OTEL_TRACES_EXPORTER")
+    if exporters is not None:
+        return exporters.strip().lower() not in ("", "none")
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+class _State:
+    """The process's tracing state: decided once from the environment, configured on first use."""
+
+    def __init__(self) -> None:
+        self.env: bool | None = None
+        self.configured = False
+        self.lock = threading.Lock()
+        self.tracer: Tracer | None = None
+
+
+_STATE = _State()
+# Set while a span with a chosen id is started (see _ChosenIds).
+_CHOSEN_SPAN_ID: ContextVar[int | None] = ContextVar("unstuck_chosen_span_id", default=None)
+
+
+def active() -> bool:
+    """Whether spans are recorded: ``OTEL_*`` configured, or the application's own provider set.
+
+    Costs a dictionary look-up when neither (OpenTelemetry is then never imported).
+    """
+    state = _STATE
+    if state.env is None:
+        state.env = _env_configured()
+    if state.env:
+        if not state.configured:
+            _configure()
+        return True
+    otel_trace = sys.modules.get("opentelemetry.trace")
+    if otel_trace is None:
+        return False
+    # Imported does not mean used (redis-py imports it): the API's global stays None until an
+    # application sets a provider, and reading it spares get_tracer_provider()'s environment
+    # look-up on every call.
+    provider = getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None:
+        return False
+    if provider is _UNKNOWN:
+        provider = otel_trace.get_tracer_provider()
+    return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
+
+
+def _configure() -> None:
+    """Install the SDK's tracer provider from the ``OTEL_*`` variables (unless one is installed)."""
+    with _STATE.lock:
+        if _STATE.configured:
+            return
+        from opentelemetry import trace
+
+        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            provider = _sdk_provider()
+            if provider is not None:
+                trace.set_tracer_provider(provider)
+        _STATE.configured = True
+
+
+def _sdk_provider() -> Any:
+    try:
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning("OTEL_* is set but the OpenTelemetry SDK is not installed: pip install 'unstuck[otel]'")
+        return None
+    attributes = {}
+    if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    ):
+        attributes[SERVICE_NAME] = "unstuck"
+    # Sampler (OTEL_TRACES_SAMPLER), span limits and batching (OTEL_BSP_*) come from the
+    # environment through the SDK's own defaults, but for the export delay when it is not set:
+    # a pool child may crash right after its previous call, and what it held unsent dies
+    # with it. 200 ms instead of the SDK's 5 s keeps that window short; a flush after every
+    # call closes it (worker.flush_spans_each_call) at about 2 ms of worker CPU per call.
+    delay_ms = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else _EXPORT_DELAY_MS
+    provider = TracerProvider(resource=Resource.create(attributes), id_generator=_chosen_ids())
+    for exporter in _exporters():
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms))
+    return provider
+
+
+def _exporters() -> list[Any]:
+    names = [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
+    exporters: list[Any] = []
+    for name in filter(None, names):
+        if name == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            exporters.append(ConsoleSpanExporter())
+        elif name == "otlp":
+            exporters.append(_otlp_exporter())
+        else:
+            log.warning("OTEL_TRACES_EXPORTER=%s: unstuck knows otlp and console; ignored", name)
+    return [e for e in exporters if e is not None]
+
+
+def _otlp_exporter() -> Any:
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    )
+    if protocol.strip() == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError:
+            log.warning("OTLP over gRPC needs opentelemetry-exporter-otlp-proto-grpc; sending http/protobuf")
+        else:
+            return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    # Endpoint, headers, timeout and compression: the exporter reads OTEL_EXPORTER_OTLP_*.
+    return OTLPSpanExporter()
+
+
+def _chosen_ids() -> Any:
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class _ChosenIds(RandomIdGenerator):
+        """Random ids, but the span id :func:`_start_with_id` chose when one is set."""
+
+        def generate_span_id(self) -> int:
+            chosen = _CHOSEN_SPAN_ID.get()
+            return chosen if chosen is not None else super().generate_span_id()
+
+    return _ChosenIds()
+
+
+def tracer() -> Tracer:
+    """The tracer of unstuck's spans, from the installed provider."""
+    tracer = _STATE.tracer
+    if tracer is None:
+        from opentelemetry import trace
+
+        tracer = _STATE.tracer = trace.get_tracer("unstuck")
+    return tracer
+
+
+def capture_content() -> bool:
+    """Whether arguments and results go into spans (opt-in: they may be sensitive)."""
+    return os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").lower() == "true"
+
+
+def start_with_id(name: str, span_id: int, **options: Any) -> Span:
+    """Start a span whose id is ``span_id`` (with the provider :func:`active` installed)."""
+    token = _CHOSEN_SPAN_ID.set(span_id)
+    try:
+        return tracer().start_span(name, **options)
+    finally:
+        _CHOSEN_SPAN_ID.reset(token)
+
+
+def flush() -> None:
+    """Send what the provider holds now (up to 1 s), waiting for it."""
+    from opentelemetry import trace
+
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is not None:
+        force_flush(1000)
