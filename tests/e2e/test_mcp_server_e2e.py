@@ -1,7 +1,7 @@
 """``unstuck mcp`` end to end: the official MCP SDKs against a real door, worker, watchdog and beat.
 
-Each test starts its own redis-server, a tool worker, the watchdog, beat and ``unstuck mcp`` as
-subprocesses. The Python SDK's client speaks the 2026-07-28 (sessionless) protocol by default and
+The module's tests share one redis-server, tool worker, watchdog, beat and ``unstuck mcp``
+(subprocesses), each test in sessions of its own. The Python SDK's client speaks the 2026-07-28 (sessionless) protocol by default and
 the handshake era with ``mode="legacy"``; the TypeScript SDK (``tests/e2e/mcp_ts``, run by Node)
 speaks the handshake era over Streamable HTTP. Limits of the misbehaving tools:
 ``stubborn`` soft 1 s, hard 2 s (ignores the soft limit); ``sleepy`` soft 1 s.
@@ -31,9 +31,9 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.e2e.conftest import Processes
-from tests.harness import UNSTUCK, Proc, wait_until
+from tests.harness import UNSTUCK, Proc, base_env, settings_in_env, wait_until
+from workers.local.embedded_redis import EmbeddedRedis
 from workers.runtime import open_ledger
-from workers.settings import Settings
 from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
 
@@ -76,28 +76,38 @@ def _start_door(env: dict[str, str], processes: Processes, name: str) -> str:
     return f"http://127.0.0.1:{port}/mcp"
 
 
-@pytest.fixture
-def door(
-    backbone_env: dict[str, str], processes: Processes, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Door]:
-    # Given a tool worker, the watchdog, beat and the door, all on a private Redis
-    env = {
-        **backbone_env,
-        "UNSTUCK_API__MCP_RUN_IDLE_S": str(RUN_IDLE_S),
-        "UNSTUCK_WATCHDOG__STALLED_AFTER_S": str(STALLED_AFTER_S),
-    }
-    watchdog = processes.track(Proc([UNSTUCK, "watchdog", "-n", "watchdog-mcp@%h"], env, "watchdog-mcp"))
-    beat = processes.track(Proc([UNSTUCK, "beat"], env, "beat-mcp"))
-    url = _start_door(env, processes, "mcp")
-    processes.worker(env, name="mcp", concurrency=4)
-    watchdog.wait_for_log(" ready.", timeout_s=60)
-    beat.wait_for_log("beat: Starting", timeout_s=60)
-    for key, value in env.items():
-        if key.startswith("UNSTUCK_"):
-            monkeypatch.setenv(key, value)
-    ledger = open_ledger(Settings())
-    yield Door(url, env, ledger)
-    ledger.close()
+@pytest.fixture(scope="module")
+def door() -> Iterator[Door]:
+    """A tool worker, the watchdog, beat and the door on a private Redis, shared by the module.
+
+    Starting the four processes costs a test about ten seconds on two cores; the tests keep
+    to sessions of their own. The pool has twice the slots one test uses at once, so a tool a
+    previous test left running (a cancelled call's) cannot hold back the next test's calls.
+    """
+    server = EmbeddedRedis().start()
+    env = base_env(
+        server.url,
+        UNSTUCK_WATCHDOG__INTERVAL_S="1",
+        UNSTUCK_API__MCP_RUN_IDLE_S=str(RUN_IDLE_S),
+        UNSTUCK_WATCHDOG__STALLED_AFTER_S=str(STALLED_AFTER_S),
+    )
+    processes = Processes()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        try:
+            watchdog = processes.track(
+                Proc([UNSTUCK, "watchdog", "-n", "watchdog-mcp@%h"], env, "watchdog-mcp")
+            )
+            beat = processes.track(Proc([UNSTUCK, "beat"], env, "beat-mcp"))
+            url = _start_door(env, processes, "mcp")
+            processes.worker(env, name="mcp", concurrency=8)
+            watchdog.wait_for_log(" ready.", timeout_s=60)
+            beat.wait_for_log("beat: Starting", timeout_s=60)
+            ledger = open_ledger(settings_in_env(env, monkeypatch))
+            yield Door(url, env, ledger)
+            ledger.close()
+        finally:
+            processes.close()
+            server.close()
 
 
 def _meta(values: dict[str, str]) -> types.RequestParamsMeta:
