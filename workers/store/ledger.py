@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -18,7 +17,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from workers.core.failure_policy import FallbackRule, delivered
-from workers.core.models import CallState, ClaimStatus, ToolResult
+from workers.core.models import CallState, ToolResult
 from workers.core.waiting import ActionKind, OpenCall, Reap, past_first_look
 from workers.store.answer_wait import wait_for_results
 from workers.store.call_views import (
@@ -29,6 +28,7 @@ from workers.store.call_views import (
     open_call,
     synthetic_event_fields,
 )
+from workers.store.claims import Claim, claim_of
 from workers.store.connection import store_errors
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key, index_keys
@@ -36,18 +36,9 @@ from workers.store.ledger_args import claim_call, finish_call
 from workers.store.lua import load_script
 from workers.store.records import CALL, CallField, pgid_field, pgid_of
 from workers.store.registration import RegisterStep, Registration
-from workers.store.rows import Row, reply_member
+from workers.store.rows import Row
 
 __all__ = ["Claim", "Ledger", "Registration"]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Outcome of a worker's claim: ``claimed`` (run it), or why not (see :class:`ClaimStatus`)."""
-
-    status: ClaimStatus
-    attempt: int
-    registered_tool: str = ""  # the tool the call was registered with ('' when unregistered)
 
 
 _RUNNING_FIELDS = (CallField.STATE, CallField.WORKER, CallField.HB_MS)
@@ -224,9 +215,7 @@ class Ledger:
                 self._index_lease(pipe, keys, call_id, lease_end_ms)
 
         with store_errors():
-            status, attempt, registered_tool = self._pipelined(self._claim, script_keys, args, index)
-        status = reply_member(ClaimStatus, status, where="ledger_claim.lua")
-        return Claim(status, int(attempt), registered_tool)
+            return claim_of(self._pipelined(self._claim, script_keys, args, index))
 
     def with_fallback(self, result: ToolResult) -> ToolResult:
         """What :meth:`finish` stores for ``result``: :func:`~workers.core.failure_policy.delivered`."""

@@ -10,6 +10,7 @@ and the table in :mod:`workers.store.keys`).
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from workers.core.models import ToolResult
@@ -61,9 +62,9 @@ def register_call(
 def claim_call(
     keys: RunKeys, call_id: str, *, now_ms: int, worker_id: str, lease_ttl_ms: int, tool: str, job_digest: str
 ) -> ScriptCall:
-    """``ledger_claim.lua``."""
+    """``ledger_claim.lua``, with a nonce of its own: the same arguments sent again are the same claim."""
     script_keys = [keys.call(call_id), keys.lease(call_id), keys.run]
-    return script_keys, [now_ms, worker_id, lease_ttl_ms, tool, job_digest]
+    return script_keys, [now_ms, worker_id, lease_ttl_ms, tool, job_digest, secrets.token_hex(8)]
 
 
 def finish_call(keys: RunKeys, result: ToolResult, *, now_ms: int, ttl_s: int, writer: str) -> ScriptCall:
