@@ -165,7 +165,7 @@ def record_run(tag: str) -> str:
 
 @tool(soft_timeout_s=20.0, hard_timeout_s=25.0, idempotent=True)
 def record_attempt(ctx: ToolContext, tag: str, first_for_s: float = 0.0) -> str:
-    """Appends ``<tag> <idempotency key> <attempt>`` to $RECORD_RUN_FILE; attempt 1 then sleeps ``first_for_s``.
+    """Appends ``<tag> <idempotency key> <attempt>`` to $RECORD_RUN_FILE; attempt 1 then sleeps.
 
     The line is written before anything else, as a side effect would be: one line per execution.
     """

@@ -1,5 +1,6 @@
-"""At least once, counted: a call executed a second time is detected, counted and logged, and
-the result that lost the first-writer race never replaces the one delivered.
+"""At least once, counted: a second execution is detected, counted, logged, and never delivered.
+
+The result that lost the first-writer race never replaces the one delivered.
 
 The first execution's lease is deleted from the test, as it lapses when its worker is lost
 (a partitioned host, a stalled main process, a claim a failover discarded): the worker's
@@ -55,7 +56,9 @@ def test_a_second_execution_is_counted_logged_and_never_replaces_the_delivered_r
     # and logged with both attempts
     logged = [line for line in worker.log().splitlines() if "duplicate execution of call 'c1'" in line]
     assert len(logged) == 1
-    assert key in logged[0] and "attempt 2 by " in logged[0] and "attempt 1 was claimed by " in logged[0]
+    assert key in logged[0]
+    assert "attempt 2 by " in logged[0]
+    assert "attempt 1 was claimed by " in logged[0]
     # and when the first execution ends, its result is kept as late: the delivered one stands
     wait_until(lambda: bool(ledger.late_results(keys, "c1")), timeout_s=20, what="the first execution's end")
     assert [late.text for late in ledger.late_results(keys, "c1")] == ["t attempt 1"]

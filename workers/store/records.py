@@ -159,6 +159,7 @@ class CallField(enum.StrEnum):
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
     CLAIM = "claim"
+    REG = "reg"
 
 
 CALL: Final = HashRecord[CallField](
@@ -209,6 +210,7 @@ CALL: Final = HashRecord[CallField](
         ),
         CallField.TRACESTATE: _str("W3C tracestate beside traceparent; absent when none"),
         CallField.CLAIM: _str("the nonce of the latest claim: that claim sent again is recognised as itself"),
+        CallField.REG: _str("the nonce of the registration: that registration sent again is recognised"),
     },
     families={"pgid:": FieldSpec(FieldType.FLAG, "pgid:<n> = 1: a process group the tool started", 0)},
 )
