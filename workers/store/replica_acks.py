@@ -21,7 +21,7 @@ pipeline: the WAIT then covers every write the reads saw.
 
 ``redis.min_replica_acks`` unset means: 1 when the primary reports a replica
 (``connected_slaves`` in ``INFO``), 0 on a lone Redis, decided at the first deciding write of
-the process and again after every short WAIT or failed connection: a replica promoted while
+the process, again every 5 s, and after every short WAIT or failed connection: a replica promoted while
 the old primary is down has no replica of its own and is written as a lone Redis is, until
 the old primary comes back as its replica (availability first; ``redis.min_replica_acks`` 1,
 and ``min-replicas-to-write`` on the server, refuse writes instead). On a Redis Cluster the
@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 FENCE_CHANNEL = "unstuck:replica-fence"
 #: The pause before a deciding write is sent again after its connection failed.
 _RESEND_PAUSE_S = 0.1
+#: How often an unset redis.min_replica_acks is decided again from INFO: a primary that lost
+#: its replica, or a promoted one whose old primary came back as its replica.
+_REDECIDE_S = 5.0
 #: WAITAOF came with Redis 7.2.
 _WAITAOF_SINCE = (7, 2)
 #: The errors after which a deciding write is sent again: no primary, or a demoted one.
@@ -122,18 +125,28 @@ class ReplicaAcks:
     retry_s: float
     clock: Callable[[], float] = time.monotonic
     _wait: AckWait | None = field(default=None, repr=False)
+    _decided_at: float = field(default=float("-inf"), repr=False)
     _last_warned: float = field(default=float("-inf"), repr=False)
 
-    def _decide(self, client: Any, info: Callable[[], Mapping[str, Any]]) -> AckWait:
+    def _stale(self) -> bool:
+        """Whether the WAIT is to be decided (again): never yet, or unset and decided a while ago."""
         if self._wait is None:
-            if self.wanted == 0 or isinstance(client, (RedisCluster, aredis.RedisCluster)):
-                self._wait = AckWait(0, self.timeout_ms)
-            else:
-                self._wait = ack_wait_of(info(), wanted=self.wanted, timeout_ms=self.timeout_ms)
-            if self._wait.acks:
-                aof = " (WAITAOF)" if self._wait.aof else ""
-                log.info("deciding writes wait for %d replica(s)%s", self._wait.acks, aof)
-        return self._wait
+            return True
+        return self.wanted is None and self.clock() - self._decided_at >= _REDECIDE_S
+
+    def _decide(self, client: Any, info: Callable[[], Mapping[str, Any]]) -> AckWait:
+        before = self._wait
+        if before is not None and not self._stale():
+            return before
+        if self.wanted == 0 or isinstance(client, (RedisCluster, aredis.RedisCluster)):
+            wait = AckWait(0, self.timeout_ms)
+        else:
+            wait = ack_wait_of(info(), wanted=self.wanted, timeout_ms=self.timeout_ms)
+        self._wait, self._decided_at = wait, self.clock()
+        if wait != before and (before is not None or wait.acks):
+            aof = " (WAITAOF)" if wait.aof else ""
+            log.info("deciding writes wait for %d replica(s)%s", wait.acks, aof)
+        return wait
 
     def wait_for(self, client: redis.Redis) -> AckWait:
         """The WAIT this client's primary gets (``INFO`` read once, at the first call)."""
@@ -141,7 +154,7 @@ class ReplicaAcks:
 
     async def await_for(self, client: aredis.Redis) -> AckWait:
         """:meth:`wait_for` on an asyncio client."""
-        if self._wait is None and self.wanted != 0 and not isinstance(client, aredis.RedisCluster):
+        if self._stale() and self.wanted != 0 and not isinstance(client, aredis.RedisCluster):
             found = await client.info()
             return self._decide(client, lambda: found)
         return self._decide(client, dict)
@@ -175,10 +188,12 @@ class ReplicaAcks:
         ``send`` sends one pipeline, ``seal`` adding the WAIT last (so on the same connection).
         ``read``: the pipeline only reads, and ``seal`` is a fence (a ``PUBLISH``, then the WAIT).
         """
+        if self.wait_for(client).acks <= 0:  # a lone Redis: no WAIT, errors raised as they come
+            return send(no_seal)
         started = self.clock()
         while True:
             try:
-                wait = self.wait_for(client)
+                wait = self.wait_for(client)  # decided again after a short WAIT (see _short)
                 if wait.acks <= 0:
                     return send(no_seal)
                 replies = send(self._fence if read else wait.seal)
@@ -194,6 +209,8 @@ class ReplicaAcks:
         self, client: aredis.Redis, send: Callable[[Seal], Awaitable[list[Any]]], *, read: bool = False
     ) -> list[Any]:
         """:meth:`confirmed`, awaited."""
+        if (await self.await_for(client)).acks <= 0:
+            return await send(no_seal)
         started = self.clock()
         while True:
             try:
