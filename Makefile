@@ -134,6 +134,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.http_door
 	$(BIN)/python -m bench.cancel_breaker
 	$(BIN)/python -m bench.async_sessions
+	$(BIN)/python -m bench.durability
 	$(BIN)/python -m bench.memory_limits
 	$(BIN)/python -m bench.tracing
 

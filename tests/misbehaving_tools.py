@@ -163,6 +163,21 @@ def record_run(tag: str) -> str:
     return f"recorded {tag}"
 
 
+@tool(soft_timeout_s=20.0, hard_timeout_s=25.0, idempotent=True)
+def record_attempt(ctx: ToolContext, tag: str, first_for_s: float = 0.0) -> str:
+    """Appends ``<tag> <idempotency key> <attempt>`` to $RECORD_RUN_FILE; attempt 1 then sleeps.
+
+    The line is written before anything else, as a side effect would be: one line per execution.
+    """
+    path = os.environ.get(RUNS_FILE_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as runs:
+            runs.write(f"{tag} {ctx.idempotency_key} {ctx.attempt}\n")
+    if ctx.attempt == 1:
+        time.sleep(first_for_s)
+    return f"{tag} attempt {ctx.attempt}"
+
+
 MEMORY_LIMIT_MB = 256
 
 

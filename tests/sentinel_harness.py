@@ -143,6 +143,12 @@ class LocalSentinels:
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=5)
 
+    def replica_stopped(self, stopped: bool) -> None:
+        """SIGSTOP the replica (it falls behind: nothing reaches it), or SIGCONT it."""
+        process = self.replica.process
+        assert process is not None
+        os.kill(process.pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
     def await_promotion(self, timeout_s: float = 30.0) -> None:
         """Wait until the Sentinels name the replica and it answers as a primary."""
 

@@ -19,9 +19,10 @@ decisions read the typed ``retryable`` field, never the message text::
      │    ├── TranscriptRepairError  a transcript cannot be read or repaired
      │    └── ProviderFormatError    an unknown format, or a provider message not in its shape
      ├── StoreError                  Redis unreachable or returned something unexpected
-     │    └── RedisRefused           Redis answered but refused the command (``cause``, ``fix``)
-     │         └── NoReplicas, ReadOnlyRedis, RedisOutOfMemory, RedisLoading, ClusterDown,
-     │             PrimaryDown (each with its own ``retryable``)
+     │    ├── RedisRefused           Redis answered but refused the command (``cause``, ``fix``)
+     │    │    └── NoReplicas, ReadOnlyRedis, RedisOutOfMemory, RedisLoading, ClusterDown,
+     │    │        PrimaryDown (each with its own ``retryable``)
+     │    └── ReplicasBehind         a deciding write that too few replicas acknowledged in time
      ├── WorkerConfigError           a worker was started in a way that cannot keep the promise
      └── StreamIdleTimeout           a model stream sent nothing for too long
 
@@ -47,6 +48,7 @@ __all__ = [
     "RedisLoading",
     "RedisOutOfMemory",
     "RedisRefused",
+    "ReplicasBehind",
     "StoreError",
     "StreamIdleTimeout",
     "ToolCallError",
@@ -163,6 +165,18 @@ class ProviderFormatError(TranscriptError):
 
 class StoreError(UnstuckError):
     """Raised when Redis is unreachable or answers unexpectedly."""
+
+    retryable = True
+
+
+class ReplicasBehind(StoreError):
+    """A deciding write (a registration, claim or result) too few replicas acknowledged in time.
+
+    ``redis.min_replica_acks`` replicas did not confirm it within ``redis.replica_ack_retry_s``
+    (every ``WAIT`` came back short, or no primary answered): the write is not treated as
+    decided, because a failover now could discard it. Retryable: a replica catching up, or a
+    failover finishing, lets the same write through.
+    """
 
     retryable = True
 

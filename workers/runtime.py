@@ -13,6 +13,7 @@ from workers.settings import Settings, load_settings
 from workers.store.aledger import AsyncLedger, DoneListener, aconnect
 from workers.store.connection import connect
 from workers.store.ledger import Ledger
+from workers.store.replica_acks import ReplicaAcks
 from workers.tools.loader import load_tools
 from workers.tools.registry import ToolSpec
 
@@ -44,6 +45,12 @@ class Runtime:
     rules: FailureRules = NO_RULES
 
 
+def _replica_acks(settings: Settings) -> ReplicaAcks:
+    """How this process's deciding writes wait for replicas (``redis.min_replica_acks``)."""
+    redis = settings.redis
+    return ReplicaAcks(redis.min_replica_acks, redis.replica_ack_timeout_ms, redis.replica_ack_retry_s)
+
+
 def open_ledger(settings: Settings) -> Ledger:
     """The ledger on the configured Redis, with its timeouts; raises ``StoreError`` without a URL."""
     client = connect(
@@ -59,6 +66,7 @@ def open_ledger(settings: Settings) -> Ledger:
         ttl_s=settings.ledger.ttl_s,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
         fallbacks=settings.tools.failure_rules().fallbacks,
+        replica_acks=_replica_acks(settings),
     )
 
 
@@ -84,6 +92,7 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
         listener=listener,
         fallbacks=settings.tools.failure_rules().fallbacks,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
+        replica_acks=_replica_acks(settings),
     )
 
 

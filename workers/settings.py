@@ -159,6 +159,22 @@ class RedisSettings(BaseModel):
     )
     socket_timeout_s: Seconds = Field(2.0, description="seconds one Redis command may take before it fails")
     socket_connect_timeout_s: Seconds = Field(1.0, description="seconds a connection to Redis may take")
+    min_replica_acks: int | None = Field(
+        None,
+        ge=0,
+        description="replicas that must hold a registration, claim or result (WAIT, WAITAOF where the "
+        "server has it and keeps an AOF) before it counts and anything is handed to an agent; unset: 1 "
+        "when the primary reports a replica, 0 on a lone Redis (read from INFO at the first write); "
+        "0 turns it off; not with redis.cluster",
+    )
+    replica_ack_timeout_ms: int = Field(
+        1000, ge=1, description="milliseconds one WAIT for redis.min_replica_acks replicas may block"
+    )
+    replica_ack_retry_s: Seconds = Field(
+        10.0,
+        description="seconds a write whose WAIT came back short (or whose primary failed) is sent again, "
+        "to whichever server is primary by then, before its caller gets ReplicasBehind",
+    )
 
     @property
     def sentinel(self) -> bool:
@@ -178,6 +194,10 @@ class RedisSettings(BaseModel):
 
     @model_validator(mode="after")
     def _sentinel_consistent(self) -> RedisSettings:
+        if self.cluster and self.min_replica_acks:
+            raise ValueError(
+                "redis.min_replica_acks is not supported with redis.cluster yet: set it to 0 or unset it"
+            )
         if not self.sentinel:
             if self.sentinel_master:
                 raise ValueError(

@@ -32,9 +32,16 @@ async def ledgers(settings: Settings) -> AsyncIterator[Ledgers]:
     sync.close()
 
 
-def _answered(ledger: Ledger, keys: RunKeys, call_id: str, text: str = "ok") -> ToolResult:
+def _registered(ledger: Ledger, keys: RunKeys, call_id: str) -> None:
     fields: dict[str, str] = {CallField.TOOL: "echo", CallField.DISPATCHED: "1"}
     assert ledger.register(keys, call_id, now_ms=1_000, deadline_ms=60_000, fields=fields)
+
+
+def _answered(
+    ledger: Ledger, keys: RunKeys, call_id: str, text: str = "ok", *, registered: bool = False
+) -> ToolResult:
+    if not registered:
+        _registered(ledger, keys, call_id)
     result = success_result(ToolCall(id=call_id, name="echo"), text, elapsed_ms=5, attempt=1)
     assert ledger.finish(keys, result, now_ms=2_000, writer="worker")
     return result
@@ -85,10 +92,11 @@ async def test_an_async_wait_for_one_call_pops_its_answer_and_reads_nothing(
     sync, aio = ledgers
     keys = sync.keys("s", "aone")
     assert await aio.wait_for_results(keys, 0.05, mine={"c1"}, read=["c1"]) is None  # listener up
+    _registered(sync, keys, "c1")  # before the count: the register script reads the record itself
     waiting = asyncio.create_task(aio.wait_for_results(keys, 5.0, mine={"c1"}, read=["c1"]))
     await asyncio.sleep(0.05)
     _reset_counts(sync.client)
-    result = await asyncio.to_thread(_answered, sync, keys, "c1")
+    result = await asyncio.to_thread(_answered, sync, keys, "c1", registered=True)
     assert await asyncio.wait_for(waiting, 2.0) == {"c1": result}
     assert _count(sync.client, "hget") == 0
 

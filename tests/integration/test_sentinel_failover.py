@@ -7,15 +7,19 @@ being answered, now through the new primary, without restarting anything.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
 
-from tests.harness import GatewayOn, WorkerOn, base_env
+from tests.harness import GatewayOn, WorkerOn, base_env, recorded_runs, wait_until
 from tests.sentinel_harness import LocalSentinels
 from workers import ToolCall, ToolGateway, ToolResult
+from workers.store.duplicates import duplicate_count
 
 
 @pytest.fixture
@@ -61,3 +65,89 @@ def test_calls_are_answered_through_the_new_primary_after_a_failover(
     ]
     assert _keys_on(sentinels.replica.port) > 0
     print(f"promotion {promoted_s:.1f}s after the kill; five calls answered {answered_s:.1f}s after it")
+
+
+@dataclass
+class _Handed:
+    """What one agent was handed for one call: the checker's own history, kept outside Redis."""
+
+    agent: str
+    run: str
+    result: ToolResult | None
+    started: float
+    done: float
+    error: str = ""
+
+
+def _agent(gateway: ToolGateway, name: str, stop: threading.Event, handed: list[_Handed]) -> None:
+    n = 0
+    while not stop.is_set():
+        run = f"r{n}"
+        call = ToolCall(id="c", name="record_attempt", arguments={"tag": f"{name}/{run}"})
+        started = time.monotonic()
+        try:
+            [result] = gateway.call_tools(session_key=name, run_id=run, calls=[call])
+            handed.append(_Handed(name, run, result, started, time.monotonic()))
+        except Exception as exc:  # noqa: BLE001 - any escape out of call_tools is a missing answer
+            handed.append(_Handed(name, run, None, started, time.monotonic(), repr(exc)))
+        n += 1
+
+
+@pytest.mark.timeout(180)
+def test_agents_under_load_lose_no_delivered_result_when_the_primary_dies(
+    sentinels: LocalSentinels, worker_on: WorkerOn, gateway_on: GatewayOn, runs_file: Path
+) -> None:
+    # Given six agents calling a tool without pause through a worker on the Sentinel list,
+    # each write waiting for the replica (redis.min_replica_acks unset: the primary has one)
+    env = base_env(
+        sentinels.url, UNSTUCK_REDIS__SENTINEL_MASTER=sentinels.master, RECORD_RUN_FILE=str(runs_file)
+    )
+    worker_on(env, concurrency=4)
+    gateways = {f"agent{i}": gateway_on(env) for i in range(6)}
+    stop = threading.Event()
+    handed: list[_Handed] = []
+    agents = [
+        threading.Thread(target=_agent, args=(gw, name, stop, handed), daemon=True)
+        for name, gw in gateways.items()
+    ]
+    for agent in agents:
+        agent.start()
+    wait_until(lambda: len(handed) >= 30, timeout_s=30, what="calls answered before the kill")
+    # When the replica falls a second behind (SIGSTOPped, and 32 MB written before the agents'
+    # writes fill the kernel's socket buffers, so the primary holds what follows), then the
+    # primary is SIGKILLed under that load and the Sentinels promote the replica
+    sentinels.replica_stopped(True)
+    redis.Redis(port=sentinels.primary.port, socket_timeout=5).set("lag", b"x" * (32 << 20))
+    time.sleep(1.0)  # the lag itself: writes made in this second exist on the primary only
+    sentinels.kill_primary()
+    killed = time.monotonic()
+    sentinels.replica_stopped(False)
+    sentinels.await_promotion()
+    at_kill = len(handed)
+    wait_until(lambda: len(handed) >= at_kill + 60, timeout_s=60, what="calls answered after the promotion")
+    stop.set()
+    for agent in agents:
+        agent.join(timeout=60)
+    # Then every call was handed exactly one result, none an exception out of call_tools
+    assert [h.error for h in handed if h.result is None] == []
+    # and what each agent was handed is what the new primary's ledger holds
+    ledger = next(iter(gateways.values()))._rt.ledger
+    differing = []
+    for h in handed:
+        assert h.result is not None
+        stored = ledger.results(ledger.keys(h.agent, h.run), ["c"]).get("c")
+        if stored != h.result:
+            differing.append((h.agent, h.run, h.result.text, stored.text if stored else None))
+    assert differing == []
+    # and every second execution was counted (the runs file: one line per execution)
+    executions = [line.split()[0] for line in recorded_runs(runs_file)]
+    again = len(executions) - len(set(executions))
+    assert duplicate_count(ledger.client, ledger.prefix) == again
+    failed = sorted({h.result.details.get("reason", "") for h in handed if h.result and h.result.is_error})
+    slowest = max(h.done - h.started for h in handed)
+    first_new = min(h.done for h in handed if h.started > killed) - killed
+    print(
+        f"{len(handed)} calls, {sum(h.done < killed for h in handed)} answered before the kill,"
+        f" {again} duplicate executions, error reasons {failed}, slowest call {slowest:.1f}s,"
+        f" first call submitted after the kill answered {first_new:.1f}s after it"
+    )

@@ -30,7 +30,12 @@ from workers.settings import Settings, load_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # Programs other than unstuck a manifest may run, with what their argv must contain.
-OTHER_PROGRAMS = {"redis-server": [], "redis-cli": [], "celery": ["-A", "workers.celery_edge.app"]}
+OTHER_PROGRAMS = {
+    "redis-server": [],
+    "redis-cli": [],
+    "celery": ["-A", "workers.celery_edge.app"],
+    "sh": ["exec redis-server /tmp/sentinel.conf --sentinel"],  # a Sentinel writing its config first
+}
 
 
 class ManifestError(ValueError):
@@ -208,6 +213,7 @@ def _dockerfile_commands(path: Path) -> Iterator[Command]:
 def _all_commands() -> list[Command]:
     commands: list[Command] = []
     commands += _compose_commands(DEPLOY / "compose.yaml")
+    commands += _compose_commands(DEPLOY / "compose.sentinel.yaml")
     commands += _dockerfile_commands(DEPLOY / "Dockerfile")
     for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
         commands += _k8s_commands(path)
@@ -306,6 +312,25 @@ def test_compose_services() -> None:
     assert "--basic-auth" not in services["flower"]["command"], "a flag shows the password in ps"
     assert "FLOWER_BASIC_AUTH:?" in services["flower"]["environment"]["FLOWER_BASIC_AUTH"]
     assert all(p.startswith("127.0.0.1:") for p in services["flower"]["ports"])
+
+
+def test_compose_with_sentinel_keeps_writes_on_a_replica() -> None:
+    (compose,) = _yaml_documents((DEPLOY / "compose.sentinel.yaml").read_text())
+    services = compose["services"]
+    for name in ("redis-primary", "redis-replica"):
+        redis = services[name]["command"]
+        settings = {flag: redis[redis.index(flag) + 1] for flag in redis if flag.startswith("--")}
+        assert settings["--min-replicas-to-write"] == "1", name
+        assert settings["--min-replicas-max-lag"] == "10", name
+        assert settings["--appendonly"] == "yes", name
+        assert settings["--maxmemory-policy"] == "noeviction", name
+    sentinels = [name for name in services if name.startswith("sentinel-")]
+    assert len(sentinels) == 3
+    for name in ("worker", "watchdog", "beat"):
+        environment = services[name]["environment"]
+        assert environment["UNSTUCK_REDIS__URL"].count("sentinel://") == 3, name
+        assert environment["UNSTUCK_REDIS__SENTINEL_MASTER"] == "unstuck-primary", name
+        assert environment["UNSTUCK_REDIS__MIN_REPLICA_ACKS"] == "1", name
 
 
 def _k8s_objects() -> dict[tuple[str, str], dict[str, Any]]:

@@ -24,12 +24,15 @@ counted at the call sites. It exposes::
     unstuck_refused_messages_total{reason}      task messages workers refused to run (counter):
                                                 unreadable, unregistered, mismatch,
                                                 tool_not_allowed
+    unstuck_duplicate_executions_total          calls a worker claimed again after an earlier
+                                                attempt (counter): second executions, each
+                                                logged by the worker with both attempts
 
 and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker_metrics`).
 
-All but the refused-messages counter are gauges: they describe the records Redis holds now,
+All but the two counters are gauges: they describe the records Redis holds now,
 which expire after ``ledger.ttl_s`` (24 h by default), so a "total" can go down. The
-refused-messages counter expires ``ledger.ttl_s`` after the latest refusal, which Prometheus
+counters expire ``ledger.ttl_s`` after their latest count, which Prometheus
 reads as a counter reset.
 
 **Cost, and its bound.** Call and run records are found with one ``SCAN`` pass over the
@@ -58,6 +61,7 @@ from prometheus_client.registry import Collector
 
 from workers.core.models import CallState, SyntheticReason
 from workers.errors import StoreError
+from workers.store.duplicates import duplicate_count
 from workers.store.ledger import Ledger
 from workers.store.ledger_scan import CallRow, LedgerScanner
 from workers.store.refused import refusal_counts
@@ -96,6 +100,7 @@ class LedgerTally:
     pending: int = 0
     oldest_submitted_ms: int | None = None
     refused: dict[str, int] = field(default_factory=dict)  # refused task messages by reason
+    duplicates: int = 0  # second executions of calls
 
 
 def outcome_of(state: str, reason: str) -> str:
@@ -171,6 +176,7 @@ class LedgerCollector(Collector):
         due = self.scanner.due_sample(self.oldest_sample)
         out.pending, out.oldest_submitted_ms = due.pending, due.oldest_submitted_ms
         out.refused = {str(r): n for r, n in refusal_counts(self.ledger.client, self.ledger.prefix).items()}
+        out.duplicates = duplicate_count(self.ledger.client, self.ledger.prefix)
         return out
 
 
@@ -221,6 +227,11 @@ def families(found: LedgerTally, now_ms: int) -> Iterator[Metric]:
     for reason, count in sorted(found.refused.items()):
         refused.add_metric([reason], count)
     yield refused
+    yield CounterMetricFamily(
+        "unstuck_duplicate_executions",
+        "Calls a worker claimed again after an earlier attempt (second executions)",
+        value=found.duplicates,
+    )
 
 
 def _watch_families(found: LedgerTally, now_ms: int) -> Iterator[Metric]:

@@ -11,6 +11,7 @@ A client belongs to the event loop it was first used on: open one per loop
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
@@ -41,6 +42,7 @@ from workers.store.lua import script_source
 from workers.store.records import CALL, CallField
 from workers.store.redis_refusals import store_error_of
 from workers.store.registration import RegisterStep, Registration
+from workers.store.replica_acks import ReplicaAcks, Seal, no_seal
 from workers.store.rows import Row
 
 __all__ = ["AsyncLedger", "DoneListener", "aconnect", "astore_errors"]
@@ -130,8 +132,10 @@ class AsyncLedger:
         listener: DoneListener,
         fallbacks: Mapping[str, FallbackRule] | None = None,
         lease_ttl_ms: int = 0,
+        replica_acks: ReplicaAcks | None = None,
     ) -> None:
         self.client = client
+        self.replica_acks = replica_acks or ReplicaAcks(0, 0, 0.0)  # redis.min_replica_acks
         self.lease_ttl_ms = lease_ttl_ms  # the hold of a registered call not yet marked dispatched
         # tools.fallbacks, applied where every result enters the ledger (as ``Ledger.finish``).
         self.fallbacks: Mapping[str, FallbackRule] = dict(fallbacks or {})
@@ -159,20 +163,36 @@ class AsyncLedger:
         await self.client.aclose()
 
     async def _script(
-        self, script: _Script, keys: list[str], args: list[Any], then: _PipeStep | None = None
+        self,
+        script: _Script,
+        keys: list[str],
+        args: list[Any],
+        then: _PipeStep | None = None,
+        *,
+        decides: bool = False,
     ) -> Any:
         """Run ``script`` (and ``then``'s commands) in one round trip; returns the script's reply.
 
         As in the sync ledger: ``EVALSHA`` straight away, and after a Redis restart that lost
-        its scripts, load and retry once.
+        its scripts, load and retry once. A script that ``decides`` (a registration, a result)
+        answers only once ``redis.min_replica_acks`` replicas hold it (``workers.store.replica_acks``).
         """
+        if decides:
+            send = functools.partial(self._send, script, keys, args, then)
+            return (await self.replica_acks.aconfirmed(self.client, send))[0]
+        return (await self._send(script, keys, args, then, no_seal))[0]
+
+    async def _send(
+        self, script: _Script, keys: list[str], args: list[Any], then: _PipeStep | None, seal: Seal
+    ) -> list[Any]:
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
             if then is not None:
                 then(pipe)
+            seal(pipe)
             try:
-                return (await pipe.execute())[0]
+                return await pipe.execute()
             except NoScriptError:
                 if attempt == 2:
                     raise
@@ -180,17 +200,22 @@ class AsyncLedger:
             except BaseException:
                 self._index_ttl.forget()  # the EXPIREs it carried may not have run
                 raise
-        return None
+        return []
 
     async def results(self, keys: RunKeys, call_ids: Sequence[str]) -> dict[str, ToolResult]:
         """The delivered results among ``call_ids``."""
         if not call_ids:
             return {}
-        async with astore_errors():
+
+        async def read(seal: Seal) -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for call_id in call_ids:
                 pipe.hget(keys.call(call_id), CallField.RESULT)
-            raw = await pipe.execute()
+            seal(pipe)  # confirmed: what is handed on is on the replicas
+            return await pipe.execute()
+
+        async with astore_errors():
+            raw = await self.replica_acks.aconfirmed(self.client, read, read=True)
         return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
 
     async def wait_for_done(self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
@@ -216,7 +241,9 @@ class AsyncLedger:
         if woke is None:
             return None
         learned = None if isinstance(woke, bool) else results_of(woke)
-        if learned is None:  # woken without them (or with a result that is not its call's)
+        # Woken without them (or with a result that is not its call's), or with results that may
+        # not be on a replica yet: re-read them (confirmed).
+        if learned is None or self.replica_acks.fencing:
             return await self.results(keys, read)
         return learned
 
@@ -239,7 +266,9 @@ class AsyncLedger:
             step.index(pipe, self._index_ttl, self.lease_ttl_ms)
 
         async with astore_errors():
-            return step.registration(await self._script(self._register, *step.script_call, index))
+            return step.registration(
+                await self._script(self._register, *step.script_call, index, decides=True)
+            )
 
     async def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
         """Store ``result`` (or its configured fallback) if it is the first, else keep it as late.
@@ -258,7 +287,7 @@ class AsyncLedger:
 
         script_keys, args = finish_call(keys, result, now_ms=now_ms, ttl_s=self.ttl_s, writer=writer)
         async with astore_errors():
-            won = await self._script(self._finish, script_keys, args, unindex)
+            won = await self._script(self._finish, script_keys, args, unindex, decides=True)
         if won and result.synthetic:
             await self.publish_event("synthetic", **synthetic_event_fields(keys, result, writer))
         if won:

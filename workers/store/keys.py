@@ -76,6 +76,9 @@ key                                type    TTL              written by          
 ``P:refused``                      HASH    ledger.ttl_s,    worker (refused     metrics
                                            refreshed on     task messages)
                                            every write
+``P:duplicates``                   STRING  ledger.ttl_s,    worker (a call      metrics
+                                           refreshed on     claimed again:
+                                           every write      INCR)
 ``<broker.queue>``                 LIST    none (kombu's)   async gateway       tool workers (Celery
                                                             (invoke messages,   BRPOP); not under P:
                                                             kombu's format)     the broker's own key
@@ -177,6 +180,7 @@ __all__ = [
     "broker_queue_key",
     "bucket_of",
     "bucket_tag",
+    "duplicates_key",
     "events_stream_key",
     "index_keys",
     "key_slot",
@@ -461,3 +465,8 @@ class BreakerKeys:
 def refused_key(prefix: str) -> str:
     """Counters of the task messages workers refused, by reason (see :mod:`workers.core.refusals`)."""
     return f"{prefix}:refused"
+
+
+def duplicates_key(prefix: str) -> str:
+    """Counter of second executions: calls a worker claimed again after an earlier attempt."""
+    return f"{prefix}:duplicates"

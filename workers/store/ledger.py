@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -18,7 +17,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from workers.core.failure_policy import FallbackRule, delivered
-from workers.core.models import CallState, ClaimStatus, ToolResult
+from workers.core.models import CallState, ToolResult
 from workers.core.waiting import ActionKind, OpenCall, Reap, past_first_look
 from workers.store.answer_wait import wait_for_results
 from workers.store.call_views import (
@@ -29,6 +28,7 @@ from workers.store.call_views import (
     open_call,
     synthetic_event_fields,
 )
+from workers.store.claims import Claim, claim_of
 from workers.store.connection import store_errors
 from workers.store.index_ttl import IndexTtl
 from workers.store.keys import RunKeys, events_stream_key, index_keys
@@ -36,18 +36,10 @@ from workers.store.ledger_args import claim_call, finish_call
 from workers.store.lua import load_script
 from workers.store.records import CALL, CallField, pgid_field, pgid_of
 from workers.store.registration import RegisterStep, Registration
-from workers.store.rows import Row, reply_member
+from workers.store.replica_acks import ReplicaAcks, Seal
+from workers.store.rows import Row
 
 __all__ = ["Claim", "Ledger", "Registration"]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Outcome of a worker's claim: ``claimed`` (run it), or why not (see :class:`ClaimStatus`)."""
-
-    status: ClaimStatus
-    attempt: int
-    registered_tool: str = ""  # the tool the call was registered with ('' when unregistered)
 
 
 _RUNNING_FIELDS = (CallField.STATE, CallField.WORKER, CallField.HB_MS)
@@ -64,8 +56,10 @@ class Ledger:
         ttl_s: int,
         lease_ttl_ms: int,
         fallbacks: Mapping[str, FallbackRule] | None = None,
+        replica_acks: ReplicaAcks | None = None,
     ) -> None:
         self.client = client
+        self.replica_acks = replica_acks or ReplicaAcks(0, 0, 0.0)  # redis.min_replica_acks
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.lease_ttl_ms = lease_ttl_ms
@@ -89,9 +83,22 @@ class Ledger:
     ) -> Any:
         """Run ``script`` and the commands ``then`` adds in a single round trip; returns the script's reply.
 
+        Only once ``redis.min_replica_acks`` replicas hold it (:mod:`workers.store.replica_acks`).
         ``EVALSHA`` goes straight into the pipeline (redis-py would first ask ``SCRIPT EXISTS``,
         an extra round trip); after a Redis restart that lost its scripts, load and retry once.
         """
+        return self.replica_acks.confirmed(
+            self.client, lambda seal: self._send(script, keys, args, then, seal)
+        )[0]
+
+    def _send(
+        self,
+        script: Script,
+        keys: list[str],
+        args: list[Any],
+        then: Callable[[Pipeline], None] | None,
+        seal: Seal,
+    ) -> list[Any]:
         for attempt in (1, 2):
             pipe = self.client.pipeline(transaction=False)
             # By name, not pipe.evalsha: redis-py's cluster pipeline blocks that method.
@@ -99,8 +106,9 @@ class Ledger:
             pipe.execute_command(*evalsha, **self._route(keys[0]))  # type: ignore[no-untyped-call]
             if then is not None:
                 then(pipe)
+            seal(pipe)
             try:
-                return pipe.execute()[0]
+                return pipe.execute()
             except NoScriptError:
                 if attempt == 2:
                     raise
@@ -108,7 +116,7 @@ class Ledger:
             except BaseException:
                 self._index_ttl.forget()  # the EXPIREs it carried may not have run
                 raise
-        return None
+        return []
 
     def _route(self, key: str) -> dict[str, Any]:
         """Where a pipelined script goes: its keys' node, given, on a cluster client.
@@ -224,9 +232,7 @@ class Ledger:
                 self._index_lease(pipe, keys, call_id, lease_end_ms)
 
         with store_errors():
-            status, attempt, registered_tool = self._pipelined(self._claim, script_keys, args, index)
-        status = reply_member(ClaimStatus, status, where="ledger_claim.lua")
-        return Claim(status, int(attempt), registered_tool)
+            return claim_of(self._pipelined(self._claim, script_keys, args, index))
 
     def with_fallback(self, result: ToolResult) -> ToolResult:
         """What :meth:`finish` stores for ``result``: :func:`~workers.core.failure_policy.delivered`."""
@@ -365,11 +371,16 @@ class Ledger:
         """The delivered results among ``call_ids``."""
         if not call_ids:
             return {}
-        with store_errors():
+
+        def read(seal: Seal) -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for call_id in call_ids:
                 pipe.hget(keys.call(call_id), CallField.RESULT)
-            raw = pipe.execute()
+            seal(pipe)  # confirmed: what is handed on is on the replicas
+            return pipe.execute()
+
+        with store_errors():
+            raw = self.replica_acks.confirmed(self.client, read, read=True)
         return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
 
     def wait_for_done(self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
@@ -392,7 +403,9 @@ class Ledger:
 
         See :func:`workers.store.answer_wait.wait_for_results`.
         """
-        return wait_for_results(self.client, keys, timeout_s, mine=mine, read=read, ttl_s=self.ttl_s)
+        found = wait_for_results(self.client, keys, timeout_s, mine=mine, read=read, ttl_s=self.ttl_s)
+        # What the signal carried may not be on a replica yet: re-read it, confirmed.
+        return self.results(keys, read) if found is not None and read and self.replica_acks.fencing else found
 
     def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""

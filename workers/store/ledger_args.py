@@ -10,11 +10,13 @@ and the table in :mod:`workers.store.keys`).
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from workers.core.models import ToolResult
 from workers.store.index_ttl import REFRESH_INTERVAL_S
 from workers.store.keys import RunKeys
+from workers.store.records import CallField
 
 __all__ = [
     "KEYS_REFRESH_S",
@@ -48,22 +50,24 @@ def register_call(
 ) -> ScriptCall:
     """``ledger_register.lua``: ``fields`` flattened field/value pairs of the new record.
 
-    ``push`` (a list key, a message) is pushed by the script when the call is new.
+    ``push`` (a list key, a message) is pushed by the script when the call is new. A nonce of
+    its own goes last (field ``reg``): the same arguments sent again are the same registration.
     """
     script_keys = [keys.call(call_id), keys.calls, keys.run]
     message = ""
     if push is not None:
         script_keys.append(push[0])
         message = push[1]
-    return script_keys, [call_id, now_ms, deadline_ms, ttl_s, KEYS_REFRESH_S, message, *fields]
+    nonce = [CallField.REG.value, secrets.token_hex(8)]
+    return script_keys, [call_id, now_ms, deadline_ms, ttl_s, KEYS_REFRESH_S, message, *fields, *nonce]
 
 
 def claim_call(
     keys: RunKeys, call_id: str, *, now_ms: int, worker_id: str, lease_ttl_ms: int, tool: str, job_digest: str
 ) -> ScriptCall:
-    """``ledger_claim.lua``."""
+    """``ledger_claim.lua``, with a nonce of its own: the same arguments sent again are the same claim."""
     script_keys = [keys.call(call_id), keys.lease(call_id), keys.run]
-    return script_keys, [now_ms, worker_id, lease_ttl_ms, tool, job_digest]
+    return script_keys, [now_ms, worker_id, lease_ttl_ms, tool, job_digest, secrets.token_hex(8)]
 
 
 def finish_call(keys: RunKeys, result: ToolResult, *, now_ms: int, ttl_s: int, writer: str) -> ScriptCall:

@@ -158,6 +158,8 @@ class CallField(enum.StrEnum):
     CANCEL_MS = "cancel_ms"
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
+    CLAIM = "claim"
+    REG = "reg"
 
 
 CALL: Final = HashRecord[CallField](
@@ -207,6 +209,8 @@ CALL: Final = HashRecord[CallField](
             "W3C trace context of the call's execute_tool span (workers.tracing); absent when not traced"
         ),
         CallField.TRACESTATE: _str("W3C tracestate beside traceparent; absent when none"),
+        CallField.CLAIM: _str("the nonce of the latest claim: that claim sent again is recognised as itself"),
+        CallField.REG: _str("the nonce of the registration: that registration sent again is recognised"),
     },
     families={"pgid:": FieldSpec(FieldType.FLAG, "pgid:<n> = 1: a process group the tool started", 0)},
 )
@@ -484,6 +488,8 @@ KEY_RECORDS: Final = (
               "member 'S/R/C' of a failed call of the tool, score when it failed (trimmed to the window)"),
     KeyRecord("sweep_lock", "sweep_lock_key", "STRING", "PX 3 sweep intervals",
               "the token of the sweep holding it"),
+    KeyRecord("duplicates", "duplicates_key", "STRING", _REFRESHED,
+              "executions of calls claimed again after an earlier attempt (INCR per claim)"),
 )  # fmt: skip
 
 

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.core.idempotency import idempotency_key
+
 __all__ = ["ToolContext"]
 
 
@@ -37,6 +39,16 @@ class ToolContext:
     _last_cancel_check: float = field(default=float("-inf"), repr=False)
     cancel_seen: bool = field(default=False, repr=False)
     process_groups: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same for every execution of this call (``attempt`` differs): hand it to side effects.
+
+        Execution is at least once: a call may run again after its worker was lost, or after
+        a Redis failover discarded its claim. A payment API's ``Idempotency-Key`` header or a
+        unique column keyed by it makes the second execution a no-op there.
+        """
+        return idempotency_key(self.session_key, self.run_id, self.call_id)
 
     @property
     def cancelled(self) -> bool:

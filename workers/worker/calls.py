@@ -29,6 +29,7 @@ from workers.worker.execution import bounded_result, memory_exceeded_result, run
 from workers.worker.lost_calls import answer_if_holder_died, memory_limit_mb, stored_answer
 from workers.worker.memory_guard import memory_guard
 from workers.worker.refusing import record_refusal, refuse_claim
+from workers.worker.second_executions import note_duplicate
 
 __all__ = ["Refused", "answer_call"]
 
@@ -72,6 +73,7 @@ def answer_call(
     if claim.status is ClaimStatus.BUSY and not answer_if_holder_died({"job": job}):
         return None  # a second delivery while the holder still runs: the holder's task reports
     stored = None
+    note_duplicate(rt.ledger, keys, parsed.call.id, claim, worker=worker_id())
     if claim.status is ClaimStatus.CLAIMED:
         flush = rt.settings.worker.flush_spans_each_call
         with tracing.run_span(trace_from, keys, parsed.call, claim.attempt, flush=flush) as span:

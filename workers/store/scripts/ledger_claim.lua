@@ -1,6 +1,10 @@
 -- A worker claims a call before running its tool. KEYS: call, lease, run.
--- ARGV: now_ms, worker_id, lease_ttl_ms, tool, job_digest (of the message received).
--- Returns {status, attempt, registered tool}: 'done' (answered: never run again),
+-- ARGV: now_ms, worker_id, lease_ttl_ms, tool, job_digest (of the message received), nonce
+-- (one per claim: the same claim sent again, after its replica acknowledgement came back
+-- short, finds the call already its own and is answered 'claimed' with the same attempt).
+-- Returns {status, attempt, registered tool, previous worker, previous started_ms}; the last
+-- two only when claimed again after an earlier attempt (a second execution of the call).
+-- 'done' (answered: never run again),
 -- 'unregistered' (no gateway registered this call: run nothing, nothing to answer),
 -- 'mismatch' (the message is not the job registered: run nothing, answer the call),
 -- 'mismatch_held' (likewise, but a live worker runs the registered job: leave it be),
@@ -9,8 +13,12 @@
 -- (ledger_finish.lua), and no script changes the state of an answered call, so it stands for
 -- "has a result" without fetching the result. No EXPIRE: the registration gave the record
 -- ledger.ttl_s past its deadline.
-local call = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'tool', 'job_digest')
+local call = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'tool', 'job_digest', 'worker',
+                        'started_ms', 'claim')
 local state, attempt = call[1], tonumber(call[2] or '0') or 0
+if state == 'running' and ARGV[6] ~= '' and call[7] == ARGV[6] then
+  return {'claimed', attempt, call[3] or ''} -- this very claim, sent again: nothing changes
+end
 if state == 'done' then
   return {'done', attempt, ''}
 end
@@ -29,6 +37,9 @@ end
 local taken_over = state == 'running' -- its lease lapsed
 attempt = attempt + 1
 redis.call('HSET', KEYS[1], 'state', 'running', 'started_ms', ARGV[1], 'hb_ms', ARGV[1],
-           'worker', ARGV[2], 'attempt', attempt)
+           'worker', ARGV[2], 'attempt', attempt, 'claim', ARGV[6])
 touch_run(KEYS[3], ARGV[1], 0, taken_over and 0 or 1)
+if attempt > 1 then
+  return {'claimed', attempt, tool, call[5] or '', tonumber(call[6] or '0') or 0}
+end
 return {'claimed', attempt, tool}

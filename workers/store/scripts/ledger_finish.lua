@@ -1,6 +1,8 @@
 -- Store a call's result, first writer wins. KEYS: call, late, done, run.
 -- ARGV: call_id, result_json, reason, now_ms, ttl_s, writer, refresh_s.
 -- Returns 1 when this result is the one delivered, 0 when it was kept as late (audit only).
+-- The same result from the same writer, sent again (its replica acknowledgement came back
+-- short), finds itself delivered: 1, and nothing written twice.
 -- State 'done' is written together with the result (below), so one read of the state tells
 -- both whether a result exists and whether the call was claimed.
 -- TTLs (see ledger_register.lua): the record lives ttl_s past its deadline already, so only an
@@ -14,9 +16,12 @@
 -- stops renewing when the task ends), and every reader of a lease reads the call's state
 -- first, so a lease on an answered call means nothing. That saves a DEL per call; the price
 -- is up to lease.ttl_s of a small key per answered call (the record itself lives ledger.ttl_s).
-local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms')
+local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms', 'writer', 'result')
 local state = call[1]
 local ttl, refresh = tonumber(ARGV[5]), tonumber(ARGV[7])
+if state == 'done' and call[3] == ARGV[6] and call[4] == ARGV[2] then
+  return 1
+end
 if state == 'done' then
   redis.call('RPUSH', KEYS[2], ARGV[2])
   redis.call('EXPIRE', KEYS[2], ttl)

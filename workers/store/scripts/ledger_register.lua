@@ -1,8 +1,11 @@
 -- Register a call once. KEYS: call, calls, run[, broker queue]. ARGV: call_id, now_ms,
--- deadline_ms, ttl_s, refresh_s, message ('' for none), then field/value pairs. Returns {created, run_status, guard_remaining}:
+-- deadline_ms, ttl_s, refresh_s, message ('' for none), then field/value pairs, the last pair
+-- 'reg' and this registration's nonce. Returns {created, run_status, guard_remaining}:
 --   created 1 when new, 0 when the id was already registered (a resubmission after a gateway
 --   restart must not dispatch twice), -1 when the run is no longer running (fencing: a
---   superseded, aborted or timed-out run cannot start new calls).
+--   superseded, aborted or timed-out run cannot start new calls). The same registration sent
+--   again (its replica acknowledgement came back short) finds its own nonce: created 1 again,
+--   nothing written or pushed twice.
 -- With a message and the broker queue's list (a Redis broker on this same single node), a new
 -- call's task message is pushed here too: registration and publication are one step, so no
 -- call is registered without its message or published unregistered, and the gateway saves a
@@ -22,6 +25,10 @@ local status = run[RUN_EXTRA + 1] or ''
 local guard = tonumber(run[RUN_EXTRA + 2] or '0')
 if status ~= '' and status ~= 'running' then
   return {-1, status, guard}
+end
+local registered = redis.call('HGET', KEYS[1], 'reg')
+if registered then
+  return {registered == ARGV[#ARGV] and 1 or 0, status, guard}
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, status, guard}

@@ -1,0 +1,97 @@
+"""How deciding writes wait for replicas: the WAIT chosen from INFO, and when a write counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from workers.errors import ReplicasBehind
+from workers.store.replica_acks import AckWait, ReplicaAcks, ack_wait_of
+
+
+@pytest.mark.parametrize(
+    ("info", "wanted", "expected"),
+    [
+        ({"connected_slaves": 0, "redis_version": "7.0.15"}, None, AckWait(0, 100)),
+        ({"connected_slaves": 2, "redis_version": "7.0.15"}, None, AckWait(1, 100)),
+        ({"connected_slaves": 2, "redis_version": "7.0.15"}, 2, AckWait(2, 100)),
+        ({"connected_slaves": 1, "redis_version": "7.0.15"}, 0, AckWait(0, 100)),
+        (
+            {"connected_slaves": 1, "redis_version": "7.2.4", "aof_enabled": 1},
+            None,
+            AckWait(1, 100, aof=True),
+        ),
+        ({"connected_slaves": 1, "redis_version": "7.2.4", "aof_enabled": 0}, None, AckWait(1, 100)),
+        ({"connected_slaves": 1, "redis_version": "7.0.15", "aof_enabled": 1}, None, AckWait(1, 100)),
+    ],
+)
+def test_the_wait_follows_the_primary_info(
+    info: dict[str, Any], wanted: int | None, expected: AckWait
+) -> None:
+    assert ack_wait_of(info, wanted=wanted, timeout_ms=100) == expected
+
+
+def test_waitaof_counts_the_replicas_fsynced() -> None:
+    wait = AckWait(1, 100, aof=True)
+    assert wait.command() == ("WAITAOF", 0, 1, 100)
+    assert wait.held([0, 1])
+    assert not wait.held([1, 0])
+    assert AckWait(2, 50).command() == ("WAIT", 2, 50)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Client(redis.Redis):
+    """Answers INFO only: what ``ReplicaAcks`` asks before its first write."""
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+
+    def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"connected_slaves": self.replicas, "redis_version": "7.0.15"}
+
+
+def test_a_short_wait_sends_the_write_again_until_it_holds() -> None:
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 5.0, clock=clock)
+    sent: list[int] = []
+
+    def send(seal: Any) -> list[Any]:
+        sent.append(1)
+        clock.now += 0.1
+        return ["reply", 0 if len(sent) < 3 else 1]
+
+    assert acks.confirmed(_Client(1), send) == ["reply"]
+    assert len(sent) == 3
+
+
+def test_a_write_still_short_after_the_retry_budget_is_not_decided() -> None:
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 1.0, clock=clock)
+
+    def send(seal: Any) -> list[Any]:
+        clock.now += 0.3
+        return ["reply", 0]
+
+    with pytest.raises(ReplicasBehind, match=r"1 replica\(s\) within redis.replica_ack_retry_s \(1 s\)"):
+        acks.confirmed(_Client(1), send)
+
+
+def test_a_lone_redis_sends_no_wait() -> None:
+    acks = ReplicaAcks(None, 100, 1.0)
+    seals: list[Any] = []
+
+    def send(seal: Any) -> list[Any]:
+        seals.append(seal)
+        return ["reply"]
+
+    assert acks.confirmed(_Client(0), send) == ["reply"]
+    assert not acks.fencing

@@ -1,0 +1,237 @@
+"""Acknowledged means durable: a deciding write counts once enough replicas hold it.
+
+Redis replicates asynchronously: a failover discards what the old primary acknowledged but
+had not yet sent to a replica. So every script that decides something an agent may be handed
+(a registration, a claim, a result) is followed, in the same pipeline and so on the same
+connection, by ``WAIT redis.min_replica_acks redis.replica_ack_timeout_ms`` (``WAITAOF 0 n
+timeout`` on a Redis that has it and keeps an AOF: the replicas' disks, not only their
+memory). The script's reply is returned only when the WAIT came back with enough replicas.
+
+When it comes back short, or the connection fails, the write is **not treated as decided**:
+the same script is sent again (through the Sentinels, to whichever server is primary by
+then) until its WAIT holds or ``redis.replica_ack_retry_s`` runs out (then
+:class:`~workers.errors.ReplicasBehind`). Sending it again re-reads the ledger: each deciding
+script recognises its own earlier write (a claim by its nonce, a registration by its nonce,
+a result by its writer and bytes) and answers as the first time, and where a failover lost
+that write it finds what the new primary holds, which is then what its caller delivers.
+
+A reader confirms what it read the same way (``read=True``): a ``PUBLISH``
+(replicated like a write, and nothing listens to it) and the WAIT, behind the reads, in one
+pipeline: the WAIT then covers every write the reads saw.
+
+``redis.min_replica_acks`` unset means: 1 when the primary reports a replica
+(``connected_slaves`` in ``INFO``), 0 on a lone Redis, decided at the first deciding write of
+the process, again every 5 s, and after every short WAIT or failed connection: a replica promoted while
+the old primary is down has no replica of its own and is written as a lone Redis is, until
+the old primary comes back as its replica (availability first; ``redis.min_replica_acks`` 1,
+and ``min-replicas-to-write`` on the server, refuse writes instead). On a Redis Cluster the
+store sends no WAIT (0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import redis
+import redis.asyncio as aredis
+from redis.cluster import RedisCluster
+
+from workers.errors import ReplicasBehind
+
+__all__ = ["AckWait", "ReplicaAcks", "Seal", "ack_wait_of", "no_seal"]
+
+log = logging.getLogger(__name__)
+
+#: Where a reader's fence is published: nothing subscribes, the PUBLISH is only replicated.
+FENCE_CHANNEL = "unstuck:replica-fence"
+#: The pause before a deciding write is sent again after its connection failed.
+_RESEND_PAUSE_S = 0.1
+#: How often an unset redis.min_replica_acks is decided again from INFO: a primary that lost
+#: its replica, or a promoted one whose old primary came back as its replica.
+_REDECIDE_S = 5.0
+#: WAITAOF came with Redis 7.2.
+_WAITAOF_SINCE = (7, 2)
+#: The errors after which a deciding write is sent again: no primary, or a demoted one.
+_RESENT_AFTER = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
+
+
+class _Pipe(Protocol):
+    def execute_command(self, *args: Any, **options: Any) -> Any: ...
+
+
+Seal = Callable[[_Pipe], None]
+
+
+def no_seal(pipe: _Pipe) -> None:
+    """Add nothing: no replica acknowledgement is wanted."""
+
+
+@dataclass(frozen=True)
+class AckWait:
+    """The WAIT one Redis gets: how many replicas, how long, and whether it is ``WAITAOF``."""
+
+    acks: int
+    timeout_ms: int
+    aof: bool = False
+
+    def command(self) -> tuple[Any, ...]:
+        """The command that follows a deciding script."""
+        if self.aof:
+            return ("WAITAOF", 0, self.acks, self.timeout_ms)
+        return ("WAIT", self.acks, self.timeout_ms)
+
+    def held(self, reply: Any) -> bool:
+        """Whether the WAIT's reply counts enough replicas."""
+        count = reply[1] if self.aof else reply
+        return int(count) >= self.acks
+
+    def seal(self, pipe: _Pipe) -> None:
+        """Add the WAIT behind what ``pipe`` holds."""
+        pipe.execute_command(*self.command())
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = [*text.split("."), "0", "0"][:2]
+    try:
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        return (0, 0)
+
+
+def ack_wait_of(info: Mapping[str, Any], *, wanted: int | None, timeout_ms: int) -> AckWait:
+    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, or 1 when it has a replica."""
+    acks = wanted if wanted is not None else (1 if int(info.get("connected_slaves", 0) or 0) > 0 else 0)
+    aof = (
+        str(info.get("aof_enabled", "0")) == "1"
+        and _version(str(info.get("redis_version", ""))) >= _WAITAOF_SINCE
+    )
+    return AckWait(acks, timeout_ms, aof=aof)
+
+
+@dataclass
+class ReplicaAcks:
+    """The one place deciding writes wait for replicas (see the module docstring).
+
+    ``wanted`` is ``redis.min_replica_acks`` (None: decide from ``INFO`` at first use).
+    """
+
+    wanted: int | None
+    timeout_ms: int
+    retry_s: float
+    clock: Callable[[], float] = time.monotonic
+    _wait: AckWait | None = field(default=None, repr=False)
+    _decided_at: float = field(default=float("-inf"), repr=False)
+    _last_warned: float = field(default=float("-inf"), repr=False)
+
+    def _stale(self) -> bool:
+        """Whether the WAIT is to be decided (again): never yet, or unset and decided a while ago."""
+        if self._wait is None:
+            return True
+        return self.wanted is None and self.clock() - self._decided_at >= _REDECIDE_S
+
+    def _decide(self, client: Any, info: Callable[[], Mapping[str, Any]]) -> AckWait:
+        before = self._wait
+        if before is not None and not self._stale():
+            return before
+        if self.wanted == 0 or isinstance(client, (RedisCluster, aredis.RedisCluster)):
+            wait = AckWait(0, self.timeout_ms)
+        else:
+            wait = ack_wait_of(info(), wanted=self.wanted, timeout_ms=self.timeout_ms)
+        self._wait, self._decided_at = wait, self.clock()
+        if wait != before and (before is not None or wait.acks):
+            aof = " (WAITAOF)" if wait.aof else ""
+            log.info("deciding writes wait for %d replica(s)%s", wait.acks, aof)
+        return wait
+
+    def wait_for(self, client: redis.Redis) -> AckWait:
+        """The WAIT this client's primary gets (``INFO`` read once, at the first call)."""
+        return self._decide(client, lambda: client.info())
+
+    async def await_for(self, client: aredis.Redis) -> AckWait:
+        """:meth:`wait_for` on an asyncio client."""
+        if self._stale() and self.wanted != 0 and not isinstance(client, aredis.RedisCluster):
+            found = await client.info()
+            return self._decide(client, lambda: found)
+        return self._decide(client, dict)
+
+    def _short(self, started: float, error: BaseException | None) -> None:
+        """Raise when the retry budget is spent; else warn (at most every 5 s) and decide again.
+
+        With ``redis.min_replica_acks`` unset the WAIT is decided again from the primary's
+        ``INFO`` before the write is sent again: the primary may be another one by now (a
+        failover), or one whose replica is gone, which is then written as a lone Redis is.
+        """
+        acks = self._wait.acks if self._wait is not None else self.wanted or 1
+        now = self.clock()
+        why = f"the connection failed ({error})" if error is not None else "its WAIT came back short"
+        if now - started >= self.retry_s:
+            raise ReplicasBehind(
+                f"a deciding write was not acknowledged by {acks} replica(s) within"
+                f" redis.replica_ack_retry_s ({self.retry_s:g} s): {why}; not treated as decided"
+            ) from error
+        if now - self._last_warned >= 5.0:
+            self._last_warned = now
+            log.warning("a deciding write is sent again: %s (waiting for %d replica(s))", why, acks)
+        if self.wanted is None:
+            self._wait = None
+
+    def confirmed(
+        self, client: redis.Redis, send: Callable[[Seal], list[Any]], *, read: bool = False
+    ) -> list[Any]:
+        """``send(seal)`` until its WAIT holds; the replies before the WAIT.
+
+        ``send`` sends one pipeline, ``seal`` adding the WAIT last (so on the same connection).
+        ``read``: the pipeline only reads, and ``seal`` is a fence (a ``PUBLISH``, then the WAIT).
+        """
+        if self.wait_for(client).acks <= 0:  # a lone Redis: no WAIT, errors raised as they come
+            return send(no_seal)
+        started = self.clock()
+        while True:
+            try:
+                wait = self.wait_for(client)  # decided again after a short WAIT (see _short)
+                if wait.acks <= 0:
+                    return send(no_seal)
+                replies = send(self._fence if read else wait.seal)
+            except _RESENT_AFTER as exc:
+                self._short(started, exc)
+                time.sleep(_RESEND_PAUSE_S)
+                continue
+            if wait.held(replies[-1]):
+                return replies[: -2 if read else -1]
+            self._short(started, None)
+
+    async def aconfirmed(
+        self, client: aredis.Redis, send: Callable[[Seal], Awaitable[list[Any]]], *, read: bool = False
+    ) -> list[Any]:
+        """:meth:`confirmed`, awaited."""
+        if (await self.await_for(client)).acks <= 0:
+            return await send(no_seal)
+        started = self.clock()
+        while True:
+            try:
+                wait = await self.await_for(client)
+                if wait.acks <= 0:
+                    return await send(no_seal)
+                replies = await send(self._fence if read else wait.seal)
+            except _RESENT_AFTER as exc:
+                self._short(started, exc)
+                await asyncio.sleep(_RESEND_PAUSE_S)
+                continue
+            if wait.held(replies[-1]):
+                return replies[: -2 if read else -1]
+            self._short(started, None)
+
+    def _fence(self, pipe: _Pipe) -> None:
+        pipe.execute_command("PUBLISH", FENCE_CHANNEL, "1")
+        if self._wait is not None:
+            self._wait.seal(pipe)
+
+    @property
+    def fencing(self) -> bool:
+        """Whether reads are confirmed (known once the first deciding write or read decided it)."""
+        return self._wait is not None and self._wait.acks > 0
