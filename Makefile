@@ -67,7 +67,7 @@ CLUSTER_SUITES := tests/integration/test_backbone.py tests/integration/loops \
 # starts its own redis-server (and, on the cluster leg, its own cluster) on free ports. Tests
 # marked `serial` then run alone; pytest's exit 5 (nothing selected) counts as success there.
 TEST_WORKERS ?= 4
-PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+PYTEST_PARALLEL := $(BIN)/pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup
 # Only the files that hold serial tests are collected again for the serial run.
 SERIAL_FILES = $(shell grep -rlE '^(pytestmark = .*|@pytest)\.?.*mark\.serial' $(1) 2>/dev/null)
 PYTEST_SERIAL = $(if $(call SERIAL_FILES,$(1)),$(BIN)/pytest -q -m serial $(call SERIAL_FILES,$(1)) || [ $$? -eq 5 ],echo "no serial tests in $(1)")

@@ -1,9 +1,10 @@
 """``unstuck mcp`` end to end: the official MCP SDKs against a real door, worker, watchdog and beat.
 
 The module's tests share one redis-server, tool worker, watchdog, beat and ``unstuck mcp``
-(subprocesses), each test in sessions of its own. The Python SDK's client speaks the 2026-07-28 (sessionless) protocol by default and
-the handshake era with ``mode="legacy"``; the TypeScript SDK (``tests/e2e/mcp_ts``, run by Node)
-speaks the handshake era over Streamable HTTP. Limits of the misbehaving tools:
+(subprocesses), each test in sessions of its own. The Python SDK's client speaks the
+2026-07-28 (sessionless) protocol by default and the handshake era with ``mode="legacy"``;
+the TypeScript SDK (``tests/e2e/mcp_ts``, run by Node) speaks the handshake era over
+Streamable HTTP. Limits of the misbehaving tools:
 ``stubborn`` soft 1 s, hard 2 s (ignores the soft limit); ``sleepy`` soft 1 s.
 """
 
