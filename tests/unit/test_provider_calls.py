@@ -11,11 +11,11 @@ from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import (
     FORMATS,
     ParsedCall,
+    ProviderTurn,
     RejectedCall,
     check_format,
     decode_calls,
     encode_results,
-    provider_answer,
 )
 from workers.core.results import success_result, synthetic_result, tool_error_result
 from workers.core.transcript import repair_pairing
@@ -543,14 +543,15 @@ def test_tool_result_methods_and_the_transcript_encoders_give_the_same_shapes() 
 # --- the answer -------------------------------------------------------------------------------
 
 
-def test_provider_answer_carries_results_append_and_the_loop_abort() -> None:
+def test_a_turns_answer_carries_results_append_and_the_loop_abort() -> None:
     # Given
-    parsed = decode_calls("openai-chat", MESSAGES["openai-chat"])
-    results = _results([p.call for p in parsed])
+    turn = ProviderTurn.decode("openai-chat", MESSAGES["openai-chat"])
+    results = _results(turn.calls)
     abort = CompactionLoopPersisted("compaction_loop_persisted", 3, "the same call repeated after compaction")
+    abort.results = list(results)
     # When
-    plain = provider_answer("openai-chat", parsed, results)
-    aborted = provider_answer("openai-chat", parsed, results, abort)
+    plain = turn.answer(results)
+    aborted = turn.answer(abort)
     # Then
     assert plain.aborted is None
     assert plain.results == results

@@ -29,6 +29,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the LangGraph adapter needs `pip install 'unstuck[langgraph]'`") from exc
 
+from workers.adapters.listing import ListedTool, listed_tools
 from workers.core.models import ToolCall, ToolResult
 from workers.errors import LoopDetected
 from workers.gateway.client import ToolGateway
@@ -105,18 +106,18 @@ def unstuck_tools(
 ) -> list[BaseTool]:
     """The registered tools (or ``names``; only those ``agent_id`` may call) as LangChain tools."""
     return [
-        _tool(gateway, session_key, run_id, agent_id, definition)
-        for definition in gateway.tool_definitions("neutral", names=names, agent_id=agent_id)
+        _tool(gateway, session_key, run_id, agent_id, tool)
+        for tool in listed_tools(gateway, agent_id=agent_id, names=names)
     ]
 
 
 def _tool(
-    gateway: ToolGateway, session_key: str, run_id: str, agent_id: str, definition: dict[str, Any]
+    gateway: ToolGateway, session_key: str, run_id: str, agent_id: str, tool: ListedTool
 ) -> UnstuckTool:
     return UnstuckTool(
-        name=definition["name"],
-        description=definition.get("description") or definition["name"],
-        args_schema=definition.get("parameters") or {"type": "object", "properties": {}},
+        name=tool.name,
+        description=tool.description,
+        args_schema=tool.parameters,
         gateway=gateway,
         session_key=session_key,
         run_id=run_id,
@@ -136,7 +137,7 @@ def unstuck_tool_node(
 
     def stranger(request: ToolCallRequest) -> UnstuckTool:
         name = str(request.tool_call["name"])
-        return _tool(gateway, session_key, run_id, agent_id, {"name": name, "description": name})
+        return _tool(gateway, session_key, run_id, agent_id, ListedTool(name, name))
 
     def wrap(
         request: ToolCallRequest, execute: Callable[[ToolCallRequest], ToolMessage | Command[Any]]

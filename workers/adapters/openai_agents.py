@@ -22,6 +22,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the OpenAI Agents SDK adapter needs `pip install 'unstuck[openai-agents]'`") from exc
 
+from workers.adapters.listing import ListedTool, listed_tools
 from workers.gateway.client import ToolGateway
 
 __all__ = ["unstuck_function_tools", "unstuck_run_config"]
@@ -58,22 +59,19 @@ def unstuck_function_tools(
 ) -> list[FunctionTool]:
     """The registered tools (or ``names``; only those ``agent_id`` may call) as SDK function tools."""
     route = _Route(gateway, session_key, run_id, agent_id)
-    return [
-        _function_tool(route, definition)
-        for definition in gateway.tool_definitions("neutral", names=names, agent_id=agent_id)
-    ]
+    return [_function_tool(route, tool) for tool in listed_tools(gateway, agent_id=agent_id, names=names)]
 
 
-def _function_tool(route: _Route, definition: dict[str, Any]) -> FunctionTool:
-    name = str(definition["name"])
+def _function_tool(route: _Route, tool: ListedTool) -> FunctionTool:
+    name = tool.name
 
     async def invoke(context: ToolContext[Any], arguments: str) -> str:
         return await route.call(context.tool_call_id, name, arguments)
 
     return FunctionTool(
         name=name,
-        description=definition.get("description") or name,
-        params_json_schema=definition.get("parameters") or {"type": "object", "properties": {}},
+        description=tool.description,
+        params_json_schema=tool.parameters,
         on_invoke_tool=invoke,
         strict_json_schema=False,  # unstuck validates the arguments itself, answering bad ones
     )

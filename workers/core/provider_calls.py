@@ -38,11 +38,11 @@ __all__ = [
     "FORMATS",
     "ParsedCall",
     "ProviderAnswer",
+    "ProviderTurn",
     "RejectedCall",
     "check_format",
     "decode_calls",
     "encode_results",
-    "provider_answer",
 ]
 
 _MAX_ID: Final = 256  # ToolCall's limit on ids and names
@@ -165,14 +165,46 @@ def encode_results(fmt: str, results: Sequence[ToolResult], calls: Sequence[Pars
     return {"role": "user", "parts": [r.to_gemini(send_id=r.tool_call_id not in hidden) for r in results]}
 
 
-def provider_answer(
-    fmt: str, calls: Sequence[ParsedCall], results: Sequence[ToolResult], abort: LoopDetected | None = None
-) -> ProviderAnswer:
-    """The :class:`ProviderAnswer` for ``results`` of ``calls``, with the loop abort if there was one."""
-    aborted = (
-        None if abort is None else {"reason": str(abort), "detector": abort.detector, "count": abort.count}
-    )
-    return ProviderAnswer(list(results), encode_results(fmt, results, calls), aborted)
+@dataclass(frozen=True)
+class ProviderTurn:
+    """One assistant message's calls, decoded, and the answer to append once they ran (no I/O).
+
+    The gateway's sync and asyncio drivers run :attr:`calls` (none: no run is opened) and
+    hand back the results, or the ``LoopDetected`` that aborted the run: a loop abort is
+    answered, not raised, and its results still hold one result per call. A call whose
+    arguments cannot be read (not JSON, not an object) is a :class:`RejectedCall` among the
+    others: it meets the loop gate and the unknown-tool check like any call, and is then
+    answered ``invalid_arguments`` at submission and recorded in the ledger. Nothing is
+    answered outside the gateway, so ``collect`` and the loop detector see every call.
+    """
+
+    fmt: str
+    parsed: tuple[ParsedCall, ...]
+
+    @classmethod
+    def decode(cls, fmt: str, message: object, *, turn: int | None = None) -> ProviderTurn:
+        """The calls of ``message`` in ``fmt`` (``turn``: see :func:`decode_calls`).
+
+        Raises:
+            ProviderFormatError: unknown format, or the message is not in the format's shape.
+        """
+        return cls(fmt, tuple(decode_calls(fmt, message, turn=turn)))
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The calls to run, in message order."""
+        return [p.call for p in self.parsed]
+
+    def answer(self, results: Sequence[ToolResult] | LoopDetected) -> ProviderAnswer:
+        """The :class:`ProviderAnswer` for the calls' ``results``, or for the loop abort that holds them."""
+        abort = results if isinstance(results, LoopDetected) else None
+        answered: list[ToolResult] = list(results.results if isinstance(results, LoopDetected) else results)
+        aborted = (
+            None
+            if abort is None
+            else {"reason": str(abort), "detector": abort.detector, "count": abort.count}
+        )
+        return ProviderAnswer(answered, encode_results(self.fmt, answered, self.parsed), aborted)
 
 
 # -- reading -----------------------------------------------------------------------------------

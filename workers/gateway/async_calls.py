@@ -22,13 +22,13 @@ from typing import Any, TypeVar
 from workers import tracing
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
-from workers.core.provider_calls import ProviderAnswer
+from workers.core.provider_calls import ProviderAnswer, ProviderTurn
+from workers.errors import LoopDetected
 from workers.gateway.async_submit import AsyncSubmitter
 from workers.gateway.call_path import CallPath
 from workers.gateway.cancelling import Canceller
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.persister import Persister
-from workers.gateway.provider_turns import aanswer_message
 from workers.gateway.waiter import AsyncWaiter, Batch
 from workers.runtime import open_async_ledger
 from workers.settings import Settings
@@ -107,8 +107,17 @@ class AsyncCalls:
         agent_id: str = "main",
         turn: int | None = None,
     ) -> ProviderAnswer:
-        """``ToolGateway.acall_tools_in``."""
-        return await aanswer_message(self.call_tools, format, message, session_key, run_id, agent_id, turn)
+        """``ToolGateway.acall_tools_in``: the sync driver's steps, the calls awaited."""
+        decoded = ProviderTurn.decode(format, message, turn=turn)
+        if not decoded.parsed:
+            return decoded.answer([])
+        try:
+            results = await self.call_tools(
+                session_key=session_key, run_id=run_id, agent_id=agent_id, calls=decoded.calls
+            )
+        except LoopDetected as exc:
+            return decoded.answer(exc)
+        return decoded.answer(results)
 
     async def collect(self, session_key: str, run_id: str) -> list[ToolResult]:
         """``ToolGateway.acollect``: every store access awaited, no thread held."""

@@ -18,10 +18,10 @@ from workers import tracing
 from workers.celery_edge.app_config import client_app
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
-from workers.core.provider_calls import ProviderAnswer, encode_results
+from workers.core.provider_calls import ProviderAnswer, ProviderTurn, encode_results
 from workers.core.run_health import RunStatus
 from workers.core.transcript import RepairedTranscript
-from workers.errors import StoreError
+from workers.errors import LoopDetected, StoreError
 from workers.gateway.agent_liveness import AgentLiveness
 from workers.gateway.async_calls import AsyncCalls, SyncParts
 from workers.gateway.breaker_gate import BreakerGate
@@ -31,7 +31,6 @@ from workers.gateway.dispatching import Dispatcher
 from workers.gateway.ledger_repair import repair_with_ledger
 from workers.gateway.loop_gate import LoopGate
 from workers.gateway.persister import Persister
-from workers.gateway.provider_turns import answer_message
 from workers.gateway.waiter import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
@@ -183,13 +182,22 @@ class ToolGateway:
         """Run the calls of an assistant message in a provider's ``format``; the answer to append.
 
         Formats and shapes: ``workers.core.provider_calls``; unreadable arguments and the loop
-        abort (``aborted``, not raised): ``workers.gateway.provider_turns``. For Gemini calls
-        without ids pass ``turn``, the index this Content gets in ``contents``.
+        abort (``aborted``, not raised): its ``ProviderTurn``. For Gemini calls without ids
+        pass ``turn``, the index this Content gets in ``contents``.
 
         Raises:
             ProviderFormatError: unknown format, or the message is not in its shape (``path``).
         """
-        return answer_message(self.call_tools, format, message, session_key, run_id, agent_id, turn)
+        decoded = ProviderTurn.decode(format, message, turn=turn)
+        if not decoded.parsed:
+            return decoded.answer([])
+        try:
+            results = self.call_tools(
+                session_key=session_key, run_id=run_id, agent_id=agent_id, calls=decoded.calls
+            )
+        except LoopDetected as exc:
+            return decoded.answer(exc)
+        return decoded.answer(results)
 
     async def acall_tools_in(
         self,
