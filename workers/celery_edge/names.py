@@ -6,7 +6,9 @@ schedule) all refer to these constants; a renamed task cannot drift apart betwee
 
 from __future__ import annotations
 
-__all__ = ["HOUSEKEEPING_TASK", "INVOKE_TASK", "SWEEP_TASK", "invoke_task_id", "invoke_task_label"]
+from typing import Final
+
+__all__ = ["HOUSEKEEPING_TASK", "INVOKE_TASK", "INVOKE_TASK_ID", "INVOKE_TASK_LABEL", "SWEEP_TASK"]
 
 INVOKE_TASK = "unstuck.invoke"
 """Run one tool call (tool queue, tool workers)."""
@@ -18,14 +20,11 @@ HOUSEKEEPING_TASK = "unstuck.watchdog.housekeeping"
 """Release stale session lanes (beat-scheduled)."""
 
 
-def invoke_task_id(due_member: str, attempt: int) -> str:
-    """The task id of one dispatch of a call: its due-index member (session/run/call) and attempt.
+INVOKE_TASK_ID: Final = "{due_member}#{attempt}"
+"""The task id of one dispatch of a call (``str.format`` it): its due-index member
+(session/run/call) and attempt. Readable and searchable in Flower; a call answered at
+submission is shown under attempt 0."""
 
-    Readable and searchable in Flower; a call answered at submission is shown under attempt 0.
-    """
-    return f"{due_member}#{attempt}"
-
-
-def invoke_task_label(tool: str, session_key: str, run_id: str) -> str:
-    """The name Flower shows for a call's task (Celery's ``shadow``): tool, session and run."""
-    return f"{tool} [{session_key}/{run_id}]"
+INVOKE_TASK_LABEL: Final = "{tool} [{session_key}/{run_id}]"
+"""The name Flower shows for a call's task (Celery's ``shadow``; ``str.format`` it): tool,
+session and run."""

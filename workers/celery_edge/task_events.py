@@ -32,7 +32,7 @@ from typing import Any
 
 from celery import Celery
 
-from workers.celery_edge.names import invoke_task_id, invoke_task_label
+from workers.celery_edge.names import INVOKE_TASK_ID, INVOKE_TASK_LABEL
 from workers.core.models import SyntheticReason, ToolResult
 from workers.core.outcome import closing_event, outcome_of
 from workers.errors import StoreError
@@ -121,10 +121,14 @@ class TaskEvents:
         """The events closing the call's task: ``task-received`` first if no worker received it."""
         record = self._ledger.record(keys, result.tool_call_id)
         task_id = record.row.text(CallField.TASK_ID) if record is not None else ""
-        label = invoke_task_label(result.tool_name, keys.session_key, keys.run_id)
+        label = INVOKE_TASK_LABEL.format(
+            tool=result.tool_name, session_key=keys.session_key, run_id=keys.run_id
+        )
         events: list[Event] = []
         if not task_id or result.reason == SyntheticReason.DISPATCH_FAILED.value:
-            task_id = task_id or invoke_task_id(keys.due_member(result.tool_call_id), 0)
+            task_id = task_id or INVOKE_TASK_ID.format(
+                due_member=keys.due_member(result.tool_call_id), attempt=0
+            )
             call = {
                 "session_key": keys.session_key,
                 "run_id": keys.run_id,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from workers.core.failure_policy import delivered
 from workers.core.loops import LoopVerdict
@@ -79,6 +80,9 @@ class CallPath:
         self._writer = writer
         self._now_ms = now_ms
         self._run_deadlines: dict[tuple[str, str], int] = {}
+        # Fixed per agent by the settings: asked once, not on every call.
+        self._detects = cache(loops.detects)
+        self._run_timeout_ms = cache(self._agent_run_timeout_ms)
         self.stages: tuple[Stage, ...] = tuple(getattr(self, name) for name in self.STAGES)
 
     # -- the batch ---------------------------------------------------------------------------
@@ -114,7 +118,7 @@ class CallPath:
         True without loop detection for ``agent_id``, without circuit breakers and when no
         call is refused at admission (a refusal is recorded in the store at once).
         """
-        if self.settings.tools.breakers or self._loops.needs_outcomes(agent_id, guard_armed=False):
+        if self.settings.tools.breakers or self._detects(agent_id):
             return False
         return all(self._dispatcher.reject_early(call, agent_id) is None for call in calls)
 
@@ -122,9 +126,7 @@ class CallPath:
         """Whether :meth:`conclude` writes to the store (loop or breaker outcomes, an abort)."""
         if batch.abort is not None or self.settings.tools.breakers:
             return True
-        return bool(batch.pending_loops) and self._loops.needs_outcomes(
-            batch.agent_id, guard_armed=batch.guard_armed
-        )
+        return bool(batch.pending_loops or batch.unjudged) and self._needs_outcomes(batch)
 
     def conclude(self, batch: Batch, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """Record loop and breaker outcomes; the results in call order, or the abort raised with them."""
@@ -161,6 +163,9 @@ class CallPath:
         call = in_flight.call
         in_flight.now_ms = self._now_ms()
         batch.tools[call.id] = call.name
+        if not self._detects(batch.agent_id):
+            batch.unjudged[call.id] = call
+            return False
         keys = batch.keys
         try:
             pending = self._loops.before(
@@ -211,7 +216,8 @@ class CallPath:
             call,
             in_flight.now_ms,
             batch.run_deadline_ms,
-            loop_warning=self._loops.warning_of(in_flight.verdict),  # shown in Flower with the task
+            # Shown in Flower with the task.
+            loop_warning=None if in_flight.verdict is None else self._loops.warning_of(in_flight.verdict),
         )
         batch.deadlines[call.id] = submission.job.deadline_ms
         batch.submitted[call.id] = submission.job.submitted_ms
@@ -299,7 +305,7 @@ class CallPath:
         if self.open_cached_run(batch):
             return
         now = self._now_ms()
-        deadline_ms = now + int(self.settings.agents.for_agent(batch.agent_id).run_timeout_s * 1000)
+        deadline_ms = now + self._run_timeout_ms(batch.agent_id)
         try:
             # Take the session's lane (superseding an older run of the session); a run that
             # already ended gets token 0, and its calls are then refused at registration.
@@ -319,9 +325,22 @@ class CallPath:
             self._run_deadlines.pop(next(iter(self._run_deadlines)))
         self._run_deadlines[run] = state.deadline_ms
 
+    def _agent_run_timeout_ms(self, agent_id: str) -> int:
+        return int(self.settings.agents.for_agent(agent_id).run_timeout_s * 1000)
+
+    def _needs_outcomes(self, batch: Batch) -> bool:
+        """Whether loop outcomes are recorded: detection on, or a compaction guard armed."""
+        return batch.guard_armed or self._detects(batch.agent_id)
+
     def _record_loop_outcomes(self, batch: Batch) -> None:
-        if not self._loops.needs_outcomes(batch.agent_id, guard_armed=batch.guard_armed):
+        if not self._needs_outcomes(batch):
             return  # detection off and no compaction guard armed: nothing to record
+        keys = batch.keys
+        for call_id, call in batch.unjudged.items():
+            # Detection off: judging reads no history, it only hashes what the guard records.
+            batch.pending_loops[call_id] = self._loops.before(
+                keys.session_key, keys.run_id, batch.agent_id, call, self._now_ms()
+            )
         for call_id, pending in batch.pending_loops.items():
             result = batch.answers[call_id]
             # The warning is for the model; the outcome is hashed without it.

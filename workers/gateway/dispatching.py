@@ -7,18 +7,20 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache, lru_cache
 from typing import Any
 
 from celery import Celery
 
 from workers import tracing
 from workers.celery_edge.messages import TaskMessages, fast_publish_possible
-from workers.celery_edge.names import INVOKE_TASK, invoke_task_id, invoke_task_label
+from workers.celery_edge.names import INVOKE_TASK, INVOKE_TASK_ID, INVOKE_TASK_LABEL
 from workers.core.job_digest import job_digest
 from workers.core.limits import resolve_limits
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import RejectedCall
 from workers.core.results import not_allowed_result, rejected_result, synthetic_result
+from workers.core.tool_policy import ToolPolicy
 from workers.errors import InvalidArguments, ToolNotFound
 from workers.settings import Settings
 from workers.store.keys import RunKeys, broker_queue_key
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def task_id(keys: RunKeys, call_id: str, attempt: int) -> str:
     """The Celery task id of one dispatch of a call (readable in Flower, unique per attempt)."""
-    return invoke_task_id(keys.due_member(call_id), attempt)
+    return INVOKE_TASK_ID.format(due_member=keys.due_member(call_id), attempt=attempt)
 
 
 def _no_event(fields: dict[str, Any]) -> None:
@@ -52,7 +54,9 @@ class InvokeOptions:
     def of(cls, job: CallJob, queue: str) -> InvokeOptions:
         return cls(
             expires=datetime.fromtimestamp(job.deadline_ms / 1000, tz=UTC),
-            label=invoke_task_label(job.call.name, job.session_key, job.run_id),
+            label=INVOKE_TASK_LABEL.format(
+                tool=job.call.name, session_key=job.session_key, run_id=job.run_id
+            ),
             queue=queue,
         )
 
@@ -107,6 +111,14 @@ class Dispatcher:
         self._now_ms = now_ms
         self._on_sent = on_sent
         self.messages = TaskMessages(app, settings.broker.queue) if fast_publish_possible(settings) else None
+        # Fixed by the settings per agent (and tool): computed once, not on every call.
+        self._restrictions = cache(self._agent_restrictions)
+        self._soft_s = lru_cache(maxsize=4096)(settings.tool_timeout_s)
+
+    def _agent_restrictions(self, agent_id: str) -> ToolPolicy | None:
+        """``agent_id``'s tool policy, or None when it allows every tool."""
+        policy = self.settings.tool_policy(agent_id)
+        return policy if policy.restricted else None
 
     def reject_early(self, call: ToolCall, agent_id: str) -> ToolResult | None:
         """The answer to a call that must not run, or None when it may be dispatched.
@@ -118,19 +130,20 @@ class Dispatcher:
         """
         size = len(json.dumps(call.arguments, default=str))
         cap = self.settings.limits.max_argument_bytes
-        policy = self.settings.tool_policy(agent_id)
+        policy = self._restrictions(agent_id)
         try:
-            get_tool(call.name)
-            if not policy.allows(call.name):
+            spec = get_tool(call.name)
+            if policy is not None and not policy.allows(call.name):
                 return not_allowed_result(call, agent_id, elapsed_ms=0, attempt=0)
             if isinstance(call, RejectedCall):
                 raise InvalidArguments(call.name, list(call.problems))
             if size > cap:
                 raise InvalidArguments(call.name, [f"arguments are {size} bytes; the limit is {cap}"])
-            validate_arguments(get_tool(call.name), call.arguments)
+            validate_arguments(spec, call.arguments)
         except ToolNotFound as exc:
             # Suggest only tools the agent may call.
-            return rejected_result(call, ToolNotFound(call.name, policy.filter(exc.closest)), 0)
+            closest = exc.closest if policy is None else policy.filter(exc.closest)
+            return rejected_result(call, ToolNotFound(call.name, closest), 0)
         except InvalidArguments as exc:
             return rejected_result(call, exc, 0)
         return None
@@ -142,7 +155,7 @@ class Dispatcher:
         spec = get_tool(call.name)
         limits = resolve_limits(
             now_ms=now_ms,
-            soft_s=self.settings.tool_timeout_s(agent_id, call.name, spec.soft_timeout_s),
+            soft_s=self._soft_s(agent_id, call.name, spec.soft_timeout_s),
             declared_hard_s=spec.hard_timeout_s,
             heartbeat_s=spec.heartbeat_timeout_s,
             hard_grace_s=self.settings.limits.hard_grace_s,

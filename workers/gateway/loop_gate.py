@@ -82,9 +82,9 @@ class LoopGate:
             agent_block_path=agent_path(index),
         )
 
-    def needs_outcomes(self, agent_id: str, *, guard_armed: bool) -> bool:
-        """Whether outcomes must be recorded: detection on, or a compaction guard armed."""
-        return self._config(agent_id).enabled or guard_armed
+    def detects(self, agent_id: str) -> bool:
+        """Whether loop detection is on for ``agent_id`` (an armed compaction guard records outcomes too)."""
+        return self._config(agent_id).enabled
 
     def guard(self, agent_id: str) -> LoopGuard:
         """The guard with ``agent_id``'s merged configuration."""

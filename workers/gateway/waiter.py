@@ -21,7 +21,7 @@ from typing import Any
 
 from workers.core.failure_policy import FallbackRule
 from workers.core.loops import LoopVerdict, PendingCall
-from workers.core.models import ToolResult
+from workers.core.models import ToolCall, ToolResult
 from workers.core.waiting import (
     AnswerLocally,
     Block,
@@ -95,6 +95,9 @@ class Batch:
     agent_id: str = "main"
     deadlines: dict[str, int] = field(default_factory=dict)
     pending_loops: dict[str, PendingCall] = field(default_factory=dict)
+    # Calls of an agent without loop detection: judged (hashed) only if a compaction guard
+    # turns out armed and their outcomes must be recorded.
+    unjudged: dict[str, ToolCall] = field(default_factory=dict)
     abort: Abort | None = None
     run_deadline_ms: int | None = None
     guard_armed: bool = False
