@@ -10,9 +10,8 @@ import subprocess
 import sys
 import tokenize
 import tomllib
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import grimp
 import pytest
@@ -475,33 +474,3 @@ def test_boundary_contracts_name_every_other_module(forbidden: str) -> None:
     # Then: exactly one contract, naming every top-level module but the allowed importers
     assert len(sources) == 1
     assert sources[0] == _top_modules() - BOUNDARIES[forbidden]
-
-
-# --- one file name, one module --------------------------------------------------------------------
-
-
-def duplicate_file_names(paths: Iterable[PurePosixPath]) -> dict[str, list[str]]:
-    """File names (``__init__.py`` aside) used by more than one module, with their paths."""
-    by_name: dict[str, list[str]] = defaultdict(list)
-    for path in paths:
-        if path.name != "__init__.py":
-            by_name[path.name].append(str(path))
-    return {name: sorted(found) for name, found in sorted(by_name.items()) if len(found) > 1}
-
-
-def test_no_two_modules_share_a_file_name() -> None:
-    files = [PurePosixPath(_rel(p)) for p in _python_files("workers", "tasks")]
-    assert len(files) > 10
-    assert duplicate_file_names(files) == {}
-
-
-def test_duplicate_file_name_check_finds_a_shared_name() -> None:
-    paths = [
-        "workers/gateway/client.py",
-        "workers/store/client.py",
-        "workers/a/__init__.py",
-        "tasks/__init__.py",
-    ]
-    assert duplicate_file_names(PurePosixPath(p) for p in paths) == {
-        "client.py": ["workers/gateway/client.py", "workers/store/client.py"]
-    }
