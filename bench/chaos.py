@@ -343,6 +343,7 @@ class Report:
     stuck_sessions: int = 0
     worst_batch_ms: int = -(10**9)
     worst_call_ms: int = -(10**9)
+    worst_call: str = ""  # the call of ``worst_call_ms`` and who wrote its answer
     reasons: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
     worst_sweep_gap_ms: int = 0
@@ -398,9 +399,13 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
                 continue
             deadlines[key] = record.row.integer(CallField.DEADLINE_MS)
             if CallField.FINISHED_MS in record.row:
-                report.worst_call_ms = max(
-                    report.worst_call_ms, record.row.integer(CallField.FINISHED_MS) - deadlines[key]
-                )
+                past_ms = record.row.integer(CallField.FINISHED_MS) - deadlines[key]
+                if past_ms > report.worst_call_ms:
+                    report.worst_call_ms = past_ms
+                    report.worst_call = (
+                        f"{'/'.join(key)} ({record.row.raw(CallField.TOOL)}) written by "
+                        + str(record.row.raw(CallField.WRITER))
+                    )
             report.late += len(ledger.late_results(keys, call_id))
             report.republished += record.row.integer(CallField.REPUBLISHES)
             delivered = tally.delivered.get(key, [])
@@ -625,7 +630,14 @@ def run(options: Options) -> int:
         report.duplicate_executions, report.duplicate_examples = duplicate_executions(executions)
         limit_ms = int(settings.gateway.grace_s * 1000) + allowance_ms
         status = _print_report(report, tally, limit_ms)
-        return _print_figures(options, report, watch, history, limit_ms, status)
+        status = _print_figures(options, report, watch, history, limit_ms, status)
+        if status and options.faults != "mixed":
+            keep = tempfile.mkdtemp(prefix="unstuck-chaos-history-")
+            for path in (history.handed_path, history.executions_path):
+                if path.exists():
+                    shutil.copy(path, keep)
+            print(f"chaos: history kept in {keep} (handed.jsonl, executions.jsonl)", flush=True)
+        return status
     finally:
         cluster.close()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -751,7 +763,7 @@ def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
         f"duplicates {report.duplicates}, differing from ledger {report.differs}, "
         f"late (audit only) {report.late}, messages republished {report.republished}\n"
         f"worst answer vs deadline: batch return {report.worst_batch_ms:+d} ms, ledger write "
-        f"{report.worst_call_ms:+d} ms (limit {grace_ms} ms)\n"
+        f"{report.worst_call_ms:+d} ms (limit {grace_ms} ms; {report.worst_call or 'none'})\n"
         f"stuck sessions {report.stuck_sessions}\n"
         f"watchdog: {report.sweeps} sweeps, worst gap {report.worst_sweep_gap_ms} ms outside Redis outages "
         f"(limit {report.sweep_gap_limit_ms} ms); unattended runs answered by it alone: {report.unattended}\n"
