@@ -344,6 +344,7 @@ class Report:
     worst_batch_ms: int = -(10**9)
     worst_call_ms: int = -(10**9)
     worst_call: str = ""  # the call of ``worst_call_ms`` and who wrote its answer
+    wrong: list[CallKey] = field(default_factory=list)  # delivered != ledger, or absent from it
     reasons: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
     worst_sweep_gap_ms: int = 0
@@ -412,10 +413,12 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
             for result in delivered:
                 if stored.get(call_id) != result:
                     report.differs += 1
+                    report.wrong.append(key)
                     report.examples.append(_difference(key, result, stored.get(call_id), record.row))
             for result in delivered[:1]:
                 report.reasons[result.reason or "real result"] += 1
     report.absent = sum(1 for key in tally.delivered if key not in held)
+    report.wrong.extend(key for key in tally.delivered if key not in held)
     report.examples.extend(
         f"{'/'.join(k)}: delivered, not in the ledger" for k in tally.delivered if k not in held
     )
@@ -679,6 +682,8 @@ def _print_figures(
         )
     for example in report.duplicate_examples[:10]:
         print(f"  duplicate: {example}", flush=True)
+    for line in _near_episodes(report.wrong, watch.episodes, history)[:12]:
+        print(f"  wrong: {line}", flush=True)
     known = [f for f in firsts if f is not None]
     worst_first = f"{max(known)} ms" if known else "-"
     print(
@@ -693,6 +698,23 @@ def _print_figures(
     if status == 0:
         print(f"chaos: PASS seed {options.seed} faults {options.faults}", flush=True)
     return status
+
+
+def _near_episodes(keys: list[CallKey], episodes: list[Episode], history: History) -> list[str]:
+    """When each wrongly kept call was handed, against the failover episode nearest to it."""
+    handed = {(b.session, b.run, r.tool_call_id): b.returned_ms for b in history.batches() for r in b.results}
+    lines = []
+    for key in keys:
+        at_ms = handed.get(key)
+        if at_ms is None or not episodes:
+            lines.append(f"{'/'.join(key)}: no episode to compare with")
+            continue
+        index, near = min(enumerate(episodes), key=lambda pair: abs(at_ms - pair[1].began_ms))
+        lines.append(
+            f"{'/'.join(key)} handed {at_ms - near.began_ms:+d} ms from episode {index + 1} "
+            f"({near.kind}, {near.detail or 'no detail'})"
+        )
+    return lines
 
 
 def _open_calls_of(tally: Tally, ledger: Ledger) -> Callable[[str], str]:
