@@ -682,8 +682,12 @@ def _print_figures(
         )
     for example in report.duplicate_examples[:10]:
         print(f"  duplicate: {example}", flush=True)
-    for line in _near_episodes(report.wrong, watch.episodes, history)[:12]:
+    near = _near_episodes(report.wrong, watch.episodes, history)
+    for line in near[:12]:
         print(f"  wrong: {line}", flush=True)
+    if near:
+        kinds = Counter(line.split("(", 1)[-1].split(",", 1)[0] for line in near if "episode" in line)
+        print(f"  wrong calls by nearest episode: {dict(sorted(kinds.items()))}", flush=True)
     known = [f for f in firsts if f is not None]
     worst_first = f"{max(known)} ms" if known else "-"
     print(
