@@ -355,6 +355,7 @@ class Report:
     absent: int = 0  # delivered, yet the ledger holds no such call
     executions: int = 0  # from the executions file (failover legs)
     duplicate_executions: int = 0
+    idempotent_reruns: int = 0  # an idempotent tool run again under a new attempt: by design
     duplicate_examples: list[str] = field(default_factory=list)
 
     def failures(self, grace_ms: int, errors: list[str]) -> list[str]:
@@ -630,7 +631,9 @@ def run(options: Options) -> int:
             auditor.close()
         executions = history.executions()
         report.executions = len(executions)
-        report.duplicate_executions, report.duplicate_examples = duplicate_executions(executions)
+        report.duplicate_executions, report.idempotent_reruns, report.duplicate_examples = (
+            duplicate_executions(executions)
+        )
         limit_ms = int(settings.gateway.grace_s * 1000) + allowance_ms
         status = _print_report(report, tally, limit_ms)
         status = _print_figures(options, report, watch, history, limit_ms, status)
@@ -695,6 +698,7 @@ def _print_figures(
         f"failovers {sum(1 for e in watch.episodes if e.failover)} of {len(watch.episodes)} episodes, "
         f"kill to first answered call worst {worst_first}, executions {report.executions}, "
         f"duplicate executions {report.duplicate_executions}, "
+        f"idempotent re-runs {report.idempotent_reruns}, "
         f"worst lateness {report.worst_batch_ms:+d} ms (limit {limit_ms} ms: grace + allowance "
         f"{watch.allowance_ms} ms)",
         flush=True,

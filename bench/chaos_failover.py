@@ -141,23 +141,37 @@ class History:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def duplicate_executions(executions: list[dict[str, object]]) -> tuple[int, list[str]]:
-    """Executions of a call beyond its first, and a few examples.
+def duplicate_executions(executions: list[dict[str, object]]) -> tuple[int, int, list[str]]:
+    """Duplicate executions, re-runs of idempotent tools, and a few examples of duplicates.
 
     One execution is one context a worker built for the call (``execution``): the tool's own
-    retries inside it are not duplicates; a second worker, or the same call claimed again, is.
+    retries inside it are not counted. An idempotent tool run again under a new attempt number
+    (a lost worker's call, re-run by design) is a re-run; any other execution of a call beyond
+    its first (a claim lost to a failover and run again, a non-idempotent tool re-run) is a
+    duplicate.
     """
-    runs: dict[CallKey, dict[str, str]] = {}
+    runs: dict[CallKey, dict[str, tuple[str, bool]]] = {}
     for e in executions:
         key = (str(e["session"]), str(e["run"]), str(e["call"]))
-        runs.setdefault(key, {}).setdefault(str(e["execution"]), str(e["attempt"]))
-    extra = {key: by_id for key, by_id in runs.items() if len(by_id) > 1}
-    examples = [
-        f"{'/'.join(key)} ({_tool_of(executions, key)}) ran {len(by_id)} times, "
-        f"attempts {sorted(by_id.values())}"
-        for key, by_id in extra.items()
-    ]
-    return sum(len(by_id) - 1 for by_id in extra.values()), examples
+        runs.setdefault(key, {}).setdefault(
+            str(e["execution"]), (str(e["attempt"]), bool(e.get("idempotent")))
+        )
+    duplicates, reruns, examples = 0, 0, []
+    for key, by_id in runs.items():
+        if len(by_id) < 2:
+            continue
+        attempts = [attempt for attempt, _ in by_id.values()]
+        idempotent = all(flag for _, flag in by_id.values())
+        extra = len(by_id) - 1
+        rerun = extra if idempotent and len(set(attempts)) == len(attempts) else 0
+        reruns += rerun
+        if extra > rerun:
+            duplicates += extra
+            examples.append(
+                f"{'/'.join(key)} ({_tool_of(executions, key)}) ran {len(by_id)} times, "
+                f"attempts {sorted(attempts)}"
+            )
+    return duplicates, reruns, examples
 
 
 def _tool_of(executions: list[dict[str, object]], key: CallKey) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from workers.core.limits import RetryPolicy
 from workers.errors import ToolExecutionError
 from workers.tools import ToolContext, tool
+from workers.tools.registry import get_tool
 
 _ATTEMPTS: dict[str, int] = {}
 
@@ -33,6 +34,7 @@ def _began(ctx: ToolContext, tool_name: str) -> None:
             "call": ctx.call_id,
             "attempt": ctx.attempt,
             "tool": tool_name,
+            "idempotent": get_tool(tool_name).idempotent,
             # One execution: the tool's own retries reuse its context (and its attempt number).
             "execution": f"{os.getpid()}:{id(ctx)}",
             "ms": int(time.time() * 1000),

@@ -18,13 +18,14 @@ from workers import ToolResult
 from workers.core.models import TextBlock
 
 
-def _execution(call: str, attempt: int, execution: str) -> dict[str, object]:
+def _execution(call: str, attempt: int, execution: str, *, idempotent: bool = False) -> dict[str, object]:
     return {
         "session": "s",
         "run": "r0",
         "call": call,
         "attempt": attempt,
         "tool": "echo",
+        "idempotent": idempotent,
         "execution": execution,
     }
 
@@ -34,11 +35,18 @@ def test_a_second_execution_of_a_call_is_a_duplicate_and_the_tool_s_own_retries_
         _execution("c0", 1, "10:1"),
         _execution("c0", 1, "10:1"),  # the tool's retry inside one execution
         _execution("c1", 1, "10:2"),
-        _execution("c1", 2, "11:7"),  # claimed again, run by another pool process
+        _execution("c1", 2, "11:7"),  # a non-idempotent tool claimed again, run by another process
+        _execution("c2", 1, "10:3", idempotent=True),
+        _execution("c2", 2, "11:8", idempotent=True),  # an idempotent re-run under a new attempt
+        _execution("c3", 1, "10:4", idempotent=True),
+        _execution("c3", 1, "11:9", idempotent=True),  # the same claim run twice
     ]
-    count, examples = duplicate_executions(executions)
-    assert count == 1
-    assert examples == ["s/r0/c1 (echo) ran 2 times, attempts ['1', '2']"]
+    count, reruns, examples = duplicate_executions(executions)
+    assert (count, reruns) == (2, 1)
+    assert examples == [
+        "s/r0/c1 (echo) ran 2 times, attempts ['1', '2']",
+        "s/r0/c3 (echo) ran 2 times, attempts ['1', '1']",
+    ]
 
 
 def _batch(submitted_ms: int, returned_ms: int, reason: str | None) -> HandedBatch:
