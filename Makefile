@@ -138,9 +138,13 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.memory_limits
 	$(BIN)/python -m bench.tracing
 
+# FAULTS=failover: a primary, a replica and three Sentinels; FAULTS=cluster-failover: a Redis
+# Cluster with a replica per primary (docs/failover.md). SEED=N replays a run's seed.
 MINUTES ?= 5
+FAULTS ?= mixed
+SEED ?=
 chaos: $(STAMP)
-	$(BIN)/python -m bench.chaos --minutes $(MINUTES)
+	$(BIN)/python -m bench.chaos --minutes $(MINUTES) --faults $(FAULTS) $(if $(SEED),--seed $(SEED))
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -30,18 +31,37 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from bench.chaos_failover import (
+    CLUSTER_NODE_TIMEOUT_MS,
+    Episode,
+    FaultThread,
+    History,
+    cluster_allowance_ms,
+    cluster_episode,
+    duplicate_executions,
+    episode_times,
+    first_answers_ms,
+    sentinel_allowance_ms,
+    sentinel_episode,
+    sentinel_kinds,
+)
 from bench.chaos_faults import SweepPulse, Unattended, hog_every_slot, kill_everything, unattended_failures
 from tests.harness import (
+    LocalCluster,
     Proc,
     base_env,
     kill_pids,
+    register_cluster,
     settings_of,
     start_beat,
     start_watchdog,
     start_worker,
     wait_until,
 )
+from tests.misbehaving_tools import EXECUTIONS_FILE_ENV
+from tests.sentinel_harness import LocalSentinels
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.errors import LoopDetected
 from workers.local.embedded_redis import EmbeddedRedis, free_port
@@ -52,6 +72,8 @@ from workers.store.records import CallField
 from workers.store.rows import Row
 
 CallKey = tuple[str, str, str]  # session, run, call id
+FAULT_SETS = ("mixed", "failover", "cluster-failover")
+_WORKER_STARTS = 5
 
 _GATEWAY_SCRIPT = """
 import json, sys
@@ -73,6 +95,7 @@ class Options:
     concurrency: int
     seed: int
     progress_s: float
+    faults: str = "mixed"
 
 
 def _parse(argv: Sequence[str] | None) -> Options:
@@ -83,9 +106,17 @@ def _parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--concurrency", type=int, default=3, help="pool processes per worker")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines")
+    parser.add_argument(
+        "--faults",
+        choices=FAULT_SETS,
+        default="mixed",
+        help="mixed: one redis-server; failover: Sentinels; cluster-failover: Redis Cluster with replicas",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    return Options(args.minutes, args.sessions, args.workers, args.concurrency, seed, args.progress_s)
+    return Options(
+        args.minutes, args.sessions, args.workers, args.concurrency, seed, args.progress_s, args.faults
+    )
 
 
 @dataclass
@@ -98,12 +129,17 @@ class Tally:
     batches: list[tuple[list[CallKey], int]] = field(default_factory=list)  # calls, returned at (ms)
     events: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
+    history: History | None = None  # the failover legs' files outside Redis
 
     def submit(self, keys: list[CallKey]) -> None:
         with self.lock:
             self.submitted.extend(keys)
 
-    def deliver(self, session: str, run: str, results: list[ToolResult], *, batch: bool = True) -> None:
+    def deliver(
+        self, session: str, run: str, results: list[ToolResult], *, batch: bool = True, submitted_ms: int = 0
+    ) -> None:
+        if self.history is not None:
+            self.history.handed(session, run, submitted_ms, results)
         now = int(time.time() * 1000)
         keys = [(session, run, r.tool_call_id) for r in results]
         with self.lock:
@@ -150,12 +186,13 @@ def _agent_loop(settings: Settings, index: int, seed: int, tally: Tally, stop: t
             count += len(calls)
             run_id = f"r{run}"
             tally.submit([(session, run_id, c.id) for c in calls])
+            submitted_ms = int(time.time() * 1000)
             try:
                 results = gateway.call_tools(session_key=session, run_id=run_id, calls=calls)
             except LoopDetected as exc:
                 results, run = list(exc.results), run + 1
                 tally.note("loop aborts")
-            tally.deliver(session, run_id, results)
+            tally.deliver(session, run_id, results, submitted_ms=submitted_ms)
     except Exception as exc:  # noqa: BLE001 - an unanswered batch is what this bench reports
         tally.note("session errors", f"{session}: {type(exc).__name__}: {exc}")
     finally:
@@ -166,19 +203,33 @@ def _agent_loop(settings: Settings, index: int, seed: int, tally: Tally, stop: t
 class Cluster:
     """Redis, workers and beat of the run, and every pid to kill at the end."""
 
-    server: EmbeddedRedis
+    server: EmbeddedRedis | None  # the mixed soak's one redis-server (None on the failover legs)
     env: dict[str, str]
     concurrency: int
+    closers: list[Callable[[], None]] = field(default_factory=list)  # the failover legs' topologies
     workers: list[Proc] = field(default_factory=list)
     others: list[Proc] = field(default_factory=list)
     strays: list[int] = field(default_factory=list)
     started: int = 0
+    refused_starts: int = 0  # a worker started while no primary is named exits 2; restarted
 
     def add_worker(self) -> Proc:
-        self.started += 1
-        proc = start_worker(self.env, concurrency=self.concurrency, name=f"chaos{os.getpid()}-{self.started}")
-        self.workers.append(proc)
-        return proc
+        for attempt in range(_WORKER_STARTS):
+            self.started += 1
+            name = f"chaos{os.getpid()}-{self.started}"
+            try:
+                proc = start_worker(self.env, concurrency=self.concurrency, name=name)
+            except AssertionError:
+                # As a supervisor would: a worker refuses to start while Redis cannot be reached
+                # (a failover under way names no primary for a second or two); start it again.
+                if attempt == _WORKER_STARTS - 1:
+                    raise
+                self.refused_starts += 1
+                time.sleep(1.0)  # the supervisor's restart delay, not a condition to await
+                continue
+            self.workers.append(proc)
+            return proc
+        raise AssertionError("unreachable")
 
     def kill_worker(self, rng: random.Random) -> str:
         """SIGKILL one worker's main process (and, half the time, its pool: the host died)."""
@@ -196,6 +247,7 @@ class Cluster:
 
     def restart_redis(self, outage_s: float) -> tuple[int, int]:
         """Stop Redis for ``outage_s`` and start it again; returns when it was gone (ms)."""
+        assert self.server is not None, "only the mixed soak restarts its one redis-server"
         began_ms = int(time.time() * 1000)
         self.server.stop()
         time.sleep(outage_s)  # the outage itself is the fault being injected
@@ -224,7 +276,10 @@ class Cluster:
         for stopper in stoppers:
             stopper.join()
         kill_pids(self.strays)
-        self.server.close()
+        if self.server is not None:
+            self.server.close()
+        for close in self.closers:
+            close()
 
 
 def _gateway_restart(cluster: Cluster, settings: Settings, rng: random.Random, n: int, tally: Tally) -> None:
@@ -233,8 +288,16 @@ def _gateway_restart(cluster: Cluster, settings: Settings, rng: random.Random, n
     calls = [_random_call(rng, f"g{i}") for i in range(rng.randint(2, 4))]
     calls[0] = ToolCall(id="g0", name="slow", arguments={"seconds": round(rng.uniform(1, 3), 2)})
     payload = json.dumps([c.model_dump(mode="json") for c in calls])
+    submitted_ms = int(time.time() * 1000)
     proc = Proc([sys.executable, "-c", _GATEWAY_SCRIPT, session, payload], cluster.env, f"chaos-gw{n}")
-    fresh = ToolGateway(settings)
+    try:
+        fresh = ToolGateway(settings)
+    except Exception as exc:  # noqa: BLE001 - a gateway that cannot start is an invariant failure
+        proc.stop(timeout_s=1)
+        tally.note(
+            "collect errors", f"{session}: a fresh gateway could not start: {type(exc).__name__}: {exc}"
+        )
+        return
     ledger = fresh._rt.ledger
     keys = ledger.keys(session, "r1")
     try:
@@ -247,7 +310,7 @@ def _gateway_restart(cluster: Cluster, settings: Settings, rng: random.Random, n
         if len(accepted) < len(calls):
             tally.note("calls never registered by a killed gateway (not counted)")
         results = fresh.collect(session, "r1")
-        tally.deliver(session, "r1", results)
+        tally.deliver(session, "r1", results, submitted_ms=submitted_ms)
         tally.note("gateway restarts")
     except Exception as exc:  # noqa: BLE001 - reported as an invariant failure
         tally.note("collect errors", f"{session}: {type(exc).__name__}: {exc}")
@@ -280,6 +343,8 @@ class Report:
     stuck_sessions: int = 0
     worst_batch_ms: int = -(10**9)
     worst_call_ms: int = -(10**9)
+    worst_call: str = ""  # the call of ``worst_call_ms`` and who wrote its answer
+    wrong: list[CallKey] = field(default_factory=list)  # delivered != ledger, or absent from it
     reasons: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
     worst_sweep_gap_ms: int = 0
@@ -287,6 +352,11 @@ class Report:
     sweeps: int = 0
     unattended: int = 0
     watch_failures: list[str] = field(default_factory=list)
+    absent: int = 0  # delivered, yet the ledger holds no such call
+    executions: int = 0  # from the executions file (failover legs)
+    duplicate_executions: int = 0
+    idempotent_reruns: int = 0  # an idempotent tool run again under a new attempt: by design
+    duplicate_examples: list[str] = field(default_factory=list)
 
     def failures(self, grace_ms: int, errors: list[str]) -> list[str]:
         gap_ok = self.worst_sweep_gap_ms <= self.sweep_gap_limit_ms
@@ -297,6 +367,11 @@ class Report:
             (self.missing == 0, f"missing {self.missing}"),
             (self.duplicates == 0, f"duplicates {self.duplicates}"),
             (self.differs == 0, f"delivered results differing from the ledger {self.differs}"),
+            (self.absent == 0, f"delivered results of calls the ledger does not hold {self.absent}"),
+            (
+                self.duplicate_executions * 100 <= self.calls,
+                f"duplicate executions {self.duplicate_executions} > 1% of {self.calls} calls",
+            ),
             (self.stuck_sessions == 0, f"stuck sessions {self.stuck_sessions}"),
             (self.worst_batch_ms <= grace_ms, f"worst return {self.worst_batch_ms} ms past deadline"),
             (not errors, f"errors: {errors[:5]}"),
@@ -311,9 +386,11 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
     report.duplicates = sum(1 for v in tally.delivered.values() if len(v) > 1)
     runs = sorted({(s, r) for s, r, _ in tally.submitted})
     deadlines: dict[CallKey, int] = {}
+    held: set[CallKey] = set()
     for session, run in runs:
         keys = ledger.keys(session, run)
         call_ids = ledger.run_call_ids(keys)
+        held.update((session, run, c) for c in call_ids)
         if ledger.open_calls(keys, call_ids):
             report.stuck_sessions += 1
         stored = ledger.results(keys, call_ids)
@@ -324,18 +401,28 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
                 continue
             deadlines[key] = record.row.integer(CallField.DEADLINE_MS)
             if CallField.FINISHED_MS in record.row:
-                report.worst_call_ms = max(
-                    report.worst_call_ms, record.row.integer(CallField.FINISHED_MS) - deadlines[key]
-                )
+                past_ms = record.row.integer(CallField.FINISHED_MS) - deadlines[key]
+                if past_ms > report.worst_call_ms:
+                    report.worst_call_ms = past_ms
+                    report.worst_call = (
+                        f"{'/'.join(key)} ({record.row.raw(CallField.TOOL)}) written by "
+                        + str(record.row.raw(CallField.WRITER))
+                    )
             report.late += len(ledger.late_results(keys, call_id))
             report.republished += record.row.integer(CallField.REPUBLISHES)
             delivered = tally.delivered.get(key, [])
             for result in delivered:
                 if stored.get(call_id) != result:
                     report.differs += 1
+                    report.wrong.append(key)
                     report.examples.append(_difference(key, result, stored.get(call_id), record.row))
             for result in delivered[:1]:
                 report.reasons[result.reason or "real result"] += 1
+    report.absent = sum(1 for key in tally.delivered if key not in held)
+    report.wrong.extend(key for key in tally.delivered if key not in held)
+    report.examples.extend(
+        f"{'/'.join(k)}: delivered, not in the ledger" for k in tally.delivered if k not in held
+    )
     for keys_of_batch, returned_ms in tally.batches:
         latest = max((deadlines.get(k, 0) for k in keys_of_batch), default=0)
         if latest:
@@ -389,6 +476,9 @@ class Watch:
     ledger: Ledger
     unattended: list[Unattended] = field(default_factory=list)
     hogs: list[threading.Thread] = field(default_factory=list)
+    failover_plan: list[tuple[float, Callable[[], Episode]]] = field(default_factory=list)
+    episodes: list[Episode] = field(default_factory=list)
+    allowance_ms: int = 0  # the failover allowance (0 on the mixed soak)
 
 
 def _inject(
@@ -397,6 +487,16 @@ def _inject(
     """Run the fault schedule for the run's duration, printing progress."""
     duration_s = options.minutes * 60
     plan = _schedule(duration_s, rng)
+    if watch.failover_plan:  # the topology's own episodes replace the one server's restarts
+        plan = [(t, action) for t, action in plan if action != "redis restart"]
+
+    def on_episode(episode: Episode) -> None:
+        watch.episodes.append(episode)
+        if episode.hits_primary:
+            watch.pulse.outage(episode.began_ms, episode.ended_ms)
+        tally.note(f"failover episodes ({episode.kind})")
+
+    faults = FaultThread(watch.failover_plan, on_episode, lambda e: tally.note("failover errors", e)).start()
     started = next_progress = time.monotonic()
     helpers: list[threading.Thread] = []
     while (now := time.monotonic() - started) < duration_s:
@@ -424,8 +524,50 @@ def _inject(
             print(_progress(tally, started), flush=True)
             next_progress += options.progress_s
         time.sleep(0.05)
+    faults.stop(timeout_s=120)
     for helper in helpers:
         helper.join(90)
+
+
+@dataclass
+class Stores:
+    """The Redis a run's processes use, and what the failover legs inject into it."""
+
+    server: EmbeddedRedis | None
+    env: dict[str, str]
+    closers: list[Callable[[], None]]
+    plan: list[tuple[float, Callable[[], Episode]]]
+    describe: str
+
+
+def _stores(options: Options, data_dir: str, history: History) -> Stores:
+    """Start the run's Redis: one redis-server, a Sentinel topology, or a Redis Cluster with replicas."""
+    extra = {"UNSTUCK_WATCHDOG__INTERVAL_S": "1", EXECUTIONS_FILE_ENV: str(history.executions_path)}
+    times = episode_times(options.minutes * 60)
+    faults_rng = random.Random(options.seed + 1)  # episodes draw apart from the main plan
+    if options.faults == "failover":
+        topology = LocalSentinels(appendonly=True).start()
+        env = base_env(topology.url, UNSTUCK_REDIS__SENTINEL_MASTER=topology.master, **extra)
+        kinds = sentinel_kinds(len(times), faults_rng)
+        plan: list[tuple[float, Callable[[], Episode]]] = [
+            (t, functools.partial(sentinel_episode, topology, kind, random.Random(faults_rng.random())))
+            for t, kind in zip(times, kinds, strict=True)
+        ]
+        ports = "/".join(str(n.port) for n in topology.nodes)
+        return Stores(None, env, [topology.close], plan, f"sentinel {topology.url} (nodes {ports})")
+    if options.faults == "cluster-failover":
+        nodes = LocalCluster(3, replicas=1, node_timeout_ms=CLUSTER_NODE_TIMEOUT_MS, appendonly=True).start()
+        broker = EmbeddedRedis().start()
+        register_cluster(nodes.url, broker.url)
+        env = base_env(nodes.url, **extra)
+        kills: list[tuple[float, Callable[[], Episode]]] = [
+            (t, functools.partial(cluster_episode, nodes, random.Random(faults_rng.random()))) for t in times
+        ]
+        return Stores(
+            None, env, [nodes.close, broker.close], kills, f"cluster {nodes.url}, broker {broker.url}"
+        )
+    server = EmbeddedRedis(port=free_port(), appendonly=True, data_dir=data_dir).start()
+    return Stores(server, base_env(server.url, **extra), [], [], f"redis {server.url}")
 
 
 def run(options: Options) -> int:
@@ -434,18 +576,22 @@ def run(options: Options) -> int:
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     rng, began = random.Random(options.seed), time.monotonic()
     data_dir = tempfile.mkdtemp(prefix="unstuck-chaos-")
-    server = EmbeddedRedis(port=free_port(), appendonly=True, data_dir=data_dir).start()
-    cluster = Cluster(server, base_env(server.url, UNSTUCK_WATCHDOG__INTERVAL_S="1"), options.concurrency)
+    history = History(Path(data_dir))
+    stores = _stores(options, data_dir, history)
+    cluster = Cluster(stores.server, stores.env, options.concurrency, closers=stores.closers)
     print(
-        f"chaos: seed {options.seed}, {options.minutes} min, {options.sessions} sessions, redis {server.url}"
+        f"chaos: seed {options.seed} (SEED={options.seed} replays it), faults {options.faults}, "
+        f"{options.minutes} min, {options.sessions} sessions, {stores.describe}",
+        flush=True,
     )
     try:
         settings = settings_of(cluster.env)
+        allowance_ms = _allowance_ms(options.faults, settings)
         for _ in range(options.workers):
             cluster.add_worker()
         cluster.others.append(start_watchdog(cluster.env))
         cluster.others.append(start_beat(cluster.env))
-        tally, stop = Tally(), threading.Event()
+        tally, stop = Tally(history=history), threading.Event()
         agents = [
             threading.Thread(
                 target=_agent_loop,
@@ -460,6 +606,7 @@ def run(options: Options) -> int:
         print(f"chaos: cluster up in {time.monotonic() - began:.1f}s; injecting faults", flush=True)
         watcher = ToolGateway(settings)  # its ledger reads the pulse and the unattended runs
         watch = Watch(SweepPulse(watcher._rt.ledger).start(), watcher._rt.ledger)
+        watch.failover_plan, watch.allowance_ms = stores.plan, allowance_ms
         _inject(options, cluster, settings, tally, rng, watch)
         stop.set()
         drain_started = time.monotonic()
@@ -473,16 +620,109 @@ def run(options: Options) -> int:
         if any(agent.is_alive() for agent in agents):
             tally.note("session errors", "a session was still waiting 120 s after the end")
         watch.pulse.stop()
+        if cluster.refused_starts:
+            tally.events["worker starts refused (no primary yet)"] = cluster.refused_starts
+        _from_history(tally, history)
         auditor = ToolGateway(settings)
         try:
             report = _audit(tally, auditor._rt.ledger)
             _audit_watchdog(report, watch, settings)
         finally:
             auditor.close()
-        return _print_report(report, tally, int(settings.gateway.grace_s * 1000))
+        executions = history.executions()
+        report.executions = len(executions)
+        report.duplicate_executions, report.idempotent_reruns, report.duplicate_examples = (
+            duplicate_executions(executions)
+        )
+        limit_ms = int(settings.gateway.grace_s * 1000) + allowance_ms
+        status = _print_report(report, tally, limit_ms)
+        status = _print_figures(options, report, watch, history, limit_ms, status)
+        if status and options.faults != "mixed":
+            keep = tempfile.mkdtemp(prefix="unstuck-chaos-history-")
+            for path in (history.handed_path, history.executions_path):
+                if path.exists():
+                    shutil.copy(path, keep)
+            print(f"chaos: history kept in {keep} (handed.jsonl, executions.jsonl)", flush=True)
+        return status
     finally:
         cluster.close()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _allowance_ms(faults: str, settings: Settings) -> int:
+    if faults == "failover":
+        return sentinel_allowance_ms(settings)
+    if faults == "cluster-failover":
+        return cluster_allowance_ms(settings)
+    return 0
+
+
+def _from_history(tally: Tally, history: History) -> None:
+    """The checker judges what the agents' file says they were handed, not what memory holds."""
+    delivered: dict[CallKey, list[ToolResult]] = {}
+    batches: list[tuple[list[CallKey], int]] = []
+    for batch in history.batches():
+        keys = [(batch.session, batch.run, r.tool_call_id) for r in batch.results]
+        for key, result in zip(keys, batch.results, strict=True):
+            delivered.setdefault(key, []).append(result)
+        batches.append((keys, batch.returned_ms))
+    with tally.lock:
+        tally.delivered, tally.batches = delivered, batches
+
+
+def _print_figures(
+    options: Options, report: Report, watch: Watch, history: History, limit_ms: int, status: int
+) -> int:
+    """The run's figures on one line (the failover legs add their episodes); the status unchanged."""
+    firsts = first_answers_ms(watch.episodes, history.batches())
+    for episode, first in zip((e for e in watch.episodes if e.hits_primary), firsts, strict=True):
+        promoted = "-" if episode.promoted_ms is None else f"{episode.promoted_ms} ms"
+        answered = "none" if first is None else f"{first} ms"
+        print(
+            f"  episode {episode.kind} ({episode.detail}): failover {'yes' if episode.failover else 'no'}, "
+            f"promoted after {promoted}, first answered call {answered} after the fault",
+            flush=True,
+        )
+    for example in report.duplicate_examples[:10]:
+        print(f"  duplicate: {example}", flush=True)
+    near = _near_episodes(report.wrong, watch.episodes, history)
+    for line in near[:12]:
+        print(f"  wrong: {line}", flush=True)
+    if near:
+        kinds = Counter(line.split("(", 1)[-1].split(",", 1)[0] for line in near if "episode" in line)
+        print(f"  wrong calls by nearest episode: {dict(sorted(kinds.items()))}", flush=True)
+    known = [f for f in firsts if f is not None]
+    worst_first = f"{max(known)} ms" if known else "-"
+    print(
+        f"chaos figures: seed {options.seed}, faults {options.faults}, calls {report.calls}, "
+        f"failovers {sum(1 for e in watch.episodes if e.failover)} of {len(watch.episodes)} episodes, "
+        f"kill to first answered call worst {worst_first}, executions {report.executions}, "
+        f"duplicate executions {report.duplicate_executions}, "
+        f"idempotent re-runs {report.idempotent_reruns}, "
+        f"worst lateness {report.worst_batch_ms:+d} ms (limit {limit_ms} ms: grace + allowance "
+        f"{watch.allowance_ms} ms)",
+        flush=True,
+    )
+    if status == 0:
+        print(f"chaos: PASS seed {options.seed} faults {options.faults}", flush=True)
+    return status
+
+
+def _near_episodes(keys: list[CallKey], episodes: list[Episode], history: History) -> list[str]:
+    """When each wrongly kept call was handed, against the failover episode nearest to it."""
+    handed = {(b.session, b.run, r.tool_call_id): b.returned_ms for b in history.batches() for r in b.results}
+    lines = []
+    for key in keys:
+        at_ms = handed.get(key)
+        if at_ms is None or not episodes:
+            lines.append(f"{'/'.join(key)}: no episode to compare with")
+            continue
+        index, near = min(enumerate(episodes), key=lambda pair: abs(at_ms - pair[1].began_ms))
+        lines.append(
+            f"{'/'.join(key)} handed {at_ms - near.began_ms:+d} ms from episode {index + 1} "
+            f"({near.kind}, {near.detail or 'no detail'})"
+        )
+    return lines
 
 
 def _open_calls_of(tally: Tally, ledger: Ledger) -> Callable[[str], str]:
@@ -542,7 +782,7 @@ def _audit_watchdog(report: Report, watch: Watch, settings: Settings) -> None:
     report.sweeps = len(watch.pulse.sweeps_ms)
     report.worst_sweep_gap_ms = watch.pulse.worst_gap_ms(reconnect_ms=2000)
     report.sweep_gap_limit_ms = interval_ms + 1000
-    budget_ms = int(settings.lease.ttl_s * 1000) + interval_ms + 2000
+    budget_ms = int(settings.lease.ttl_s * 1000) + interval_ms + 2000 + watch.allowance_ms
     report.unattended = sum(1 for run in watch.unattended if run.was_running)
     report.watch_failures = unattended_failures(watch.ledger, watch.unattended, budget_ms)
 
@@ -553,7 +793,7 @@ def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
         f"duplicates {report.duplicates}, differing from ledger {report.differs}, "
         f"late (audit only) {report.late}, messages republished {report.republished}\n"
         f"worst answer vs deadline: batch return {report.worst_batch_ms:+d} ms, ledger write "
-        f"{report.worst_call_ms:+d} ms (grace {grace_ms} ms)\n"
+        f"{report.worst_call_ms:+d} ms (limit {grace_ms} ms; {report.worst_call or 'none'})\n"
         f"stuck sessions {report.stuck_sessions}\n"
         f"watchdog: {report.sweeps} sweeps, worst gap {report.worst_sweep_gap_ms} ms outside Redis outages "
         f"(limit {report.sweep_gap_limit_ms} ms); unattended runs answered by it alone: {report.unattended}\n"
@@ -566,7 +806,8 @@ def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
     failures = report.failures(grace_ms, tally.errors)
     for failure in failures:
         print(f"INVARIANT FAILED: {failure}", flush=True)
-    print("chaos: PASS" if not failures else "chaos: FAIL", flush=True)
+    if failures:
+        print("chaos: FAIL", flush=True)
     return 1 if failures else 0
 
 

@@ -269,17 +269,21 @@ def _cluster_port() -> int:
 
 
 class LocalCluster:
-    """A Redis Cluster of ``masters`` real redis-servers on free loopback ports, no replicas.
+    """A Redis Cluster of ``masters`` real redis-servers on free loopback ports, ``replicas`` each.
 
     Built as an operator would: each node started with ``--cluster-enabled yes``, the slots
     assigned by ``redis-cli --cluster create``, then awaited until every node reports
     ``cluster_state:ok`` with all 16384 slots assigned.
     """
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(
+        self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 15000, appendonly: bool = False
+    ) -> None:
+        self.masters, self.replicas, self.node_timeout_ms = masters, replicas, node_timeout_ms
+        args = ("--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout_ms))
         self.nodes = [
-            EmbeddedRedis(port=_cluster_port(), extra_args=("--cluster-enabled", "yes"))
-            for _ in range(masters)
+            EmbeddedRedis(port=_cluster_port(), appendonly=appendonly, extra_args=args)
+            for _ in range(masters * (1 + replicas))
         ]
 
     @property
@@ -297,7 +301,7 @@ class LocalCluster:
                 raise StoreError("redis-cli not found: it creates the test cluster (apt install redis-tools)")
             create = [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes)]
             subprocess.run(
-                [*create, "--cluster-replicas", "0", "--cluster-yes"],
+                [*create, "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                 check=True,
                 capture_output=True,
                 timeout=timeout_s,
@@ -311,15 +315,47 @@ class LocalCluster:
         return self
 
     def _ready(self) -> bool:
-        for node in self.nodes:
-            client = redis.Redis(port=node.port, decode_responses=True)
+        return self.healthy(self.nodes) and (not self.replicas or self.replicas_linked())
+
+    @staticmethod
+    def healthy(nodes: list[EmbeddedRedis]) -> bool:
+        """Every node of ``nodes`` reports ``cluster_state:ok`` with all 16384 slots assigned."""
+        for node in nodes:
+            client = redis.Redis(port=node.port, decode_responses=True, socket_timeout=1)
             try:
                 info = client.cluster("info")
+            except redis.RedisError:
+                return False
             finally:
                 client.close()
             if info.get("cluster_state") != "ok" or int(info.get("cluster_slots_assigned", 0)) != 16384:
                 return False
         return True
+
+    def roles(self) -> dict[int, str]:
+        """Port -> ``master``, ``slave`` (linked up to its primary), ``syncing`` or ``down``."""
+        found: dict[int, str] = {}
+        for node in self.nodes:
+            client = redis.Redis(port=node.port, decode_responses=True, socket_timeout=1)
+            try:
+                info = client.info("replication")
+            except redis.RedisError:
+                found[node.port] = "down"
+                continue
+            finally:
+                client.close()
+            role = str(info.get("role"))
+            found[node.port] = (
+                role if role == "master" or info.get("master_link_status") == "up" else "syncing"
+            )
+        return found
+
+    def replicas_linked(self) -> bool:
+        """``masters`` primaries, and every other node a replica linked up to its primary."""
+        roles = list(self.roles().values())
+        return (
+            roles.count("master") == self.masters and roles.count("slave") == len(self.nodes) - self.masters
+        )
 
     def flush(self) -> None:
         """Empty every node (each master holds its own share of the keys)."""

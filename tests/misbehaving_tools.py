@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -13,13 +14,44 @@ from typing import Any
 from workers.core.limits import RetryPolicy
 from workers.errors import ToolExecutionError
 from workers.tools import ToolContext, tool
+from workers.tools.registry import get_tool
 
 _ATTEMPTS: dict[str, int] = {}
 
+#: Names a file every chaos tool appends one line to before its side effect (the chaos soak's
+#: own history of executions, kept outside Redis); unset, the tools write nothing.
+EXECUTIONS_FILE_ENV = "CHAOS_EXECUTIONS_FILE"
+
+
+def _began(ctx: ToolContext, tool_name: str) -> None:
+    path = os.environ.get(EXECUTIONS_FILE_ENV)
+    if not path:
+        return
+    line = json.dumps(
+        {
+            "session": ctx.session_key,
+            "run": ctx.run_id,
+            "call": ctx.call_id,
+            "attempt": ctx.attempt,
+            "tool": tool_name,
+            "idempotent": get_tool(tool_name).idempotent,
+            # One execution: the tool's own retries reuse its context (and its attempt number).
+            "execution": f"{os.getpid()}:{id(ctx)}",
+            "ms": int(time.time() * 1000),
+        }
+    )
+    # One write of one line, opened for append: lines of concurrent pool processes never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
 
 @tool(soft_timeout_s=5.0, idempotent=True)
-def echo(text: str, times: int = 1) -> str:
+def echo(ctx: ToolContext, text: str, times: int = 1) -> str:
     """Healthy tool."""
+    _began(ctx, "echo")
     return text * times
 
 
@@ -30,8 +62,9 @@ def noop() -> str:
 
 
 @tool(soft_timeout_s=1.0, hard_timeout_s=3.0)
-def sleepy(seconds: float) -> str:
+def sleepy(seconds: float, ctx: ToolContext) -> str:
     """Sleeps (interruptible by the soft limit)."""
+    _began(ctx, "sleepy")
     time.sleep(seconds)
     return "slept"
 
@@ -47,20 +80,23 @@ def _ignore_interrupts(seconds: float) -> str:
 
 
 @tool(soft_timeout_s=1.0, hard_timeout_s=2.0)
-def stubborn(seconds: float) -> str:
+def stubborn(seconds: float, ctx: ToolContext) -> str:
     """Ignores the soft limit: swallows every interrupt, so only the hard kill stops it (R2)."""
+    _began(ctx, "stubborn")
     return _ignore_interrupts(seconds)
 
 
 @tool(soft_timeout_s=140.0, hard_timeout_s=150.0)
-def hog(seconds: float) -> str:
+def hog(seconds: float, ctx: ToolContext) -> str:
     """Holds its pool slot for ``seconds`` whatever interrupts it gets (a slot-hogging hang)."""
+    _began(ctx, "hog")
     return _ignore_interrupts(seconds)
 
 
 @tool(soft_timeout_s=5.0)
-def crash(how: str = "sigkill") -> str:
+def crash(ctx: ToolContext, how: str = "sigkill") -> str:
     """Kills its own process (R1): ``sigkill`` (like the OOM killer), ``segv`` or ``exit``."""
+    _began(ctx, "crash")
     if how == "segv":
         ctypes.string_at(0)
     if how == "exit":
@@ -70,14 +106,16 @@ def crash(how: str = "sigkill") -> str:
 
 
 @tool(soft_timeout_s=5.0)
-def boom(message: str = "broken") -> str:
+def boom(ctx: ToolContext, message: str = "broken") -> str:
     """Raises."""
+    _began(ctx, "boom")
     raise ValueError(message)
 
 
 @tool(soft_timeout_s=5.0, retry=RetryPolicy(attempts=3, backoff_s=0.05))
-def flaky(key: str, failures: int) -> str:
+def flaky(key: str, failures: int, ctx: ToolContext) -> str:
     """Fails ``failures`` times with a retryable error, then succeeds."""
+    _began(ctx, "flaky")
     _ATTEMPTS[key] = _ATTEMPTS.get(key, 0) + 1
     if _ATTEMPTS[key] <= failures:
         raise ToolExecutionError("transient", retryable=True)
@@ -103,15 +141,17 @@ def beating(seconds: float, stop_beating_after: float, ctx: ToolContext) -> str:
 
 
 @tool(soft_timeout_s=30.0, hard_timeout_s=40.0, idempotent=False)
-def slow(seconds: float) -> str:
+def slow(seconds: float, ctx: ToolContext) -> str:
     """Takes a while (used to kill its worker mid-call)."""
+    _began(ctx, "slow")
     time.sleep(seconds)
     return "slow done"
 
 
 @tool(soft_timeout_s=30.0, hard_timeout_s=40.0, idempotent=True)
-def slow_idempotent(seconds: float) -> str:
+def slow_idempotent(seconds: float, ctx: ToolContext) -> str:
     """Takes a while; safe to re-run on another worker."""
+    _began(ctx, "slow_idempotent")
     time.sleep(seconds)
     return "idempotent done"
 

@@ -21,15 +21,32 @@ import redis
 from tests.harness import wait_until
 from workers.local.embedded_redis import EmbeddedRedis, find_redis_server, free_port
 
-__all__ = ["LocalSentinels"]
+__all__ = ["DOWN_AFTER_MS", "FAILOVER_TIMEOUT_MS", "LocalSentinels"]
 
 MASTER_NAME = "unstuck-primary"
-_DOWN_AFTER_MS = 1000
-_FAILOVER_TIMEOUT_MS = 3000
+DOWN_AFTER_MS = 1000
+FAILOVER_TIMEOUT_MS = 3000
 
 
 def _client(port: int) -> redis.Redis:
     return redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1, decode_responses=True)
+
+
+def _role(port: int) -> tuple[str, int]:
+    """(role, 1 when it is in sync: a primary with a replica online, a replica linked up)."""
+    client = _client(port)
+    try:
+        info = client.info("replication")
+    except redis.RedisError:
+        return ("down", 0)
+    finally:
+        client.close()
+    role = str(info.get("role"))
+    if role == "master":
+        replica = info.get("slave0")
+        online = isinstance(replica, dict) and replica.get("state") == "online"
+        return (role, int(online))
+    return (role, int(info.get("master_link_status") == "up"))
 
 
 class _Sentinel:
@@ -44,13 +61,14 @@ class _Sentinel:
             "bind 127.0.0.1\n"
             f"dir {self.dir}\n"
             f"sentinel monitor {master} 127.0.0.1 {primary_port} 2\n"
-            f"sentinel down-after-milliseconds {master} {_DOWN_AFTER_MS}\n"
-            f"sentinel failover-timeout {master} {_FAILOVER_TIMEOUT_MS}\n"
+            f"sentinel down-after-milliseconds {master} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {master} {FAILOVER_TIMEOUT_MS}\n"
             f"sentinel parallel-syncs {master} 1\n"
         )
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start (or start again: the config it rewrote keeps what it learned)."""
         self.process = subprocess.Popen(
             [find_redis_server(), str(self.config), "--sentinel"],
             stdout=subprocess.DEVNULL,
@@ -65,20 +83,29 @@ class _Sentinel:
         finally:
             client.close()
 
-    def close(self) -> None:
+    def kill(self) -> None:
+        """SIGKILL it, keeping its directory for a restart."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=5)
+
+    def close(self) -> None:
+        self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class LocalSentinels:
     """A primary, a replica of it (``--replicaof``) and three Sentinels (quorum 2)."""
 
-    def __init__(self, master: str = MASTER_NAME) -> None:
+    def __init__(self, master: str = MASTER_NAME, *, appendonly: bool = False) -> None:
         self.master = master
-        self.primary = EmbeddedRedis()
-        self.replica = EmbeddedRedis(extra_args=("--replicaof", "127.0.0.1", str(self.primary.port)))
+        # ``primary`` and ``replica`` are the roles at the start; a failover swaps them
+        # (``current_primary`` asks the Sentinels). A node restarted keeps its port, data
+        # directory and arguments: the first primary comes back as a primary the Sentinels
+        # demote, the first replica as a replica of the first primary the Sentinels re-point.
+        self.primary = EmbeddedRedis(appendonly=appendonly)
+        replica_of = ("--replicaof", "127.0.0.1", str(self.primary.port))
+        self.replica = EmbeddedRedis(appendonly=appendonly, extra_args=replica_of)
         self.sentinels = [_Sentinel(self.primary.port, master) for _ in range(3)]
 
     @property
@@ -136,6 +163,32 @@ class LocalSentinels:
                 return port
         return None
 
+    @property
+    def nodes(self) -> list[EmbeddedRedis]:
+        """Both data nodes, whatever their role now."""
+        return [self.primary, self.replica]
+
+    def current_primary(self) -> EmbeddedRedis | None:
+        """The node the Sentinels' majority names as the primary now."""
+        port = self.primary_port()
+        return next((n for n in self.nodes if n.port == port), None)
+
+    def other(self, node: EmbeddedRedis) -> EmbeddedRedis:
+        """The data node that is not ``node``."""
+        return self.replica if node is self.primary else self.primary
+
+    @staticmethod
+    def settled_primary(node: EmbeddedRedis) -> bool:
+        """Whether ``node`` answers as a primary."""
+        return _role(node.port)[0] == "master"
+
+    def settled(self) -> bool:
+        """One primary named by the majority, answering as one, and the other node in sync with it."""
+        primary = self.current_primary()
+        if primary is None or _role(primary.port) != ("master", 1):
+            return False
+        return _role(self.other(primary).port) == ("slave", 1)
+
     def kill_primary(self) -> None:
         """SIGKILL the primary, as a host dying under it."""
         process = self.primary.process
@@ -164,6 +217,10 @@ class LocalSentinels:
                 client.close()
 
         wait_until(promoted, timeout_s=timeout_s, interval_s=0.05, what="the replica promoted")
+
+    def sentinels_agree(self) -> bool:
+        """Whether each Sentinel knows the replica and the other two (after a restart of one)."""
+        return self._sentinels_agree()
 
     def close(self) -> None:
         """Stop every process and remove their directories."""
