@@ -379,6 +379,23 @@ class Report:
         return [text for ok, text in checks if not ok]
 
 
+def _record_state(ledger: Ledger, key: CallKey) -> str:
+    """Whether the call's record exists although its run's call index does not list it."""
+    record = ledger.record(ledger.keys(key[0], key[1]), key[2])
+    return "no record" if record is None else f"record {record.state.value}, not in the run's index"
+
+
+def _note_ledger_write(report: Report, key: CallKey, row: Row[CallField]) -> None:
+    """Keep the latest ledger write against its deadline (a registered call's record)."""
+    if CallField.FINISHED_MS not in row:
+        return
+    past_ms = row.integer(CallField.FINISHED_MS) - row.integer(CallField.DEADLINE_MS)
+    if past_ms > report.worst_call_ms:
+        report.worst_call_ms = past_ms
+        tool, writer = row.raw(CallField.TOOL), row.raw(CallField.WRITER)
+        report.worst_call = f"{'/'.join(key)} ({tool}) written by {writer}"
+
+
 def _audit(tally: Tally, ledger: Ledger) -> Report:
     report = Report(calls=len(set(tally.submitted)))
     report.results = sum(len(v) for v in tally.delivered.values())
@@ -399,15 +416,9 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
             record = ledger.record(keys, call_id)
             if record is None:
                 continue
-            deadlines[key] = record.row.integer(CallField.DEADLINE_MS)
-            if CallField.FINISHED_MS in record.row:
-                past_ms = record.row.integer(CallField.FINISHED_MS) - deadlines[key]
-                if past_ms > report.worst_call_ms:
-                    report.worst_call_ms = past_ms
-                    report.worst_call = (
-                        f"{'/'.join(key)} ({record.row.raw(CallField.TOOL)}) written by "
-                        + str(record.row.raw(CallField.WRITER))
-                    )
+            if CallField.DEADLINE_MS in record.row:  # absent: answered, never registered
+                deadlines[key] = record.row.integer(CallField.DEADLINE_MS)
+                _note_ledger_write(report, key, record.row)
             report.late += len(ledger.late_results(keys, call_id))
             report.republished += record.row.integer(CallField.REPUBLISHES)
             delivered = tally.delivered.get(key, [])
@@ -421,7 +432,9 @@ def _audit(tally: Tally, ledger: Ledger) -> Report:
     report.absent = sum(1 for key in tally.delivered if key not in held)
     report.wrong.extend(key for key in tally.delivered if key not in held)
     report.examples.extend(
-        f"{'/'.join(k)}: delivered, not in the ledger" for k in tally.delivered if k not in held
+        f"{'/'.join(k)}: delivered, not in the ledger ({_record_state(ledger, k)})"
+        for k in tally.delivered
+        if k not in held
     )
     for keys_of_batch, returned_ms in tally.batches:
         latest = max((deadlines.get(k, 0) for k in keys_of_batch), default=0)

@@ -67,6 +67,23 @@ def test_a_call_record_lives_ledger_ttl_past_its_deadline_without_claim_or_finis
     assert 0 < store.client.pttl(keys.call("c1")) <= LOW_MS
 
 
+def test_an_answer_stored_for_a_call_never_registered_is_listed_in_its_run(store: SessionStore) -> None:
+    # Given a run with one registered call, and one whose registration never reached Redis
+    keys = _run(store)
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    # When the gateway stores its answer for the unregistered one (Redis is back)
+    _answer(store, keys, "c2", T0 + 5)
+    # Then the run lists both, in the order they entered the ledger, and the list keeps its TTL
+    assert store.ledger.run_call_ids(keys) == ["c1", "c2"]
+    assert store.client.ttl(keys.calls) > 0
+    # And a second answer changes nothing (kept as late)
+    late = synthetic_result(
+        ToolCall(id="c2", name="echo"), SyntheticReason.CANCELLED, elapsed_ms=2, attempt=1
+    )
+    assert not store.ledger.finish(keys, late, now_ms=T0 + 6, writer="w2")
+    assert store.ledger.run_call_ids(keys) == ["c1", "c2"]
+
+
 def test_an_answer_past_the_deadline_keeps_the_record_ledger_ttl_longer(store: SessionStore) -> None:
     keys = _run(store)
     _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)

@@ -17,7 +17,8 @@ key                                type    TTL              written by          
                                                             (claim), worker
                                                             main (renew)
 ``P:{tag}:calls``                  ZSET    ledger.ttl_s     register script     collect, CLI
-                                           + 120 s (**)
+                                           + 120 s (**)     (finish: calls
+                                                            never registered)
 ``P:{tag}:done``                   LIST    as ``calls``     finish script       gateway (BLPOP wake-up
                                            (**)             (result + call id,  carrying the answer)
                                                             see (***))

@@ -73,6 +73,6 @@ def claim_call(
 def finish_call(keys: RunKeys, result: ToolResult, *, now_ms: int, ttl_s: int, writer: str) -> ScriptCall:
     """``ledger_finish.lua`` for ``result`` (after any fallback was applied)."""
     call_id = result.tool_call_id
-    script_keys = [keys.call(call_id), keys.late(call_id), keys.done, keys.run]
+    script_keys = [keys.call(call_id), keys.late(call_id), keys.done, keys.run, keys.calls]
     args = [call_id, result.to_json(), result.reason or "", now_ms, ttl_s, writer, KEYS_REFRESH_S]
     return script_keys, args

@@ -1,4 +1,4 @@
--- Store a call's result, first writer wins. KEYS: call, late, done, run.
+-- Store a call's result, first writer wins. KEYS: call, late, done, run, calls.
 -- ARGV: call_id, result_json, reason, now_ms, ttl_s, writer, refresh_s.
 -- Returns 1 when this result is the one delivered, 0 when it was kept as late (audit only).
 -- The same result from the same writer, sent again (its replica acknowledgement came back
@@ -33,6 +33,14 @@ redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3
            'finished_ms', ARGV[4], 'writer', ARGV[6])
 if tonumber(ARGV[4]) > (tonumber(call[2] or 0) or 0) then
   redis.call('EXPIRE', KEYS[1], ttl)
+end
+if state == false then
+  -- A call answered without a registration (Redis was unreachable when it was submitted, and
+  -- the gateway stores its answer now): listed in its run's calls like any other, so collect,
+  -- the CLI and repair find it. The key's TTL is set when this creates it.
+  if redis.call('ZADD', KEYS[5], 'NX', ARGV[4], ARGV[1]) == 1 and redis.call('TTL', KEYS[5]) < 0 then
+    redis.call('EXPIRE', KEYS[5], ttl + 2 * refresh)
+  end
 end
 local signals = redis.call('RPUSH', KEYS[3], ARGV[2] .. '\31' .. ARGV[1])
 local run = read_run(KEYS[4])
