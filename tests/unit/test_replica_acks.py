@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import redis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from workers.errors import ReplicasBehind
 from workers.store.replica_acks import AckWait, ReplicaAcks, ack_wait_of
@@ -95,3 +99,86 @@ def test_a_lone_redis_sends_no_wait() -> None:
 
     assert acks.confirmed(_Client(0), send) == ["reply"]
     assert not acks.fencing
+
+
+class _MovingClient(_Client):
+    """A client through the Sentinels whose primary answers INFO only after ``down`` refusals.
+
+    Each refusal moves ``clock`` on by half a second (a connection attempt and its retries).
+    """
+
+    def __init__(self, replicas: int, down: int, clock: _Clock) -> None:
+        super().__init__(replicas)
+        self.down, self.clock = down, clock
+        self.connection_pool = SentinelConnectionPool("mymaster", Sentinel([("127.0.0.1", 1)]))  # type: ignore[no-untyped-call]
+
+    def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self.down > 0:
+            self.down -= 1
+            self.clock.now += 0.5
+            raise redis.ConnectionError("Connection refused")
+        return super().info()
+
+
+def test_a_first_write_through_the_sentinels_waits_for_the_new_primary() -> None:
+    # Given a process whose first deciding write meets a dead primary (still named by the Sentinels)
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 5.0, clock=clock)
+    client = _MovingClient(1, down=3, clock=clock)
+    sent: list[Any] = []
+
+    def send(seal: Any) -> list[Any]:
+        sent.append(seal)
+        return ["reply", 1]
+
+    # Then it is sent once a primary answers, and waits for its replica as any write does
+    assert acks.confirmed(client, send) == ["reply"]
+    assert client.down == 0
+    assert len(sent) == 1
+    assert acks.fencing
+
+
+def test_a_first_write_through_the_sentinels_is_not_decided_past_the_retry_budget() -> None:
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 1.0, clock=clock)
+
+    with pytest.raises(ReplicasBehind, match="the connection failed"):
+        acks.confirmed(_MovingClient(1, down=1000, clock=clock), lambda seal: ["reply", 1])
+
+
+def test_a_first_write_to_one_unreachable_redis_fails_at_once() -> None:
+    # Nobody promotes another server behind a redis:// URL: the caller answers without the store
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 5.0, clock=clock)
+    client = _MovingClient(1, down=1, clock=clock)
+    client.connection_pool = redis.ConnectionPool()
+
+    with pytest.raises(redis.ConnectionError):
+        acks.confirmed(client, lambda seal: ["reply", 1])
+
+
+class _AsyncMovingClient:
+    """:class:`_MovingClient` on ``redis.asyncio``."""
+
+    def __init__(self, down: int, clock: _Clock) -> None:
+        self.down, self.clock = down, clock
+        self.connection_pool = AsyncSentinelPool("mymaster", AsyncSentinel([("127.0.0.1", 1)]))  # type: ignore[no-untyped-call]
+
+    async def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self.down > 0:
+            self.down -= 1
+            self.clock.now += 0.5
+            raise redis.ConnectionError("Connection refused")
+        return {"connected_slaves": 1, "redis_version": "7.0.15"}
+
+
+def test_an_async_first_write_through_the_sentinels_waits_for_the_new_primary() -> None:
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 5.0, clock=clock)
+    client = _AsyncMovingClient(down=2, clock=clock)
+
+    async def send(seal: Any) -> list[Any]:
+        return ["reply", 1]
+
+    assert asyncio.run(acks.aconfirmed(client, send)) == ["reply"]  # type: ignore[arg-type]
+    assert client.down == 0
