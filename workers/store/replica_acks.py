@@ -156,13 +156,41 @@ class ReplicaAcks:
         return wait
 
     def wait_for(self, client: redis.Redis) -> AckWait:
-        """The WAIT this client's primary gets (``INFO`` read once, at the first call)."""
-        return self._decide(client, lambda: client.info())
+        """The WAIT this client's primary gets (``INFO`` read once, at the first call).
+
+        Through the Sentinels it asks them for the primary before and after the INFO: a
+        connection opened before a failover stays on the old primary, and one stopped
+        (SIGSTOP, an isolated host) and resumed answers as a primary without a replica until
+        the Sentinels demote it. Its INFO would decide "no replica, no WAIT", and what it
+        then takes is discarded when it resyncs from the promoted one. Asking drops the
+        pool's idle connections to a primary the Sentinels no longer name; asking again
+        after the reply catches an INFO that waited in a stopped primary while they
+        promoted another, and reads the INFO of that one instead.
+        """
+
+        def info() -> Mapping[str, Any]:
+            pool = getattr(client, "connection_pool", None)
+            if not isinstance(pool, SentinelConnectionPool):
+                return client.info()
+            named = pool.get_master_address()  # type: ignore[no-untyped-call]
+            found = client.info()
+            if pool.get_master_address() != named:  # type: ignore[no-untyped-call]
+                found = client.info()
+            return found
+
+        return self._decide(client, info)
 
     async def await_for(self, client: aredis.Redis) -> AckWait:
         """:meth:`wait_for` on an asyncio client."""
         if self._stale() and self.wanted != 0 and not isinstance(client, aredis.RedisCluster):
+            pool = getattr(client, "connection_pool", None)
+            if not isinstance(pool, AsyncSentinelPool):
+                found = await client.info()
+                return self._decide(client, lambda: found)
+            named = await pool.get_master_address()  # type: ignore[no-untyped-call]
             found = await client.info()
+            if await pool.get_master_address() != named:  # type: ignore[no-untyped-call]
+                found = await client.info()
             return self._decide(client, lambda: found)
         return self._decide(client, dict)
 
