@@ -11,7 +11,7 @@ The soak's checker keeps its history outside Redis (what each agent was handed, 
 execution a tool began) and exits non-zero on any violation: a call without exactly one
 delivered result, a delivered result the ledger does not hold, an answer later than its
 deadline + grace + the failover allowance, duplicate executions over 1% of calls. The four
-invariants a lost write breaks still fail (``_UNTIL_DURABLE``: the test is then xfailed);
+invariants a lost write breaks (``_UNTIL_DURABLE``) still fail on Redis Cluster (then xfailed);
 every other one must hold.
 """
 
@@ -49,10 +49,10 @@ def _soak(faults: str, minutes: float) -> subprocess.CompletedProcess[str]:
 
 # The invariants a lost write breaks: Redis replication is asynchronous, so a failover can
 # discard writes the old primary acknowledged (a registration, a claim, a decided result).
-# Results wait for a replica (redis.min_replica_acks), yet these soaks still find delivered
-# results the new primary does not hold (an open bug, docs/failover.md); on Redis Cluster no
-# WAIT is sent at all. While they fail the test is reported xfailed, naming them; every other
-# invariant must hold, and the day they pass the test passes.
+# On Sentinel deciding writes wait for a replica (redis.min_replica_acks) and that leg passes;
+# on Redis Cluster no WAIT is sent at all (docs/failover.md). While they fail the test is
+# reported xfailed, naming them; every other invariant must hold, and the day they pass the
+# test passes.
 _UNTIL_DURABLE = (
     "delivered results differing from the ledger",
     "delivered results of calls the ledger does not hold",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import redis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from workers.errors import ReplicasBehind
 from workers.store.replica_acks import AckWait, ReplicaAcks, ack_wait_of
@@ -95,3 +99,173 @@ def test_a_lone_redis_sends_no_wait() -> None:
 
     assert acks.confirmed(_Client(0), send) == ["reply"]
     assert not acks.fencing
+
+
+class _Named(SentinelConnectionPool):
+    """A pool through Sentinels that name one primary (asked without a Sentinel to ask)."""
+
+    def __init__(self) -> None:
+        super().__init__("mymaster", Sentinel([("127.0.0.1", 1)]))  # type: ignore[no-untyped-call]
+
+    def get_master_address(self) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+
+class _AsyncNamed(AsyncSentinelPool):
+    """:class:`_Named` on ``redis.asyncio``."""
+
+    def __init__(self) -> None:
+        super().__init__("mymaster", AsyncSentinel([("127.0.0.1", 1)]))  # type: ignore[no-untyped-call]
+
+    async def get_master_address(self) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+
+class _MovingClient(_Client):
+    """A client through the Sentinels whose primary answers INFO only after ``down`` refusals.
+
+    Each refusal moves ``clock`` on by half a second (a connection attempt and its retries).
+    """
+
+    def __init__(self, replicas: int, down: int, clock: _Clock) -> None:
+        super().__init__(replicas)
+        self.down, self.clock = down, clock
+        self.connection_pool = _Named()
+
+    def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self.down > 0:
+            self.down -= 1
+            self.clock.now += 0.5
+            raise redis.ConnectionError("Connection refused")
+        return super().info()
+
+
+def test_a_first_write_through_the_sentinels_waits_for_the_new_primary() -> None:
+    # Given a process whose first deciding write meets a dead primary (still named by the Sentinels)
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 5.0, clock=clock)
+    client = _MovingClient(1, down=3, clock=clock)
+    sent: list[Any] = []
+
+    def send(seal: Any) -> list[Any]:
+        sent.append(seal)
+        return ["reply", 1]
+
+    # Then it is sent once a primary answers, and waits for its replica as any write does
+    assert acks.confirmed(client, send) == ["reply"]
+    assert client.down == 0
+    assert len(sent) == 1
+    assert acks.fencing
+
+
+def test_a_first_write_through_the_sentinels_is_not_decided_past_the_retry_budget() -> None:
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 1.0, clock=clock)
+
+    with pytest.raises(ReplicasBehind, match="the connection failed"):
+        acks.confirmed(_MovingClient(1, down=1000, clock=clock), lambda seal: ["reply", 1])
+
+
+def test_a_first_write_to_one_unreachable_redis_fails_at_once() -> None:
+    # Nobody promotes another server behind a redis:// URL: the caller answers without the store
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 5.0, clock=clock)
+    client = _MovingClient(1, down=1, clock=clock)
+    client.connection_pool = redis.ConnectionPool()
+
+    with pytest.raises(redis.ConnectionError):
+        acks.confirmed(client, lambda seal: ["reply", 1])
+
+
+class _AsyncMovingClient:
+    """:class:`_MovingClient` on ``redis.asyncio``."""
+
+    def __init__(self, down: int, clock: _Clock) -> None:
+        self.down, self.clock = down, clock
+        self.connection_pool = _AsyncNamed()
+
+    async def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if self.down > 0:
+            self.down -= 1
+            self.clock.now += 0.5
+            raise redis.ConnectionError("Connection refused")
+        return {"connected_slaves": 1, "redis_version": "7.0.15"}
+
+
+def test_an_async_first_write_through_the_sentinels_waits_for_the_new_primary() -> None:
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 5.0, clock=clock)
+    client = _AsyncMovingClient(down=2, clock=clock)
+
+    async def send(seal: Any) -> list[Any]:
+        return ["reply", 1]
+
+    assert asyncio.run(acks.aconfirmed(client, send)) == ["reply"]  # type: ignore[arg-type]
+    assert client.down == 0
+
+
+class _NamingPool(SentinelConnectionPool):
+    """Sentinels naming ``named``; asking them moves the client off a primary they no longer name."""
+
+    def __init__(self, client: _FailedOverClient, named: str) -> None:
+        super().__init__("mymaster", Sentinel([("127.0.0.1", 1)]))  # type: ignore[no-untyped-call]
+        self.client, self.named = client, named
+
+    def get_master_address(self) -> tuple[str, int]:
+        self.client.server = self.named  # the idle connections to another primary are dropped
+        return ("127.0.0.1", {"old": 1, "promoted": 2}[self.named])
+
+
+class _FailedOverClient(_Client):
+    """Connected to ``server``: each server's replicas as its INFO reports them."""
+
+    def __init__(self, server: str, replicas: dict[str, int]) -> None:
+        super().__init__(0)
+        self.server, self.replicas_of = server, replicas
+
+    def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"connected_slaves": self.replicas_of[self.server], "redis_version": "7.0.15"}
+
+
+def test_a_decision_through_the_sentinels_reads_the_primary_they_name() -> None:
+    # Given a client still connected to an old primary, stopped and resumed: no replica of its
+    # own, while the Sentinels name the replica they promoted (its old primary not back yet)
+    client = _FailedOverClient("old", {"old": 0, "promoted": 0})
+    client.connection_pool = _NamingPool(client, "promoted")
+    acks = ReplicaAcks(None, 100, 5.0)
+    reached: list[str] = []
+
+    def send(seal: Any) -> list[Any]:
+        reached.append(client.server)
+        return ["reply"]
+
+    # Then the write goes to the promoted primary, never to the one its resync will wipe
+    assert acks.confirmed(client, send) == ["reply"]
+    assert reached == ["promoted"]
+
+
+def test_a_decision_reads_again_when_the_sentinels_promoted_while_its_info_waited() -> None:
+    # Given an INFO sent to a stopped primary the Sentinels still name, answered only once it
+    # resumes, when they have promoted its replica meanwhile (so it reports no replica)
+    client = _FailedOverClient("old", {"old": 0, "promoted": 1})
+    pool = _NamingPool(client, "old")
+    client.connection_pool = pool
+    answer = client.info
+
+    def info(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        found = answer()
+        pool.named = "promoted"  # promoted while the stopped primary held the INFO
+        return found
+
+    client.info = info  # type: ignore[method-assign]
+    acks = ReplicaAcks(None, 100, 5.0)
+    reached: list[str] = []
+
+    def send(seal: Any) -> list[Any]:
+        reached.append(client.server)
+        return ["reply", 1]
+
+    # Then the write waits for the promoted primary's replica, on the promoted primary
+    assert acks.confirmed(client, send) == ["reply"]
+    assert reached == ["promoted"]
+    assert acks.fencing

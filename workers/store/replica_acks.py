@@ -26,6 +26,11 @@ the old primary is down has no replica of its own and is written as a lone Redis
 the old primary comes back as its replica (availability first; ``redis.min_replica_acks`` 1,
 and ``min-replicas-to-write`` on the server, refuse writes instead). On a Redis Cluster the
 store sends no WAIT (0).
+
+Through the Sentinels, a process whose first deciding write finds no primary to read ``INFO``
+from (the old one dead or stopped, the replica not yet promoted) sends it again like any
+other until a primary answers: failing it would answer the call ``dispatch_failed`` with
+nothing in the ledger, a delivered result the new primary never holds.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from typing import Any, Protocol
 
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.cluster import RedisCluster
+from redis.sentinel import SentinelConnectionPool
 
 from workers.errors import ReplicasBehind
 
@@ -149,13 +156,41 @@ class ReplicaAcks:
         return wait
 
     def wait_for(self, client: redis.Redis) -> AckWait:
-        """The WAIT this client's primary gets (``INFO`` read once, at the first call)."""
-        return self._decide(client, lambda: client.info())
+        """The WAIT this client's primary gets (``INFO`` read once, at the first call).
+
+        Through the Sentinels it asks them for the primary before and after the INFO: a
+        connection opened before a failover stays on the old primary, and one stopped
+        (SIGSTOP, an isolated host) and resumed answers as a primary without a replica until
+        the Sentinels demote it. Its INFO would decide "no replica, no WAIT", and what it
+        then takes is discarded when it resyncs from the promoted one. Asking drops the
+        pool's idle connections to a primary the Sentinels no longer name; asking again
+        after the reply catches an INFO that waited in a stopped primary while they
+        promoted another, and reads the INFO of that one instead.
+        """
+
+        def info() -> Mapping[str, Any]:
+            pool = getattr(client, "connection_pool", None)
+            if not isinstance(pool, SentinelConnectionPool):
+                return client.info()
+            named = pool.get_master_address()  # type: ignore[no-untyped-call]
+            found = client.info()
+            if pool.get_master_address() != named:  # type: ignore[no-untyped-call]
+                found = client.info()
+            return found
+
+        return self._decide(client, info)
 
     async def await_for(self, client: aredis.Redis) -> AckWait:
         """:meth:`wait_for` on an asyncio client."""
         if self._stale() and self.wanted != 0 and not isinstance(client, aredis.RedisCluster):
+            pool = getattr(client, "connection_pool", None)
+            if not isinstance(pool, AsyncSentinelPool):
+                found = await client.info()
+                return self._decide(client, lambda: found)
+            named = await pool.get_master_address()  # type: ignore[no-untyped-call]
             found = await client.info()
+            if await pool.get_master_address() != named:  # type: ignore[no-untyped-call]
+                found = await client.info()
             return self._decide(client, lambda: found)
         return self._decide(client, dict)
 
@@ -188,7 +223,13 @@ class ReplicaAcks:
         ``send`` sends one pipeline, ``seal`` adding the WAIT last (so on the same connection).
         ``read``: the pipeline only reads, and ``seal`` is a fence (a ``PUBLISH``, then the WAIT).
         """
-        if self.wait_for(client).acks <= 0:  # a lone Redis: no WAIT, errors raised as they come
+        try:
+            first: AckWait | None = self.wait_for(client)
+        except _RESENT_AFTER:
+            if not self._may_move(client):
+                raise
+            first = None  # no primary answers yet: decided in the loop, once one does
+        if first is not None and first.acks <= 0:  # a lone Redis: no WAIT, errors raised as they come
             return send(no_seal)
         started = self.clock()
         while True:
@@ -209,7 +250,13 @@ class ReplicaAcks:
         self, client: aredis.Redis, send: Callable[[Seal], Awaitable[list[Any]]], *, read: bool = False
     ) -> list[Any]:
         """:meth:`confirmed`, awaited."""
-        if (await self.await_for(client)).acks <= 0:
+        try:
+            first: AckWait | None = await self.await_for(client)
+        except _RESENT_AFTER:
+            if not self._may_move(client):
+                raise
+            first = None
+        if first is not None and first.acks <= 0:
             return await send(no_seal)
         started = self.clock()
         while True:
@@ -225,6 +272,19 @@ class ReplicaAcks:
             if wait.held(replies[-1]):
                 return replies[: -2 if read else -1]
             self._short(started, None)
+
+    def _may_move(self, client: Any) -> bool:
+        """Whether a write whose primary cannot be asked yet is sent again rather than failed.
+
+        Through the Sentinels the primary moves: a process whose first deciding write meets
+        a dead or stopped primary (before the Sentinels promote the replica) waits for the
+        new one as a write already under way does, within ``redis.replica_ack_retry_s``.
+        With ``redis.min_replica_acks`` set above 0 the write is to be acknowledged whatever
+        the URL. Otherwise (one ``redis://`` server, unset) the error is raised as it comes:
+        nobody promotes another server, and the caller answers without the store at once.
+        """
+        pool = getattr(client, "connection_pool", None)
+        return bool(self.wanted) or isinstance(pool, (SentinelConnectionPool, AsyncSentinelPool))
 
     def _fence(self, pipe: _Pipe) -> None:
         pipe.execute_command("PUBLISH", FENCE_CHANNEL, "1")
