@@ -20,30 +20,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import redis
 
 from bench.bare_app import BARE_QUEUE, URL_ENV
-from bench.overhead import Bare, Guarded, throughput
-from bench.overhead_probes import CommandStats, freeze, thaw
+from bench.overhead import Bare, Guarded, Sizes, add_size_arguments, sizes_of, throughput
+from bench.overhead_probes import CommandStats, freeze, percentile, thaw, timed_calls, warm_up
 from tests.harness import REPO, Proc, base_env, kill_pids, settings_of, start_worker, wait_until
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
 
 SIDES = ("bare", "acks0", "acks1")
-
-
-@dataclass(frozen=True)
-class Options:
-    """Sizes of the run."""
-
-    rounds: int
-    latency_calls: int
-    threads: int
-    calls_per_thread: int
-    concurrency: int
 
 
 @dataclass(frozen=True)
@@ -57,20 +45,10 @@ class Figures:
     waits_per_call: float
 
 
-def _parse(argv: list[str] | None) -> Options:
+def _parse(argv: list[str] | None) -> Sizes:
     parser = argparse.ArgumentParser(prog="python -m bench.durability", description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--latency-calls", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--calls-per-thread", type=int, default=40)
-    parser.add_argument("--concurrency", type=int, default=2, help="pool processes of each worker")
-    args = parser.parse_args(argv)
-    return Options(args.rounds, args.latency_calls, args.threads, args.calls_per_thread, args.concurrency)
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    add_size_arguments(parser, latency_calls=200, calls_per_thread=40)
+    return sizes_of(parser.parse_args(argv))
 
 
 def _in_sync(port: int) -> bool:
@@ -79,7 +57,7 @@ def _in_sync(port: int) -> bool:
 
 
 class _Run:
-    def __init__(self, opts: Options, primary: EmbeddedRedis) -> None:
+    def __init__(self, opts: Sizes, primary: EmbeddedRedis) -> None:
         self.opts = opts
         bare_url = primary.url.removesuffix("/0") + "/1"
         self.workers: dict[str, Proc] = {}
@@ -123,14 +101,9 @@ class _Run:
                 freeze(worker)
         thaw(self.workers[side])
         client = self.client(side, f"{label}-lat")
-        for n in range(20):  # warm up connections, pool children, imports
-            client(100_000 + n)
-        samples = []
+        warm_up(client)
         before = self.stats.snapshot()
-        for n in range(self.opts.latency_calls):
-            start = time.perf_counter()
-            client(n)
-            samples.append(time.perf_counter() - start)
+        samples = timed_calls(client, self.opts.latency_calls)
         commands = CommandStats.delta(before, self.stats.snapshot())
         client.close()
         tput = throughput(
@@ -138,8 +111,8 @@ class _Run:
         )
         calls = self.opts.latency_calls
         return Figures(
-            _percentile(samples, 0.5) * 1000,
-            _percentile(samples, 0.99) * 1000,
+            percentile(samples, 0.5) * 1000,
+            percentile(samples, 0.99) * 1000,
             tput,
             sum(commands.values()) / calls,
             commands.get("wait", 0) / calls,
@@ -176,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _report(opts: Options, figures: dict[str, list[Figures]]) -> None:
+def _report(opts: Sizes, figures: dict[str, list[Figures]]) -> None:
     print(
         f"\ncost of durability: a primary and one replica on loopback; {opts.rounds} rounds (each side "
         f"alone, the other workers frozen), {opts.latency_calls} sequential calls and {opts.threads} "

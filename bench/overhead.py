@@ -40,14 +40,17 @@ from bench.overhead_probes import (
     CpuMeter,
     freeze,
     hung_tool_overshoot_ms,
+    percentile,
     thaw,
+    timed_calls,
     trace_one_call,
+    warm_up,
     worker_kill_s,
 )
 from tests.harness import REPO, Proc, base_env, kill_pids, settings_of, start_worker
 from workers import ToolCall, ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis
-from workers.settings import Settings
+from workers.settings import LeaseSettings, Settings
 
 Client = Callable[[int], None]
 
@@ -55,40 +58,48 @@ P50_TARGET, TPUT_TARGET, CPU_TARGET, COMMANDS_MARGIN = 1.15, 0.90, 1.3, 8
 
 
 @dataclass(frozen=True)
-class Options:
-    """Sizes of the run."""
+class Sizes:
+    """Sizes of a run that measures sides alone: rounds, sequential calls, threads, pool."""
 
     rounds: int
     latency_calls: int
     threads: int
     calls_per_thread: int
     concurrency: int
-    lease_ttl_s: float
+
+
+def add_size_arguments(parser: argparse.ArgumentParser, *, latency_calls: int, calls_per_thread: int) -> None:
+    """The command-line options of :class:`Sizes`, with this benchmark's defaults."""
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each side alone (median)")
+    parser.add_argument("--latency-calls", type=int, default=latency_calls)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--calls-per-thread", type=int, default=calls_per_thread)
+    parser.add_argument("--concurrency", type=int, default=2, help="pool processes of each worker")
+
+
+def sizes_of(args: argparse.Namespace) -> Sizes:
+    """The :class:`Sizes` parsed by :func:`add_size_arguments`."""
+    return Sizes(args.rounds, args.latency_calls, args.threads, args.calls_per_thread, args.concurrency)
+
+
+@dataclass(frozen=True)
+class Options(Sizes):
+    """Sizes of the run, the lease TTL (None: unstuck's default) and what to print besides."""
+
+    lease_ttl_s: float | None
     trace: bool
     faults: bool
 
 
 def _parse(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="alternating bare/guarded rounds (median)")
-    parser.add_argument("--latency-calls", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--calls-per-thread", type=int, default=60)
-    parser.add_argument("--concurrency", type=int, default=2, help="pool processes of each worker")
-    parser.add_argument("--lease-ttl-s", type=float, default=10.0, help="lease TTL (default: unstuck's)")
+    add_size_arguments(parser, latency_calls=300, calls_per_thread=60)
+    parser.add_argument("--lease-ttl-s", type=float, default=None, help="lease TTL (default: unstuck's)")
     parser.add_argument("--trace", action="store_true", help="also print every Redis command of one call")
     parser.add_argument("--no-faults", action="store_true", help="skip the hung-tool and SIGKILL figures")
     args = parser.parse_args(argv)
-    return Options(
-        args.rounds,
-        args.latency_calls,
-        args.threads,
-        args.calls_per_thread,
-        args.concurrency,
-        args.lease_ttl_s,
-        args.trace,
-        not args.no_faults,
-    )
+    sizes = sizes_of(args)
+    return Options(**vars(sizes), lease_ttl_s=args.lease_ttl_s, trace=args.trace, faults=not args.no_faults)
 
 
 class Bare:
@@ -142,11 +153,6 @@ class Phase:
     cpu_ms_by_role: dict[str, float] = field(default_factory=dict)
 
 
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def throughput(make_client: Callable[[int], Bare | Guarded], threads: int, per_thread: int) -> float:
     """Calls per second of ``threads`` clients each making ``per_thread`` sequential calls."""
     clients = [make_client(t) for t in range(threads)]
@@ -180,22 +186,17 @@ def measure(side: Side, other: Side, label: str, opts: Options, cpu: CpuMeter, s
     freeze(other.worker)
     thaw(side.worker)
     client = side.client(f"{label}-lat")
-    for n in range(20):  # warm up connections, pool children, imports
-        client(100_000 + n)
-    samples = []
+    warm_up(client)
     cpu_before, commands_before = cpu.sample(), stats.snapshot()
-    for n in range(opts.latency_calls):
-        start = time.perf_counter()
-        client(n)
-        samples.append(time.perf_counter() - start)
+    samples = timed_calls(client, opts.latency_calls)
     cpu_after, commands = cpu.sample(), CommandStats.delta(commands_before, stats.snapshot())
     client.close()
     calls = opts.latency_calls
     tput = throughput(lambda t: side.client(f"{label}-tput{t}"), opts.threads, opts.calls_per_thread)
     cpu_ms = {role: s / calls * 1000 for role, s in CpuMeter.spent(cpu_before, cpu_after).items()}
     return Phase(
-        _percentile(samples, 0.5) * 1000,
-        _percentile(samples, 0.99) * 1000,
+        percentile(samples, 0.5) * 1000,
+        percentile(samples, 0.99) * 1000,
         sum(cpu_ms.values()),
         sum(commands.values()) / calls,
         tput,
@@ -211,12 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     with EmbeddedRedis() as server:
         assert server.process is not None
         bare_url = server.url.removesuffix("/0") + "/1"  # its own database, on the same server
-        env = base_env(
-            server.url,
-            UNSTUCK_LEASE__TTL_S=str(opts.lease_ttl_s),
-            UNSTUCK_LEASE__RENEW_INTERVAL_S="0.5",
-            **{URL_ENV: bare_url},
-        )
+        env = base_env(server.url, **_lease_env(opts.lease_ttl_s), **{URL_ENV: bare_url})
         settings = settings_of(env)
         unstuck_worker = start_worker(env, concurrency=opts.concurrency, name="bench-unstuck")
         bare_worker = Proc(
@@ -241,6 +237,19 @@ def main(argv: list[str] | None = None) -> int:
             unstuck_worker.stop()
             bare_worker.stop()
     return 0
+
+
+def _lease_env(ttl_s: float | None) -> dict[str, str]:
+    """The lease settings of the run: unstuck's shipped defaults unless a TTL is given.
+
+    The test harness's environment shortens them, and the SIGKILL figure is about the defaults.
+    """
+    shipped = LeaseSettings()
+    if ttl_s is None:
+        ttl_s, renew_s = shipped.ttl_s, shipped.renew_interval_s
+    else:
+        renew_s = min(shipped.renew_interval_s, ttl_s / 2)
+    return {"UNSTUCK_LEASE__TTL_S": str(ttl_s), "UNSTUCK_LEASE__RENEW_INTERVAL_S": str(renew_s)}
 
 
 def _run(opts: Options, settings: Settings, server: EmbeddedRedis, bare: Side, guarded: Side) -> None:
@@ -271,14 +280,15 @@ def _trace(settings: Settings, url: str) -> None:
 def _faults(opts: Options, settings: Settings, worker: Proc) -> None:
     hung_ms = hung_tool_overshoot_ms(settings)
     kill_s = worker_kill_s(settings, worker)
+    ttl_s = settings.lease.ttl_s
     worst = max(hung_ms)
     print(
         f"hung tool (soft {HUNG_SOFT_S:.0f} s): result at soft + {statistics.median(hung_ms):.0f} ms median, "
         f"+{worst:.0f} ms worst of {len(hung_ms)}   <= +100 ms  {_mark(worst <= 100)}"
     )
     print(
-        f"worker SIGKILL: worker_lost {kill_s:.2f} s after the kill (lease TTL {opts.lease_ttl_s:.0f} s)   "
-        f"<= TTL + 1 s  {_mark(kill_s <= opts.lease_ttl_s + 1)}"
+        f"worker SIGKILL: worker_lost {kill_s:.2f} s after the kill (lease TTL {ttl_s:g} s)   "
+        f"<= TTL + 1 s  {_mark(kill_s <= ttl_s + 1)}"
     )
 
 

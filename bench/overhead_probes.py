@@ -27,12 +27,37 @@ __all__ = [
     "CpuMeter",
     "freeze",
     "hung_tool_overshoot_ms",
+    "percentile",
     "thaw",
+    "timed_calls",
     "trace_one_call",
+    "warm_up",
     "worker_kill_s",
 ]
 
 HUNG_SOFT_S = 1.0  # the soft limit of tests.misbehaving_tools.sleepy
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The ``q`` quantile of ``samples`` (nearest rank)."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def warm_up(client: Callable[[int], None]) -> None:
+    """20 untimed calls: connections, pool children and imports warm before the clock starts."""
+    for n in range(20):
+        client(100_000 + n)
+
+
+def timed_calls(client: Callable[[int], None], calls: int) -> list[float]:
+    """Seconds each of ``calls`` sequential calls took."""
+    samples = []
+    for n in range(calls):
+        start = time.perf_counter()
+        client(n)
+        samples.append(time.perf_counter() - start)
+    return samples
 
 
 def freeze(worker: Proc) -> None:
