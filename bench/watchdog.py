@@ -20,7 +20,9 @@ that returns only the count. Targets: median sweep <= 50 ms, and no single
 command, script calls included, holding Redis longer than 10 ms (the longest is read from
 SLOWLOG, every command logged); each printed with PASS or MISS. Before each timed sweep
 the due runs' index scores are put back, so every repetition does the full work.
-``BENCH_PATH=pipelined`` measures the cluster-safe path.
+``BENCH_PATH=pipelined`` measures the cluster-safe path; ``BENCH_PATH=python-judge`` the run
+phase decided in Python only (:mod:`bench.sweep_python_judge`, with ``BENCH_LEAN=1`` classified
+without building a ``RunView``): the alternative the script is kept against.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import redis
 
+from bench.sweep_python_judge import PythonJudgeScripts
 from workers.core.models import CallState
 from workers.core.run_health import RunStatus
 from workers.local.embedded_redis import EmbeddedRedis
@@ -48,7 +51,7 @@ from workers.watchdog.sweep import Watchdog
 SESSIONS = int(os.environ.get("BENCH_SESSIONS", "100000"))
 DUE = int(os.environ.get("BENCH_DUE", "10000"))
 STALLED_AFTER_S = 120.0
-LEASE_TTL_MS = 60_000
+LEASE_TTL_MS = 600_000  # leases expire in real time: they must outlast the timed sweeps on a loaded machine
 REPEATS = 9
 PREFIX = "unstuck"
 RANGE_IN_SCRIPT = """local n = 0
@@ -257,9 +260,14 @@ def main() -> None:
             lease={"ttl_s": LEASE_TTL_MS / 1000},
         )
         store = SessionStore(_ledger(client))
-        server_side = os.environ.get("BENCH_PATH", "scripts") != "pipelined"
-        watchdog = Watchdog(store, settings, writer="bench", alerts=AlertSink(), server_side=server_side)
+        bench_path = os.environ.get("BENCH_PATH", "scripts")
+        watchdog = Watchdog(
+            store, settings, writer="bench", alerts=AlertSink(), server_side=bench_path != "pipelined"
+        )
         path = "server-side scripts" if watchdog.scripts is not None else "pipelined (cluster-safe)"
+        if bench_path == "python-judge":
+            watchdog.scripts = PythonJudgeScripts(store.ledger)
+            path = "reads in a script, judged in Python"
         print(f"path: {path}")
         print(
             f"1. {DUE} runs whose tools heartbeat, run index stale (read, found long_running, index moved):"

@@ -187,13 +187,11 @@ class RecordingSink(AlertSink):
 class RecordingScripts(SweepScripts):
     """The real scripts (or a mutant of one), remembering which runs the run script hands back."""
 
-    def __init__(self, ledger: Ledger, *, runs_lua: str = "", calls_lua: str = "") -> None:
+    def __init__(self, ledger: Ledger, *, runs_lua: str = "") -> None:
         super().__init__(ledger)
         self.handed_back: list[tuple[str, str]] = []
         if runs_lua:
             self._runs = ledger.client.register_script(runs_lua)
-        if calls_lua:
-            self._calls = ledger.client.register_script(calls_lua)
 
     def runs(self, *, now_ms: int, stalled_after_ms: int, auto_recover: bool, limit: int) -> RunSweep:
         found = super().runs(

@@ -17,7 +17,6 @@ from workers.store.keys import (
     ledger_key_kind,
     ledger_scan_pattern,
     member_bucket,
-    member_call_keys,
     member_run_key,
     parse_due_member,
     quote_part,
@@ -166,4 +165,3 @@ def test_a_run_and_its_members_map_to_one_bucket_near_its_slot(session: str, run
     assert keys.index == index_keys(PREFIX, keys.bucket)
     # And the sweep rebuilds the run's keys from members exactly as the builders spell them
     assert member_run_key(PREFIX, run_member(session, run)) == keys.run
-    assert member_call_keys(PREFIX, keys.due_member(call_id)) == (keys.call(call_id), keys.lease(call_id))

@@ -91,7 +91,7 @@ class OpenCall:
 
 
 class DueVerdict(enum.StrEnum):
-    """What a sweep does with one member of the due or lease index (the branches of ``sweep_calls.lua``).
+    """What a sweep does with one member of the due or lease index, after reading its record and lease.
 
     The due index scores a call by its deadline, or by one lease after its submission when
     that comes first (:func:`next_look_ms`): the sweep's first look, which a call answered

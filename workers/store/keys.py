@@ -143,8 +143,8 @@ its bucket's run indexes), not one transaction; each step is atomic on its own, 
 ordered so a crash in between leaves only what expires or what the watchdog repairs, and
 the indexes are hints re-checked against the run record. Index members are ``S/<run>``
 (see :func:`run_member`) and ``S/<run>/<call>`` (:meth:`RunKeys.due_member`): the member
-of a run is exactly its hash tag's content, so :func:`member_run_key` and
-:func:`member_call_keys` rebuild a run's keys from a member without unquoting.
+of a run is exactly its hash tag's content, so :func:`member_run_key` rebuilds a run's
+record key from a member without unquoting.
 
 A tool's shared circuit breaker (``tools.breakers``) keeps its two keys under the tag
 ``{breaker:<tool>}`` (the tool name percent-quoted), so its scripts touch one slot; the
@@ -153,10 +153,10 @@ breaker is global across sessions, which is its point.
 Every Lua script declares every key it touches in ``KEYS``, and every script but the
 sweep's touches one run's (or one session's, or one bucket's) slot; the register script may
 also push the call's task message onto the broker queue's list, only when the broker is a
-plain Redis on the ledger's own single node (never on a cluster client). The sweep's scripts
-(``sweep_calls.lua``, ``sweep_runs.lua``) take one bucket's page of members with the keys
-of their records; those keys span many slots, which a single Redis node allows and Redis
-Cluster refuses, so on a cluster client the sweep pipelines the same reads instead (see
+plain Redis on the ledger's own single node (never on a cluster client). The sweep's run
+script (``sweep_runs.lua``) takes one bucket's page of members and reads their records;
+those keys span many slots, which a single Redis node allows and Redis Cluster refuses, so
+on a cluster client the sweep pipelines the same reads instead (see
 :mod:`workers.store.sweep_scripts`). The sweep lock and the watchdog's own record stay
 global (tag ``{runs}``): they are written once per sweep, not per call; so is ``P:events``,
 written per synthetic answer, loop verdict or alert, never on a call's normal path.
@@ -190,7 +190,6 @@ __all__ = [
     "ledger_scan_pattern",
     "listener_poke_key",
     "member_bucket",
-    "member_call_keys",
     "member_run_key",
     "parse_due_member",
     "parse_lane_key",
@@ -272,13 +271,6 @@ def member_bucket(member: str) -> int:
 def member_run_key(prefix: str, member: str) -> str:
     """The run record of a run member ``S/R`` (already quoted: its tag's content)."""
     return f"{prefix}:{{{member}}}:run"
-
-
-def member_call_keys(prefix: str, member: str) -> tuple[str, str]:
-    """The call record and lease keys of a call member ``S/R/C`` (parts already quoted)."""
-    run, _, call = member.rpartition("/")
-    base = f"{prefix}:{{{run}}}"
-    return f"{base}:call:{call}", f"{base}:lease:{call}"
 
 
 def quote_part(value: str) -> str:

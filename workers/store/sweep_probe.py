@@ -1,9 +1,11 @@
-"""The sweep's pipelined probe of due calls: cluster-safe, the same rules as ``sweep_calls.lua``.
+"""The sweep's probe of due calls: one pipelined read, the decision in Python, on every deployment.
 
-Used when the sweep cannot run :class:`~workers.store.sweep_scripts.SweepScripts` (a Redis
-Cluster client, or ``server_side=False``): candidates come by score from every bucket's due
-and lease indexes, then each one's record and lease are read in one pipeline and stale index members
-are fixed in another.
+Candidates come by score from every bucket's due and lease indexes, then each one's record
+and lease are read in one pipeline, judged by :func:`_probe_verdict`, and stale index
+members are fixed in another pipeline. The sweep lock keeps two sweeps from fixing the same
+members; a call that changes between the read and the fix is only re-scored or dropped from
+an index (hints, re-checked against the record), and a call reaped is answered through
+``Ledger.reap``, which checks its record again atomically.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ PROBED_FIELDS = (CallField.STATE, CallField.DEADLINE_MS, CallField.SUBMITTED_MS,
 
 
 def _probe_verdict(row: Row[CallField], lease_left_ms: int, *, now_ms: int, lease_ms: int) -> DueVerdict:
-    """What the sweep does with one candidate; the same rules as ``sweep_calls.lua``.
+    """What the sweep does with one candidate.
 
-    The record's fields read with their declared defaults, as the script's ``tonumber(x or 0)
-    or 0`` does: a missing deadline is overdue, a missing submission time long past.
+    The record's fields read with their declared defaults: a missing deadline is overdue, a
+    missing submission time long past.
     """
     state = row.raw(CallField.STATE)
     if state is None or state == CallState.DONE:

@@ -1,22 +1,21 @@
-"""The sweep's server-side phases: scripts over pages of each index bucket (single Redis node).
+"""The sweep's run phase as a script over pages of each index bucket (single Redis node).
 
-The pipelined path (:func:`workers.store.sweep_probe.probe_due_calls` and :class:`SessionStore`
-reads) reads each due item's record and parses every reply in Python; with 10 000 due runs
-that is over a second (``BENCH_PATH=pipelined python -m bench.watchdog``). Here scripts read
-records inside Redis and return only what needs the client: calls to reap, and runs that need
-an alert, an action or a drop. The call probe gets its members from one round trip of ranges
-by score and declares every key it reads. The run phase sends only each bucket's two index
-keys: ``sweep_runs.lua`` reads the bucket's due runs by score itself, at most
-:data:`SWEEP_PAGE` of each index per call (so no call holds Redis for long), and builds each
-run's record key from its member; every bucket's first page goes in one round trip. Both
-read keys in many slots, which Redis Cluster refuses, so
-:func:`server_side_ok` keeps cluster clients on the pipelined path. The key grammar is
-documented in :mod:`workers.store.keys`.
+The one sweep decision kept in Lua beside its Python original
+(:func:`workers.core.run_health.judge`), because the sweep target needs it: judging 10 000
+due runs in Python misses ``bench.watchdog``'s 50 ms (docs/performance.md, "Decisions kept
+in Lua"). ``sweep_runs.lua`` reads records inside Redis and returns only the runs that need
+an alert, an action or a drop. It is sent only each bucket's two index keys: it reads the
+bucket's due runs by score itself, at most :data:`SWEEP_PAGE` of each index per call (so no
+call holds Redis for long), and builds each run's record key from its member; every
+bucket's first page goes in one round trip. It reads keys in many slots, which Redis
+Cluster refuses, so :func:`server_side_ok` keeps cluster clients on the pipelined path
+(:class:`SessionStore` reads, judged in Python). The key grammar is documented in
+:mod:`workers.store.keys`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +24,9 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from workers.store.connection import store_errors
-from workers.store.keys import (
-    RunKeys,
-    all_index_keys,
-    member_call_keys,
-    parse_due_member,
-    parse_run_member,
-)
+from workers.store.keys import all_index_keys, parse_run_member
 from workers.store.ledger import Ledger
 from workers.store.lua import load_script
-from workers.store.sweep_probe import bucket_ranges
 
 __all__ = ["SWEEP_PAGE", "RunSweep", "SweepScripts", "server_side_ok"]
 
@@ -58,18 +50,12 @@ class RunSweep:
     rest: list[tuple[str, str]]
 
 
-def _pages(members: Sequence[str]) -> Iterator[Sequence[str]]:
-    for start in range(0, len(members), SWEEP_PAGE):
-        yield members[start : start + SWEEP_PAGE]
-
-
 class SweepScripts:
-    """Runs the sweep's phases as scripts; raises ``StoreError`` on Redis failure."""
+    """Runs the sweep's run phase as a script; raises ``StoreError`` on Redis failure."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.client = ledger.client
-        self._calls = load_script(ledger.client, "sweep_calls.lua")
         self._runs = load_script(ledger.client, "sweep_runs.lua")
 
     def _evaluate(self, script: Script, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
@@ -85,25 +71,6 @@ class SweepScripts:
                     raise
                 self.client.script_load(script.script)
         return []
-
-    def due_calls(self, *, now_ms: int, lease_ms: int, limit: int) -> list[tuple[RunKeys, str]]:
-        """Calls to reap (overdue, lost, never dispatched); fixes or drops stale index members.
-
-        ``limit`` bounds each bucket's range of each index.
-        """
-        prefix = self.ledger.prefix
-        buckets = all_index_keys(prefix)
-        with store_errors():
-            found = bucket_ranges(self.client, [(b.due, b.leases) for b in buckets], now_ms, now_ms, limit)
-            calls: list[tuple[list[str], list[Any]]] = []
-            for index, members in zip(buckets, found, strict=True):
-                for page in _pages(members):
-                    keys = [index.due, index.leases]
-                    for member in page:
-                        keys.extend(member_call_keys(prefix, member))
-                    calls.append((keys, [now_ms, lease_ms]))
-            replies = self._evaluate(self._calls, calls)
-        return [parse_due_member(prefix, str(m)) for reap in replies for m in reap]
 
     def runs(self, *, now_ms: int, stalled_after_ms: int, auto_recover: bool, limit: int) -> RunSweep:
         """Classify the due runs; settle the steady ones in Redis, return the others.

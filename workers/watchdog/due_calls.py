@@ -9,7 +9,6 @@ from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.sweep_probe import probe_due_calls
-from workers.store.sweep_scripts import SweepScripts
 
 __all__ = ["sweep_due_calls"]
 
@@ -21,22 +20,17 @@ def sweep_due_calls(
     settings: Settings,
     writer: str,
     limit: int = 10_000,
-    scripts: SweepScripts | None = None,
 ) -> int:
     """Answer overdue and lost calls; returns how many were answered.
 
     Candidates come by score: overdue calls and first looks from the due index (by deadline,
     or one lease after submission), lost workers from the lease index (by lease expiry as
-    last renewed). Each is checked against its
-    record and lease key inside Redis with ``scripts`` (one round trip, single node), else
-    pipelined. Only the runs with an overdue, lost or never-dispatched call are then read
-    in full and reaped.
+    last renewed). Each is checked against its record and lease key (one pipelined read).
+    Only the runs with an overdue, lost or never-dispatched call are then read in full and
+    reaped.
     """
     lease_ms = int(settings.lease.ttl_s * 1000)
-    if scripts is not None:
-        found = scripts.due_calls(now_ms=now_ms, lease_ms=lease_ms, limit=limit)
-    else:
-        found = probe_due_calls(ledger, now_ms=now_ms, lease_ms=lease_ms, limit=limit)
+    found = probe_due_calls(ledger, now_ms=now_ms, lease_ms=lease_ms, limit=limit)
     runs: dict[RunKeys, list[str]] = defaultdict(list)
     for keys, call_id in found:
         runs[keys].append(call_id)

@@ -19,11 +19,12 @@ One sweep, under a sweep lock so two beats never act twice:
 Cost: O(due), never O(sessions) (see ``bench/watchdog.py``): calls are found by deadline
 and by lease expiry, runs by deadline and by progress, each read once. The indexes are split
 into buckets (:mod:`workers.store.keys`) and read bucket by bucket, every bucket in one round
-trip. On a single Redis node two scripts (:mod:`workers.store.sweep_scripts`) probe the due
-calls and settle steady runs inside Redis, a bounded page of one bucket per script call,
-returning only what needs an alert, an action or a drop; on a cluster the same reads are
-pipelined. ``SweepReport.phases_ms`` times ``calls``, ``runs`` (script, or index
-reads), ``judge`` (reading and judging returned runs) and ``apply``.
+trip. Due calls are probed with one pipelined read of their records and leases. On a single
+Redis node a script (:mod:`workers.store.sweep_scripts`) settles steady runs inside Redis, a
+bounded page of one bucket per script call, returning only what needs an alert, an action
+or a drop; on a cluster the same reads are pipelined and every run is judged here.
+``SweepReport.phases_ms`` times ``calls``, ``runs`` (script, or index reads), ``judge``
+(reading and judging returned runs) and ``apply``.
 """
 
 from __future__ import annotations
@@ -169,7 +170,6 @@ class Watchdog:
             settings=self.settings,
             writer=self.writer,
             limit=self.limit,
-            scripts=self.scripts,
         )
         clock.lap("calls")
         if self.scripts is not None:

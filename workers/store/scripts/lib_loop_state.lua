@@ -1,3 +1,4 @@
+-- Kept beside workers.core.loops.signals.signals_of because bench.loops' check needs it (docs/performance.md, "Decisions kept in Lua").
 -- Prepended to the loop-history scripts. Beside the history ZSET (member "<seq>|<entry json>",
 -- score seq) each run keeps the detector's state in a HASH, so that a check reads a few
 -- fields instead of parsing the window. The state describes the window: the newest `size`

@@ -1,3 +1,4 @@
+-- Keeps lib_loop_state.lua's state (why it is in Lua: there).
 -- Remove a call appended by loop_record_call.lua that was then blocked, as if never appended.
 --
 -- KEYS[1]  history ZSET    KEYS[2]  detector state HASH (see lib_loop_state.lua)

@@ -1,3 +1,4 @@
+-- In Lua for bench.loops' target, as lib_loop_state.lua (docs/performance.md, "Decisions kept in Lua").
 -- Append a pending call to a run's loop history; return its seq and what it is judged against.
 --
 -- KEYS[1]  history ZSET: member "<seq>|<entry json>", score = seq (monotonic per run)

@@ -1,3 +1,4 @@
+-- Keeps lib_loop_state.lua's state (why it is in Lua: there); its guard part must be one step.
 -- Attach an outcome hash to a run's loop history and feed the post-compaction guard.
 --
 -- KEYS[1]  history ZSET (see loop_record_call.lua)

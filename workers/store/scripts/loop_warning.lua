@@ -1,3 +1,4 @@
+-- In Lua because the read, the comparison and the write must be one step (docs/performance.md, "Decisions kept in Lua").
 -- Warning de-duplication: emit only when the bucket grows.
 --
 -- KEYS[1]  run HASH: field "loop_warn:<key>" = "<insertion seq>:<last bucket>",

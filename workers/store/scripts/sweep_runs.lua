@@ -1,3 +1,4 @@
+-- Kept beside workers.core.run_health.judge because bench.watchdog's 50 ms sweep needs it (docs/performance.md, "Decisions kept in Lua").
 -- The run phase of one sweep, for one page of one index bucket (single Redis node only).
 -- KEYS: the bucket's by_deadline and by_progress indexes. ARGV: now_ms, stalled_after_ms,
 -- auto_recover ('1'|'0'), the key prefix, the page size, then how many members of each

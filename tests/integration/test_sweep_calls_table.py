@@ -1,13 +1,11 @@
-"""The lease probe exists once: ``sweep_calls.lua`` is checked against the pure rules, row by row.
+"""The sweep's call probe against its rules, row by row of a generated table.
 
-On a single Redis node the sweep probes due calls with ``sweep_calls.lua``; on a cluster the
-pipelined probe reads the same records and decides with ``_probe_verdict``. Either way the
+The sweep probes due calls with one pipelined read and decides with ``_probe_verdict``; the
 calls found are then reaped by :func:`workers.core.waiting.decide`. Every combination of the
-inputs the probe and ``decide`` branch on is generated (``CALL_TABLE``), written once through
-the ledger's write paths, copied to one prefix per path (:mod:`tests.integration.sweep_parity`),
-swept by :func:`sweep_due_calls`, and checked case by case: each path against the pure probe
-and ``decide`` computed from the case itself (the call's answer, its index members, its lease),
-and the two paths against each other, down to every key and index member of the case.
+inputs the probe and ``decide`` branch on is generated (``CALL_TABLE``), written through the
+ledger's write paths, swept once by :func:`sweep_due_calls`, and checked case by case
+against the probe and ``decide`` computed from the case itself (the call's answer, its index
+members, its lease).
 
 Inputs: state (record gone, answered, queued, running), deadline (one ms past, exactly now, one
 ms ahead, exactly ``min_rerun`` ahead), the lease key (missing, no expiry, alive), dispatched,
@@ -30,15 +28,9 @@ from tests.integration.sweep_parity import (
     CALL,
     LEASE_MS,
     NOW,
-    PATHS,
     RUN,
-    RecordingScripts,
-    Swept,
     clients,
-    copy_prefix,
-    dump,
     lease_score,
-    mutant,
     ok_result,
     product,
     sweep_settings,
@@ -53,15 +45,9 @@ from workers.store.rows import Row
 from workers.store.sweep_probe import _probe_verdict
 from workers.watchdog.due_calls import sweep_due_calls
 
-# The first test builds the module fixture, a sweep of every stored case by every path; under
-# a loaded parallel run that alone can pass the suite-wide 120 s.
+# The first test builds the module fixture, a sweep of every stored case; under a loaded
+# parallel run that alone can pass the suite-wide 120 s.
 pytestmark = pytest.mark.timeout(600)
-
-CALLS_BOUNDARY = (
-    "elseif deadline <= now then",
-    "elseif deadline < now then",
-)
-
 
 CALL_DEADLINES = {"past": NOW - 1, "now": NOW, "ahead": NOW + 1, "rerun": NOW + LEASE_MS}
 SUBMITTED = {"fresh": NOW - LEASE_MS + 1, "lease": NOW - LEASE_MS, "old": NOW - 2 * LEASE_MS}
@@ -236,50 +222,43 @@ def _observe_calls(ledger: Ledger) -> dict[int, CallOutcome]:
     return out
 
 
+@dataclass(frozen=True)
+class CallSweep:
+    """What one sweep of every case left: each case's call, and how many calls it answered."""
+
+    outcomes: dict[int, CallOutcome]
+    answered: int
+
+
 @pytest.fixture(scope="module")
-def call_sweeps(redis_server: EmbeddedRedis) -> Iterator[dict[str, Swept]]:
-    """Every call case, swept by each path from one template."""
-    with clients(redis_server.url) as (client, raw):
+def call_sweep(redis_server: EmbeddedRedis) -> Iterator[CallSweep]:
+    """Every call case, written and swept once."""
+    with clients(redis_server.url) as (client, _):
         ledger = Ledger(client, prefix="calls", ttl_s=3600, lease_ttl_ms=LEASE_MS)
         for n, case in enumerate(CALL_CASES):
             write_call(ledger, n, case)
-        swept = {path: Swept() for path in PATHS}
-        for path in PATHS:
-            prefix = f"calls-{path}"
-            copy_prefix(raw, "calls", prefix)
-            swept_ledger = Ledger(client, prefix=prefix, ttl_s=3600, lease_ttl_ms=LEASE_MS)
-            calls_lua = mutant("sweep_calls.lua", *CALLS_BOUNDARY) if path == "mutant" else ""
-            scripts = RecordingScripts(swept_ledger, calls_lua=calls_lua) if path != "pipelined" else None
-            answered = sweep_due_calls(
-                swept_ledger, now_ms=NOW, settings=sweep_settings(), writer="wd", scripts=scripts
-            )
-            swept[path].outcomes = _observe_calls(swept_ledger)
-            if path == "mutant":
-                continue
-            owned, shared = dump(client, prefix)
-            swept[path].states = {n: owned.get(n, {}) for n in range(len(CALL_CASES))}
-            swept[path].shared = {"answered": answered, **shared}
-        yield swept
+        answered = sweep_due_calls(ledger, now_ms=NOW, settings=sweep_settings(), writer="wd")
+        yield CallSweep(_observe_calls(ledger), answered)
 
 
 @pytest.mark.parametrize("n", range(len(CALL_CASES)), ids=[case.id for case in CALL_CASES])
-def test_both_probe_paths_treat_each_call_as_the_pure_rules(call_sweeps: dict[str, Swept], n: int) -> None:
-    # Given one generated call, probed by sweep_calls.lua and by the pipelined probe
-    case, scripts, pipelined = CALL_CASES[n], call_sweeps["scripts"], call_sweeps["pipelined"]
-    # Then each did what the pure probe and decide say, and left exactly the same keys
-    expected = expected_call(case)
-    assert scripts.outcomes[n] == expected
-    assert pipelined.outcomes[n] == expected
-    assert scripts.states[n] == pipelined.states[n]
+def test_the_probe_treats_each_call_as_its_rules(call_sweep: CallSweep, n: int) -> None:
+    # Given one generated call, probed and reaped by one sweep
+    case = CALL_CASES[n]
+    # Then the sweep did what the probe's verdict and decide say
+    assert call_sweep.outcomes[n] == expected_call(case)
 
 
-def test_both_probe_paths_answer_the_same_calls(call_sweeps: dict[str, Swept]) -> None:
-    assert call_sweeps["scripts"].shared == call_sweeps["pipelined"].shared
-    assert call_sweeps["scripts"].shared["answered"] > 100
+def test_the_sweep_answers_the_overdue_and_lost_calls(call_sweep: CallSweep) -> None:
+    # Given every case swept once
+    done = {n for n, outcome in call_sweep.outcomes.items() if outcome.state == "done"}
+    answered = [n for n, case in enumerate(CALL_CASES) if case.state != "done" and n in done]
+    # Then the count the sweep returns is the calls it answered, and the table holds many
+    assert call_sweep.answered == len(answered) > 100
 
 
-def test_an_altered_probe_verdict_is_detected(call_sweeps: dict[str, Swept]) -> None:
-    # Given the pure probe with one verdict altered: calls whose worker was lost kept, not reaped
+def test_an_altered_probe_verdict_is_detected(call_sweep: CallSweep) -> None:
+    # Given the probe's verdicts with one altered: calls whose worker was lost kept, not reaped
     def altered(case: CallCase) -> CallOutcome:
         verdict = probe_verdict(case)
         overdue = CALL_DEADLINES[case.deadline] <= NOW
@@ -290,20 +269,8 @@ def test_an_altered_probe_verdict_is_detected(call_sweeps: dict[str, Swept]) -> 
         n for n, case in enumerate(CALL_CASES)
         if case.candidate and altered(case) != expected_call(case)
     }  # fmt: skip
-    # When both paths' outcomes are compared with it
-    for path in ("scripts", "pipelined"):
-        outcomes = call_sweeps[path].outcomes
-        wrong = {n for n, case in enumerate(CALL_CASES) if outcomes[n] != altered(case)}
-        # Then exactly the altered rows fail
-        assert wrong == lost
+    # When the sweep's outcomes are compared with it
+    wrong = {n for n, case in enumerate(CALL_CASES) if call_sweep.outcomes[n] != altered(case)}
+    # Then exactly the altered rows fail
+    assert wrong == lost
     assert len(lost) > 10
-
-
-def test_a_probe_with_the_deadline_boundary_moved_is_detected(call_sweeps: dict[str, Swept]) -> None:
-    # Given the probe script treating a deadline of exactly now as not yet due (the mutant path)
-    outcomes = call_sweeps["mutant"].outcomes
-    # When its outcomes are compared with the pure rules
-    wrong = [case for n, case in enumerate(CALL_CASES) if outcomes[n] != expected_call(case)]
-    # Then rows fail, and only rows whose deadline is exactly now
-    assert wrong
-    assert {case.deadline for case in wrong} == {"now"}
