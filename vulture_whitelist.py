@@ -35,7 +35,7 @@ _._sentinel_consistent
 _._split_tokens
 _._broker_off_the_cluster
 _.post_compaction_guard  # pydantic field of the loop block, read by alias (workers/core/loops/config.py)
-_.invalid  # FastAPI exception handler and routes, registered by decorator (workers/doors/http_api.py)
+_.invalid  # FastAPI exception handler and routes, registered by decorator (workers/servers/http_api.py)
 _.compaction
 _.healthz
 _.skip_known  # call-path stages, called by name from CallPath.STAGES (workers/gateway/call_path.py)

@@ -28,7 +28,7 @@ counted at the call sites. It exposes::
                                                 attempt (counter): second executions, each
                                                 logged by the worker with both attempts
 
-and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker_metrics`).
+and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker`).
 
 All but the two counters are gauges: they describe the records Redis holds now,
 which expire after ``ledger.ttl_s`` (24 h by default), so a "total" can go down. The
@@ -64,7 +64,7 @@ from workers.errors import StoreError
 from workers.store.duplicates import duplicate_count
 from workers.store.ledger import Ledger
 from workers.store.ledger_scan import CallRow, LedgerScanner
-from workers.store.refused import refusal_counts
+from workers.store.refusal import refusal_counts
 from workers.store.watchdog_liveness import WatchdogLiveness
 
 __all__ = [

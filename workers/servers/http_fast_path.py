@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
-from workers.doors.http_calls import CallsDoor
-from workers.doors.http_schema import ToolCallsBody, answer_response, error_response
 from workers.errors import UnstuckError
+from workers.servers.http_calls import CallsDoor
+from workers.servers.http_schema import ToolCallsBody, answer_response, error_response
 
 __all__ = ["HotRequest", "HotToolCalls"]
 

@@ -10,8 +10,8 @@ import os
 import sys
 import tempfile
 
+from workers.core.redact import redact_url
 from workers.errors import StoreError
-from workers.redact import redact_url
 from workers.settings import Settings
 from workers.store.server import ping_error
 
