@@ -2,7 +2,7 @@
 
 Every agent turn posts here, so its cost is what the door adds to each tool call (target:
 at most 1 ms over the Python gateway). FastAPI matches routes, solves dependencies and wraps
-``send`` in several middlewares for every request, a fifth of the door's CPU per call. The
+``send`` in several middlewares for every request (its cost: docs/performance.md). The
 guard hands this module a request that is plainly well formed (the route's method and path,
 a JSON content type, a body that parses and fits ``ToolCallsBody``) and it answers it
 directly; anything else, every malformed request included, goes on to the FastAPI route,
