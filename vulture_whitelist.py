@@ -2,14 +2,16 @@
 
 vulture reads only workers/, tasks/ and beat_schedule.py, so a name used from outside them
 (a framework calling a hook, a test) looks unused. Every entry below says who uses it. A new
-finding is either dead code to delete or a hook to add here with its reason.
+finding is either dead code to delete or a hook to add here with its reason. Functions that a
+decorator registers (pydantic validators, FastAPI routes) are skipped by `ignore_decorators`
+in pyproject.toml instead.
 """
 
 from vulture.whitelist_utils import Whitelist
 
 _ = Whitelist()
 
-# --- Framework hooks: called by Celery, kombu, pydantic, FastAPI, LangChain or Python itself --------
+# --- Framework hooks: called by Celery, kombu, pydantic, LangChain or Python itself ---------------
 
 _.requires  # celery bootstep dependencies (workers/celery_edge/event_batching.py)
 _.buffer_limit  # celery EventDispatcher batching (workers/celery_edge: event_batching, task_events)
@@ -19,48 +21,33 @@ _.worker_consumer  # celery app attribute naming the consumer class (workers/cel
 _.no_ack_consumers  # kombu Consumer option, read by kombu (workers/celery_edge/amqp.py)
 _.beat_schedule  # celery beat's schedule, read by beat (workers/celery_edge/app_config.py)
 _.__getattr__  # PEP 562 lazy module attributes (workers/__init__.py, workers/celery_edge/app.py)
-_.__dir__  # PEP 562 (workers/__init__.py)
+_.__dir__  # PEP 562, what dir() lists of a lazy module (workers/__init__.py)
 _._arun  # LangChain BaseTool's async entry point (workers/adapters/langgraph.py)
 _.get_field_value  # pydantic-settings source API (workers/config_file.py)
-_.settings_customise_sources  # pydantic-settings hook; its unused parameters are the hook's signature
-_.dotenv_settings
-_.file_secret_settings
-_._all_or_nothing  # pydantic validators (workers/settings.py), run by pydantic
-_._unique_ids
-_._known
-_._no_branch_to_itself
-_._known_builtins
-_._renew_before_expiry
-_._sentinel_consistent
-_._split_tokens
-_._broker_off_the_cluster
+_.settings_customise_sources  # pydantic-settings hook (workers/settings.py)
+_.dotenv_settings  # a parameter of that hook's signature, unused by design
+_.file_secret_settings  # a parameter of that hook's signature, unused by design
 _.post_compaction_guard  # pydantic field of the loop block, read by alias (workers/core/loops/config.py)
-_.invalid  # FastAPI exception handler and routes, registered by decorator (workers/doors/http_api.py)
-_.compaction
-_.healthz
-_.skip_known  # call-path stages, called by name from CallPath.STAGES (workers/gateway/call_path.py)
-_.refuse_aborted_run
-_.check_loops
-_.register_and_dispatch
+_.skip_known  # call-path stage, called by name from CallPath.STAGES (workers/gateway/call_path.py)
+_.refuse_aborted_run  # call-path stage, called by name from CallPath.STAGES
+_.check_loops  # call-path stage, called by name from CallPath.STAGES
+_.register_and_dispatch  # call-path stage, called by name from CallPath.STAGES
 _.nx  # a parameter of the _IndexPipe protocol: redis-py's zadd signature (workers/store/registration.py)
 
 # --- Record fields: written as a whole, read by name in tests, JSON views or task results --------
 
-_.builder  # schema records, held equal to the keys.py table by tests/unit/test_records.py
-_.ttl
-_.redis_type
+_.builder  # schema record field, held equal to the keys.py table by tests/unit/test_records.py
+_.ttl  # schema record field, the same
+_.redis_type  # schema record field, the same
 _.ended_ms  # RunInfo, a run record as stored (workers/store/session_reads.py)
-_.end_reason
+_.end_reason  # RunInfo, the same
 _.last_gap_ms  # SweepRecord, the last sweep as stored (workers/store/watchdog_liveness.py)
-_.sweeps
+_.sweeps  # SweepRecord, the same
 _.dropped  # SweepReport, the sweep task's result (workers/watchdog/sweep.py)
 _.paired_tool_name  # LoopVerdict: the ping-pong detector's other tool (workers/core/loops/detectors.py)
 
-# --- Used only by tests: candidates for deletion, left for the call-path refactor ----------------
+# --- Used only by tests: to delete with the store and loop consolidation that owns them ---------
 
-_.remaining_ms  # Limits.remaining_ms (workers/core/limits.py)
-_.restricted  # ToolPolicy.restricted (workers/core/tool_policy.py)
 _.holds_lane  # SessionReads.holds_lane (workers/store/session_reads.py)
 _.disarm_guard  # LoopHistory.disarm_guard, three implementations (workers/core/loops, workers/store)
-_.rejected  # ProviderAnswer.rejected (workers/core/provider_calls.py)
-_.wait_for_done  # Ledger / AsyncLedger.wait_for_done; the product waits through wait_for_results
+_.wait_for_done  # AsyncLedger.wait_for_done (workers/store/aledger.py); Ledger's is used by wait_for_results

@@ -1,4 +1,4 @@
-"""House-style checks that read the source tree (habits 1, 3, 8, 9, 10) and its import graph."""
+"""House-style checks that read the source tree and its import graph."""
 
 from __future__ import annotations
 
@@ -104,6 +104,55 @@ SETTINGS_MODULES = frozenset({"workers/settings.py", "workers/config_file.py", "
 def test_environment_is_read_only_by_settings() -> None:
     files = _python_files("workers", "tasks", "beat_schedule.py")
     assert _grep(ENVIRONMENT, files, exclude=SETTINGS_MODULES) == []
+
+
+# --- comments point only inside the repository ----------------------------------------------------
+
+# A spec section, a house-style habit or an issue number means nothing to a reader of the
+# repository alone: a comment states the rule itself or links a page under docs/. Spelled in
+# pieces so this file does not match its own check.
+OUTSIDE_POINTERS = "|".join(
+    [
+        "\N{SECTION SIGN}",  # spec §4.2
+        r"\bhabits? \d",  # habit 7
+        r"\bissues? #?\d+",  # issue 13, issue #13
+        r"(?<![\w&])#\d{2,}\b",  # (#13)
+        "reference " + "system",  # the product it imitates is named: OpenClaw
+    ]
+)
+
+
+def _source_files(*roots: str) -> list[Path]:
+    return _python_files(*roots) + [
+        p for root in roots if (ROOT / root).is_dir() for p in sorted((ROOT / root).rglob("*.lua"))
+    ]
+
+
+def test_comments_point_nowhere_outside_the_repository() -> None:
+    # Given
+    files = _source_files("workers", "tasks", "beat_schedule.py")
+    assert any(p.suffix == ".lua" for p in files)  # the scripts' comments are read too
+    # Then
+    assert _grep(OUTSIDE_POINTERS, files) == []
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "# see spec \N{SECTION SIGN}3.1",
+        "-- habit 4: keys in one module",
+        "(issue 13: at most 1 ms)",
+        "fixed in #42",
+        "as the " + "reference " + "system does",
+    ],
+)
+def test_outside_pointer_grep_finds_each_kind(comment: str) -> None:
+    assert re.search(OUTSIDE_POINTERS, comment)
+
+
+@pytest.mark.parametrize("text", ["color: #00ff00", "&#39;", "habits of the agent", "tissue 3"])
+def test_outside_pointer_grep_leaves_ordinary_text(text: str) -> None:
+    assert not re.search(OUTSIDE_POINTERS, text)
 
 
 # --- never eager ----------------------------------------------------------------------------------

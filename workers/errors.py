@@ -7,7 +7,7 @@ decisions read the typed ``retryable`` field, never the message text::
      ├── ConfigError                 invalid settings or config file (names the key path)
      ├── ToolCallError               one tool call went wrong
      │    ├── ToolNotFound           no tool of that name is registered
-     │    ├── InvalidArguments       arguments failed the tool's schema (R5)
+     │    ├── InvalidArguments       arguments failed the tool's schema
      │    ├── ToolExecutionError     the tool raised; ``retryable`` says if a retry may help
      │    └── CallFailed             a call's one result is not a tool's success (its task's FAILURE)
      │         └── one class per SyntheticReason, generated (workers.core.outcome.CALL_FAILURES):

@@ -33,7 +33,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from workers.config_file import ConfigFileSource, Seconds
-from workers.core.breakers import BreakerPolicy
+from workers.core.breaker import BreakerPolicy
 from workers.core.did_you_mean import unknown_key_message
 from workers.core.failure_policy import (
     BRANCH_REASONS,
@@ -668,7 +668,7 @@ class ApiSettings(BaseModel):
 class McpSettings(BaseModel):
     """The MCP door answers each call ``answer_margin_s`` before ``client_timeout_s`` at the latest."""
 
-    model_config = _FROZEN  # the margin is checked where it is used (workers.doors.mcp_late_results)
+    model_config = _FROZEN  # the margin is checked where it is used (workers.servers.mcp_late_results)
     client_timeout_s: PositiveFloat = Field(60.0, description="MCP clients' timeout (requestTimeoutMs)")
     answer_margin_s: PositiveFloat = Field(2.0, description="answer still_running this long before it")
 

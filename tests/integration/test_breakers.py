@@ -12,7 +12,7 @@ import pytest
 from tests.harness import UNSTUCK, Proc, wait_until
 from workers.core.models import ToolCall, ToolResult
 from workers.gateway.client import ToolGateway
-from workers.ops.breaker_metrics import BreakerCollector
+from workers.ops.breaker import BreakerCollector
 from workers.store.events import recent_events
 from workers.store.ledger import Ledger
 

@@ -17,7 +17,7 @@ import pytest
 
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, deadline_result, success_result
-from workers.gateway.persister import Persister
+from workers.gateway.deferred_answers import Persister
 from workers.gateway.waiter import Batch, Waiter
 from workers.settings import Settings
 from workers.store.connection import connect

@@ -18,10 +18,10 @@ from tests.signing import invoke_body, publish_raw
 from workers import ToolCall, ToolGateway
 from workers.celery_edge.names import INVOKE_TASK, SWEEP_TASK
 from workers.core.models import CallJob
-from workers.core.refusals import RefusalReason
+from workers.core.refusal import RefusalReason
 from workers.store.ledger import Ledger
 from workers.store.records import CallField
-from workers.store.refused import refusal_counts
+from workers.store.refusal import refusal_counts
 
 pytestmark = pytest.mark.timeout(60)
 

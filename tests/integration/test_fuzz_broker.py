@@ -35,9 +35,9 @@ from tests.signing import (
 )
 from workers import ToolCall, ToolGateway
 from workers.core.models import CallJob
-from workers.core.refusals import RefusalReason
+from workers.core.refusal import RefusalReason
 from workers.store.records import CallField
-from workers.store.refused import refusal_counts
+from workers.store.refusal import refusal_counts
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

@@ -21,7 +21,7 @@ import pytest
 from mcp import Client
 
 from tests.harness import UNSTUCK, Proc, base_env, wait_until
-from workers.doors.mcp_server import McpDoor
+from workers.servers.mcp_server import McpDoor
 from workers.settings import Settings
 from workers.store.ledger import Ledger
 

@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry
 
 from workers.cli.metrics_cmd import serve
 from workers.core.models import SyntheticReason, ToolCall
-from workers.core.refusals import RefusalReason
+from workers.core.refusal import RefusalReason
 from workers.core.results import success_result, synthetic_result, tool_error_result
 from workers.local.embedded_redis import free_port
 from workers.ops.metrics import LedgerCollector
 from workers.store.connection import connect
 from workers.store.ledger import Ledger
-from workers.store.refused import count_refusal
+from workers.store.refusal import count_refusal
 from workers.store.runs import AgentBeats, ensure_run
 from workers.store.sessions import SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness

@@ -26,8 +26,8 @@ from tests.signing import (
 )
 from workers import ToolCall, ToolGateway
 from workers.core.models import CallJob
-from workers.core.refusals import RefusalReason
-from workers.store.refused import refusal_counts
+from workers.core.refusal import RefusalReason
+from workers.store.refusal import refusal_counts
 
 pytestmark = pytest.mark.timeout(90)
 

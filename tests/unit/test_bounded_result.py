@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from workers.core import ToolCall, success_result
-from workers.redact import RedactingFilter
+from workers.core.redact import RedactingFilter
 from workers.worker.execution import bounded_result
 
 CALL = ToolCall(id="c1", name="exec")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.core.breakers import (
+from workers.core.breaker import (
     Admission,
     BreakerPolicy,
     BreakerSnapshot,

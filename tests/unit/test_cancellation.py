@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from workers.core.cancellation import CancelStep, cancel_step, cancelled_result
+from workers.core.cancel import CancelStep, cancel_step, cancelled_result
 from workers.core.models import ToolCall
 from workers.tools.builtins import exec_command
 from workers.tools.context import ToolContext

@@ -11,8 +11,8 @@ import pytest
 
 from workers.cli.flower_cmd import BASIC_AUTH_ENV, flower_argv, flower_env, is_loopback
 from workers.cli.main import main
+from workers.core.redact import mask_setting_url
 from workers.errors import ConfigError
-from workers.redact import mask_setting_url
 from workers.tools import registry
 
 

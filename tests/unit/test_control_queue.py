@@ -8,7 +8,7 @@ import workers.celery_edge.app
 from beat_schedule import build_beat_schedule
 from workers.celery_edge.app import celery_config, create_app
 from workers.celery_edge.names import HOUSEKEEPING_TASK, INVOKE_TASK, SWEEP_TASK
-from workers.launch import watchdog_argv, worker_argv
+from workers.cli.launch import watchdog_argv, worker_argv
 from workers.settings import Settings
 
 SETTINGS = Settings(redis={"url": "redis://127.0.0.1:1/0"})

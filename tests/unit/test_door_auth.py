@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from workers.doors.auth import bearer_ok, check_exposure
 from workers.errors import ConfigError
+from workers.servers.auth import bearer_ok, check_exposure
 
 TOKENS = (SecretStr("s3cret"), SecretStr("other"))
 

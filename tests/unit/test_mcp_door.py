@@ -13,8 +13,8 @@ from mcp.server import ServerRequestContext
 import tests.misbehaving_tools  # noqa: F401 - registers the tools listed below
 from workers.cli.main import main
 from workers.core.models import TextBlock, ToolResult
-from workers.doors.mcp_server import MALFORMED_ARGUMENTS, accept_any_arguments, to_mcp_result, tool_entries
-from workers.doors.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
+from workers.servers.mcp_server import MALFORMED_ARGUMENTS, accept_any_arguments, to_mcp_result, tool_entries
+from workers.servers.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
 from workers.settings import Settings
 
 IDLE_MS = 300_000

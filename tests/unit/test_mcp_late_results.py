@@ -7,7 +7,8 @@ import json
 import pytest
 
 from workers.core.models import TextBlock, ToolCall, ToolResult
-from workers.doors.mcp_late_results import (
+from workers.errors import ConfigError
+from workers.servers.mcp_late_results import (
     StillRunningCall,
     StillRunningCalls,
     answer_within_s,
@@ -17,9 +18,8 @@ from workers.doors.mcp_late_results import (
     unknown_call_result,
     wanted_call_id,
 )
-from workers.doors.mcp_serving import request_ids
-from workers.doors.mcp_sessions import CallTarget
-from workers.errors import ConfigError
+from workers.servers.mcp_sessions import CallTarget
+from workers.servers.mcp_transports import request_ids
 from workers.settings import McpSettings
 
 SLOW = ToolCall(id="c1", name="slow", arguments={"seconds": 90})

@@ -1,4 +1,4 @@
-"""Secrets never survive ``workers.redact``; everything else stays readable."""
+"""Secrets never survive ``workers.core.redact``; everything else stays readable."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.redact import MASK, is_sensitive_key, redact, redact_mapping, redact_url
+from workers.core.redact import MASK, is_sensitive_key, redact, redact_mapping, redact_url
 
 TEXT_CASES = [
     ("redis://app:s3cret@redis:6379/0", "redis://app:****@redis:6379/0"),

@@ -17,9 +17,9 @@ from workers.errors import (
     RedisRefused,
     StoreError,
 )
-from workers.store import redis_refusals
+from workers.store import redis_errors
 from workers.store.connection import store_errors
-from workers.store.redis_refusals import refusal_of, store_error_of
+from workers.store.redis_errors import refusal_of, store_error_of
 
 CASES = [
     (redis.ResponseError("NOREPLICAS Not enough good replicas to write."), NoReplicas, True),
@@ -84,8 +84,8 @@ def test_other_errors_stay_plain_store_errors(exc: redis.RedisError) -> None:
 def test_the_store_layer_raises_the_mapped_refusal_and_logs_it(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_refusals, "_last_logged", {})  # earlier tests logged it already
-    caplog.set_level(logging.ERROR, logger="workers.store.redis_refusals")
+    monkeypatch.setattr(redis_errors, "_last_logged", {})  # earlier tests logged it already
+    caplog.set_level(logging.ERROR, logger="workers.store.redis_errors")
     with pytest.raises(NoReplicas) as caught, store_errors():
         raise redis.ResponseError("NOREPLICAS Not enough good replicas to write.")
     assert isinstance(caught.value.__cause__, redis.ResponseError)

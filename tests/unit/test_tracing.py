@@ -38,7 +38,7 @@ def _run(code: str, **env: str) -> dict[str, Any]:
 
 _OFF = """
     import json, sys
-    import tasks.invoke, workers.doors.http_api, workers.doors.mcp_server
+    import tasks.invoke, workers.servers.http_api, workers.servers.mcp_server
     from workers import ToolCall, tracing
     from workers.core.results import synthetic_result, SyntheticReason
     call = ToolCall(id="c1", name="echo", arguments={})

@@ -1,9 +1,9 @@
 """The Celery edge: every place unstuck subclasses, hooks or imitates Celery or kombu internals.
 
 Elsewhere ``workers`` uses only Celery's public API (the app, ``send_task``, ``control.revoke``,
-``events.default_dispatcher().send``, ``setup_security``) and catches billiard's
-``SoftTimeLimitExceeded`` around a tool (:mod:`workers.worker.calls`). What each module here
-relies on, and the test that fails when a Celery or kombu release changes it (under ``tests/``):
+``events.default_dispatcher().send``) and catches billiard's ``SoftTimeLimitExceeded`` around a
+tool (:mod:`workers.worker.calls`). What each module here relies on, and the test that fails
+when a Celery or kombu release changes it (under ``tests/``):
 
 ``app.py``: the app of each role (``celery -A workers.celery_edge.app``, ``...app:control_app``)
     - ``conf.worker_consumer`` names the consumer class; ``app.steps["worker"|"consumer"].add``
@@ -43,6 +43,9 @@ relies on, and the test that fails when a Celery or kombu release changes it (un
     - ``app.events.default_dispatcher`` and its ``buffer_group`` / ``buffer_limit`` (one
       ``task.multi`` message per batch): ``integration/test_task_events.py`` (Celery's receiver).
 ``names.py``: the task names and ids (plain strings; no internal).
+``message_signing.py``: Celery's own message signing (``broker.signing``), public API only
+    - ``setup_security`` and the ``auth`` serializer: ``integration/test_signed_messages.py``,
+      ``unit/test_message_signing.py``.
 
 The worker's own logic (claim, refuse, run, answer by the deadline, answer lost children)
 is in :mod:`workers.worker`; these classes only hand it what Celery holds.

@@ -42,7 +42,7 @@ class LedgerAckedAMQP(AMQP):
 
     On Redis, kombu tracks every unacknowledged message in two keys (``unacked``,
     ``unacked_index``): two MULTI round trips and eight commands per call in the worker's main
-    process, a third of its time under load (docs/performance.md). What that buys is a
+    process (its cost: docs/performance.md). What that buys is a
     redelivery after the visibility timeout (>= 1 h), later than any call's deadline, and the
     ledger already answers every registered call by its deadline whatever became of its message.
     With ``worker_disable_prefetch`` a worker takes a message only for a free pool slot, so

@@ -14,9 +14,9 @@ from celery import Celery
 
 from beat_schedule import build_beat_schedule
 from workers.celery_edge.amqp import LedgerAckedAMQP
+from workers.celery_edge.message_signing import apply_signing, signing_config
 from workers.celery_edge.names import HOUSEKEEPING_TASK, SWEEP_TASK
 from workers.core.sentinel_url import is_sentinel_url
-from workers.message_signing import apply_signing, signing_config
 from workers.settings import Settings
 
 __all__ = ["celery_config", "client_app", "configured_app"]

@@ -16,8 +16,8 @@ from celery import Celery, bootsteps, signals
 from celery.worker import state
 
 from workers.celery_edge.names import INVOKE_TASK
+from workers.core.redact import install_log_redaction
 from workers.errors import ConfigError, StoreError, WorkerConfigError
-from workers.redact import install_log_redaction
 from workers.runtime import runtime
 from workers.worker.lease_keeper import LeaseKeeper, renew_interval_s
 from workers.worker.memory_guard import install_memory_guard, memory_guard

@@ -18,9 +18,9 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from kombu.exceptions import ContentDisallowed
 
-from workers.core.refusals import RefusalReason
+from workers.core.refusal import RefusalReason
 from workers.runtime import runtime
-from workers.worker.refusing import record_refusal
+from workers.worker.refusal import record_refusal
 
 __all__ = ["RefusingConsumer"]
 

@@ -1,12 +1,12 @@
 """Batch the consumer's task events: one ``task.multi`` message per interval, not one per loop tick.
 
 Celery buffers the ``task`` group's events (received, started, succeeded, failed, ...) and
-asks the event loop to flush on its next tick, so sequential calls published two or three
-messages each: that publish was about half of the worker main process's CPU above a plain
-Celery worker (bench.overhead). This step flushes ``broker.task_events_flush_ms`` after the
-first buffered event instead (Flower sees a call's events that much later, in the same order),
-or as soon as the buffer holds :data:`BUFFER_LIMIT` events, and flushes what is buffered
-whenever the consumer stops, restarts or shuts down, so no event is left behind.
+asks the event loop to flush on its next tick, so sequential calls would publish two or three
+messages each, all on the worker's main process (its cost: docs/performance.md). This step
+flushes ``broker.task_events_flush_ms`` after the first buffered event instead (Flower sees a
+call's events that much later, in the same order), or as soon as the buffer holds
+:data:`BUFFER_LIMIT` events, and flushes what is buffered whenever the consumer stops,
+restarts or shuts down, so no event is left behind.
 """
 
 from __future__ import annotations

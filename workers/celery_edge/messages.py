@@ -1,8 +1,8 @@
 """The invoke task's message as a Redis broker holds it, built without Celery's publish path.
 
-``app.send_task`` costs a gateway about a millisecond and a half of CPU per call (producer
-pool, routing, declarations, signals) and blocks, so an asyncio caller would have to hop to a thread
-for it. Here the message is built by Celery's own ``amqp.as_task_v2`` (the protocol 2 headers,
+``app.send_task`` goes through the producer pool, routing, declarations and signals for every
+call (its cost: docs/performance.md) and blocks, so an asyncio caller would have to hop to a
+thread for it. Here the message is built by Celery's own ``amqp.as_task_v2`` (the protocol 2 headers,
 properties and body a worker reads), then wrapped the way kombu's Redis transport wraps it
 (the base64 body and the ``delivery_info`` envelope of ``Channel.basic_publish``), ready for
 one ``LPUSH`` onto the queue's list (done by the register script, see

@@ -10,7 +10,7 @@ from typing import Any
 from workers.errors import ConfigError, StoreError
 from workers.runtime import now_ms, open_ledger
 from workers.settings import load_settings
-from workers.store.breaker_store import BreakerStore
+from workers.store.breaker import BreakerStore
 
 __all__ = ["register"]
 

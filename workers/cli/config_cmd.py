@@ -28,8 +28,8 @@ from workers.core.config_checks import (
 )
 from workers.core.deployment_checks import check_deployment
 from workers.core.loops.config import resolve_loop_config
+from workers.core.redact import redact_settings
 from workers.errors import ConfigError, StoreError
-from workers.redact import redact_settings
 from workers.settings import Settings, check_loop_blocks, load_settings
 
 __all__ = ["collect_warnings", "effective_config", "register"]

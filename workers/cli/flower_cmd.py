@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
-from workers.doors.auth import is_loopback
+from workers.cli.launch import flower_argv
 from workers.errors import ConfigError
-from workers.launch import flower_argv
+from workers.servers.auth import is_loopback
 from workers.settings import load_settings, process_environment
 
 __all__ = ["BASIC_AUTH_ENV", "flower_argv", "flower_env", "is_loopback", "parse_basic_auth", "register"]

@@ -4,7 +4,7 @@ A host may start a stdio server with a stripped environment (OpenClaw drops ``PY
 "for stdio startup safety"), so everything the door needs can be given as arguments too:
 ``--path`` (added to ``sys.path``), ``--tool-modules``, ``--config`` and ``--redis-url``
 override the environment. A stdio door that cannot start answers the host's ``initialize``
-with the reason (see :mod:`workers.doors.mcp_refusal`) and prints it on stderr.
+with the reason (see :mod:`workers.servers.mcp_startup_error`) and prints it on stderr.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import os
 import sys
 from typing import Any
 
-from workers.doors.auth import check_exposure
-from workers.doors.mcp_late_results import answer_within_s
+from workers.cli.launch import preflight
 from workers.errors import ConfigError, StoreError
-from workers.launch import preflight
+from workers.servers.auth import check_exposure
+from workers.servers.mcp_late_results import answer_within_s
 from workers.settings import Settings, load_settings
 
 __all__ = ["register", "settings_overrides"]
@@ -93,8 +93,8 @@ def _ready_settings(args: argparse.Namespace) -> tuple[Settings, str]:
 def _mcp(args: argparse.Namespace) -> int:
     import anyio
 
-    from workers.doors.mcp_refusal import refuse_stdio
-    from workers.doors.mcp_serving import serve_http, serve_stdio
+    from workers.servers.mcp_startup_error import refuse_stdio
+    from workers.servers.mcp_transports import serve_http, serve_stdio
 
     try:
         settings, host = _ready_settings(args)

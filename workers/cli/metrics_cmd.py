@@ -15,7 +15,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from workers.errors import ConfigError, StoreError
-from workers.ops.breaker_metrics import BreakerCollector
+from workers.ops.breaker import BreakerCollector
 from workers.ops.metrics import LedgerCollector
 from workers.runtime import open_ledger
 from workers.settings import Settings, load_settings

@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from workers.cli.launch import beat_argv, preflight, watchdog_argv, worker_argv
 from workers.errors import ConfigError, StoreError
-from workers.launch import beat_argv, preflight, watchdog_argv, worker_argv
 from workers.settings import Settings, load_settings
 
 __all__ = ["register"]

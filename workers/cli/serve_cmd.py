@@ -1,4 +1,4 @@
-"""``unstuck serve``: the HTTP/JSON API for agent loops in any language (see workers.doors.http_api)."""
+"""``unstuck serve``: the HTTP/JSON API for agent loops in any language (see workers.servers.http_api)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def register(subparsers: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from workers.doors.auth import check_exposure
-    from workers.doors.http_api import create_api
-    from workers.launch import preflight
+    from workers.cli.launch import preflight
+    from workers.servers.auth import check_exposure
+    from workers.servers.http_api import create_api
     from workers.settings import load_settings
 
     try:

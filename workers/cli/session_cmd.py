@@ -18,7 +18,7 @@ from workers.core.run_health import RunStatus
 from workers.errors import ConfigError, StoreError
 from workers.runtime import now_ms, open_ledger, worker_id
 from workers.settings import Settings, load_settings
-from workers.store.cancels import CancelMarks
+from workers.store.cancel import CancelMarks
 from workers.store.records import CallField
 from workers.store.sessions import RunInfo, SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness

@@ -53,10 +53,6 @@ class CallLimits:
     submitted_ms: int
     deadline_ms: int
 
-    def remaining_ms(self, now_ms: int) -> int:
-        """Milliseconds left before the deadline (negative when past)."""
-        return self.deadline_ms - now_ms
-
 
 def resolve_limits(
     *,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.core.models import SyntheticReason, ToolResult
+from workers.core.redact import redact
 from workers.errors import CallFailed
-from workers.redact import redact
 
 __all__ = ["CALL_FAILURES", "CallOutcome", "TaskState", "closing_event", "failure_event", "outcome_of"]
 

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.core.models import ToolCall, ToolResult
-from workers.core.results import rejected_result
 from workers.core.transcript.adapters import FORMATS, anthropic, gemini, openai_chat, openai_responses
 from workers.core.transcript.adapters.wire import require_dict, require_list, require_str, unwrap
-from workers.errors import InvalidArguments, LoopDetected, ProviderFormatError, TranscriptRepairError
+from workers.errors import LoopDetected, ProviderFormatError, TranscriptRepairError
 
 __all__ = [
     "FORMATS",
@@ -69,13 +68,6 @@ class ParsedCall:
     """The call as the gateway runs it (a :class:`RejectedCall` when its arguments were unreadable)."""
     send_id: bool = True
     """False for a Gemini call that came without an id: its id was generated and is not sent back."""
-
-    @property
-    def rejected(self) -> ToolResult | None:
-        """The ``invalid_arguments`` answer of a call whose arguments could not be read, else None."""
-        if not isinstance(self.call, RejectedCall):
-            return None
-        return rejected_result(self.call, InvalidArguments(self.call.name, list(self.call.problems)), 0)
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ def fallback_result(
 
 
 def rejected_result(call: ToolCall, error: ToolNotFound | InvalidArguments, elapsed_ms: int) -> ToolResult:
-    """The answer to a call that must not run: unknown tool or invalid arguments (R5)."""
+    """The answer to a call that must not run: unknown tool or invalid arguments."""
     if isinstance(error, ToolNotFound):
         hint = f"; closest: {', '.join(error.closest)}" if error.closest else ""
         return synthetic_result(

@@ -26,9 +26,9 @@ from workers.core.provider_calls import ProviderAnswer, ProviderTurn
 from workers.errors import LoopDetected
 from workers.gateway.async_submit import AsyncSubmitter
 from workers.gateway.call_path import CallPath
-from workers.gateway.cancelling import Canceller
+from workers.gateway.cancel import Canceller
+from workers.gateway.deferred_answers import Persister
 from workers.gateway.dispatching import Dispatcher
-from workers.gateway.persister import Persister
 from workers.gateway.waiter import AsyncWaiter, Batch
 from workers.runtime import open_async_ledger
 from workers.settings import Settings

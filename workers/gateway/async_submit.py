@@ -65,7 +65,7 @@ class AsyncSubmitter:
 
         Cancelling the caller does not stop a submission under way, as it did not stop the
         thread this replaces: the canceller marks the calls and cancels those registered
-        after its mark (:mod:`workers.gateway.cancelling`).
+        after its mark (:mod:`workers.gateway.cancel`).
         """
         submitting = asyncio.ensure_future(self._submit(keys, agent_id, calls))
         self._submitting.add(submitting)  # a strong reference while it outlives its caller

@@ -21,7 +21,7 @@ from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.errors import StoreError
-from workers.gateway.breaker_gate import BreakerGate
+from workers.gateway.breaker import BreakerGate
 from workers.gateway.dispatching import Dispatcher, Submission
 from workers.gateway.loop_abort import abort_run
 from workers.gateway.loop_gate import LoopGate

@@ -24,13 +24,13 @@ from workers.core.transcript import RepairedTranscript
 from workers.errors import LoopDetected, StoreError
 from workers.gateway.agent_liveness import AgentLiveness
 from workers.gateway.async_calls import AsyncCalls, SyncParts
-from workers.gateway.breaker_gate import BreakerGate
+from workers.gateway.breaker import BreakerGate
 from workers.gateway.call_path import CallPath
-from workers.gateway.cancelling import Canceller
+from workers.gateway.cancel import Canceller
+from workers.gateway.deferred_answers import Persister
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.ledger_repair import repair_with_ledger
 from workers.gateway.loop_gate import LoopGate
-from workers.gateway.persister import Persister
 from workers.gateway.waiter import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
@@ -154,7 +154,7 @@ class ToolGateway:
         Submission runs on the loop when it can, else on the gateway's small submission pool
         (see :mod:`workers.gateway.async_calls`); the wait for answers is awaited on an asyncio
         Redis client of the running loop (``await aclose()`` before that loop ends).
-        Cancelling it cancels the calls (see :mod:`workers.gateway.cancelling`).
+        Cancelling it cancels the calls (see :mod:`workers.gateway.cancel`).
         """
         return await self._async.call_tools(
             session_key=session_key, run_id=run_id, agent_id=agent_id, calls=calls
@@ -163,7 +163,7 @@ class ToolGateway:
     def cancel(self, session_key: str, run_id: str, call_id: str | None = None) -> int:
         """Cancel a call of a run, or all of them; returns how many were unanswered.
 
-        Each is answered ``cancelled`` once: see :mod:`workers.gateway.cancelling`. Raises ``StoreError``.
+        Each is answered ``cancelled`` once: see :mod:`workers.gateway.cancel`. Raises ``StoreError``.
         """
         return self._canceller.cancel(
             self._rt.ledger.keys(session_key, run_id), None if call_id is None else [call_id]

@@ -24,8 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from workers.cli.launch import beat_argv, flower_argv, preflight, watchdog_argv, worker_argv
 from workers.errors import ConfigError, StoreError, UnstuckError
-from workers.launch import beat_argv, flower_argv, preflight, watchdog_argv, worker_argv
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings, process_environment
 

@@ -28,7 +28,7 @@ counted at the call sites. It exposes::
                                                 attempt (counter): second executions, each
                                                 logged by the worker with both attempts
 
-and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker_metrics`).
+and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker`).
 
 All but the two counters are gauges: they describe the records Redis holds now,
 which expire after ``ledger.ttl_s`` (24 h by default), so a "total" can go down. The
@@ -39,9 +39,8 @@ reads as a counter reset.
 run keys of the prefix (``COUNT`` 1000 per step), read with pipelined ``HMGET`` batches.
 A scrape reads at most ``max_keys`` keys (default 20 000) and sets
 ``unstuck_scrape_truncated`` to 1 when it stopped early, so a huge ledger makes the numbers
-partial, never the scrape unbounded. Measured on a 2-core machine: about 0.4 s for 10 000
-call records, about 1 s for 14 000 keys with 2 000 pending calls (redis-py's reply parsing
-dominates), so the default bound keeps a scrape near 1-2 s. The oldest pending call is looked for among the
+partial, never the scrape unbounded; the default bound keeps a scrape near 1-2 s on a
+2-core machine (docs/performance.md). The oldest pending call is looked for among the
 ``oldest_sample`` members of the due index with the nearest deadlines, because the index
 is scored by deadline, not by submission time: a call submitted earlier with a later
 deadline can be missed. This is acceptable until the store keeps per-tool counters.
@@ -64,7 +63,7 @@ from workers.errors import StoreError
 from workers.store.duplicates import duplicate_count
 from workers.store.ledger import Ledger
 from workers.store.ledger_scan import CallRow, LedgerScanner
-from workers.store.refused import refusal_counts
+from workers.store.refusal import refusal_counts
 from workers.store.watchdog_liveness import WatchdogLiveness
 
 __all__ = [

@@ -40,7 +40,7 @@ from workers.store.keys import run_member as run_index_member
 from workers.store.ledger_args import finish_call
 from workers.store.lua import script_source
 from workers.store.records import CALL, CallField
-from workers.store.redis_refusals import store_error_of
+from workers.store.redis_errors import store_error_of
 from workers.store.registration import RegisterStep, Registration
 from workers.store.replica_acks import ReplicaAcks, Seal, no_seal
 from workers.store.rows import Row

@@ -19,7 +19,7 @@ from redis.sentinel import Sentinel
 
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url
 from workers.errors import StoreError
-from workers.store.redis_refusals import store_error_of
+from workers.store.redis_errors import store_error_of
 
 __all__ = ["connect", "sentinel_client_kwargs", "sentinel_of", "store_errors"]
 

@@ -41,7 +41,7 @@ from workers.store.done_signals import Signal
 from workers.store.keys import listener_poke_key
 from workers.store.ledger_args import done_expire_s
 from workers.store.records import CallField
-from workers.store.redis_refusals import store_error_of
+from workers.store.redis_errors import store_error_of
 
 __all__ = ["DoneListener"]
 

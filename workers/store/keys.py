@@ -456,7 +456,7 @@ class BreakerKeys:
 
 
 def refused_key(prefix: str) -> str:
-    """Counters of the task messages workers refused, by reason (see :mod:`workers.core.refusals`)."""
+    """Counters of the task messages workers refused, by reason (see :mod:`workers.core.refusal`)."""
     return f"{prefix}:refused"
 
 

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from workers.core.breakers import BreakerState
+from workers.core.breaker import BreakerState
 from workers.core.models import CallState
-from workers.core.refusals import RefusalReason
+from workers.core.refusal import RefusalReason
 from workers.core.run_health import RunStatus, SessionClass
 
 __all__ = [

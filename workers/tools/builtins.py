@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from workers.core.redact import redact_mapping, redact_url
 from workers.errors import ConfigError, ToolExecutionError
-from workers.redact import redact_mapping, redact_url
 from workers.tools.context import ToolContext
 from workers.tools.registry import tool, unregister
 

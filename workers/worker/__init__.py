@@ -1,4 +1,4 @@
-"""The tool worker's room: what runs inside ``celery worker`` besides the Celery edge.
+"""The tool worker process: what runs inside ``celery worker`` besides the Celery edge.
 
 The Celery adapters (the invoke task in ``tasks/``, the request class and bootsteps in
 :mod:`workers.celery_edge`) hand each delivery and each main-process tick to this package.

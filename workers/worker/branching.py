@@ -20,9 +20,9 @@ from workers.core.failure_policy import (
     branch_answer,
 )
 from workers.core.models import CallJob, ToolResult
+from workers.core.redact import redact
 from workers.core.results import success_result, tool_error_result
 from workers.errors import InvalidArguments, ToolNotFound
-from workers.redact import redact
 from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, get_tool, validate_arguments
 

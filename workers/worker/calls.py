@@ -19,17 +19,17 @@ from workers import tracing
 from workers.core.job_digest import job_digest
 from workers.core.memory_limits import OomCause
 from workers.core.models import CallJob, ClaimStatus, ToolResult
-from workers.core.refusals import RefusalReason
+from workers.core.refusal import RefusalReason
 from workers.core.results import answer_by_deadline, not_allowed_result
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 from workers.tools.context import ToolContext
-from workers.worker.cancel_enforcer import cancel_check
+from workers.worker.cancel import cancel_check
+from workers.worker.duplicates import note_duplicate
 from workers.worker.execution import bounded_result, memory_exceeded_result, run_tool, soft_timeout_result
 from workers.worker.lost_calls import answer_if_holder_died, memory_limit_mb, stored_answer
 from workers.worker.memory_guard import memory_guard
-from workers.worker.refusing import record_refusal, refuse_claim
-from workers.worker.second_executions import note_duplicate
+from workers.worker.refusal import record_refusal, refuse_claim
 
 __all__ = ["Refused", "answer_call"]
 

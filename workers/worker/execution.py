@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workers.core.cancellation import cancelled_result
+from workers.core.cancel import cancelled_result
 from workers.core.failure_policy import NO_RULES, FailureRules, apply_fallback
 from workers.core.limits import RetryPolicy
 from workers.core.memory_limits import OomCause, out_of_memory_result
 from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolResult
+from workers.core.redact import redact
 from workers.core.results import rejected_result, success_result, synthetic_result, tool_error_result
 from workers.errors import InvalidArguments, ToolNotFound
-from workers.redact import redact
 from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, get_tool, registered_tools, validate_arguments
 from workers.worker.branching import fallback_rule, settle_failure

@@ -19,7 +19,7 @@ from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_cal
 from workers.core.models import SyntheticReason
 from workers.runtime import now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
-from workers.worker.cancel_enforcer import CancelEnforcer, RunningJob
+from workers.worker.cancel import CancelEnforcer, RunningJob
 from workers.worker.lost_calls import answer_from_main_process, answer_lost_child, pid_alive, pid_of
 from workers.worker.memory_guard import memory_guard
 

@@ -151,8 +151,8 @@ class MemoryCgroups:
 
     A pool child makes its cgroup at its first limited call and stays in it, and each call
     re-arms the limit at what the cgroup holds now plus the call's allowance: one read and
-    one write per call instead of creating, joining, leaving and removing a cgroup (about
-    four times the cost, bench.memory_limits). The count stays the call's own: what the child
+    one write per call instead of creating, joining, leaving and removing a cgroup (its cost:
+    docs/performance.md). The count stays the call's own: what the child
     held before is the baseline. A cgroup whose ``oom_kill`` counter rose is retired at once,
     so at every call's start the counter is 0 and a raised one names the running call.
     """

@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 
 # How long a dead child's call cgroup is kept for the paths that answer its call to read.
 _DEAD_CHILD_GRACE_S = 5.0
-_SWEEP_INTERVAL_S = 5.0  # listing a cgroup directory costs about 0.4 ms
+# The lease keeper asks for a sweep on every tick; a dead child's cgroup may wait this long,
+# and listing the directory costs more than a whole limited call (docs/performance.md).
+_SWEEP_INTERVAL_S = 5.0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

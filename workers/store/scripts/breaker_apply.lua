@@ -1,4 +1,4 @@
--- Apply a breaker transition decided by workers.core.breakers, if nobody changed it since
+-- Apply a breaker transition decided by workers.core.breaker, if nobody changed it since
 -- it was read. KEYS: breaker state, failures.
 -- ARGV: expected generation, state, since_ms, probes, clear_failures (1/0), ttl_ms.
 -- Returns 1 when applied, 0 when the generation moved on (read again and decide again).

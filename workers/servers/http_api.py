@@ -37,10 +37,11 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from workers import tracing
-from workers.doors.auth import bearer_ok
-from workers.doors.http_calls import CallsDoor
-from workers.doors.http_hot import HotToolCalls
-from workers.doors.http_schema import (
+from workers.errors import UnstuckError
+from workers.servers.auth import bearer_ok
+from workers.servers.http_calls import CallsDoor
+from workers.servers.http_fast_path import HotToolCalls
+from workers.servers.http_schema import (
     CallsAnswer,
     CancelBody,
     CompactionBody,
@@ -52,7 +53,6 @@ from workers.doors.http_schema import (
     answer_response,
     error_response,
 )
-from workers.errors import UnstuckError
 from workers.settings import Settings
 
 __all__ = ["Format", "create_api"]
@@ -67,7 +67,7 @@ class _Guard:
 
     Plain ASGI (Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request):
     the body is read here, counted, and handed to the route as one message, or, for a
-    well-formed tool-calls request, answered by ``hot`` (:mod:`workers.doors.http_hot`).
+    well-formed tool-calls request, answered by ``hot`` (:mod:`workers.servers.http_fast_path`).
     """
 
     def __init__(self, app: ASGIApp, settings: Settings, hot: HotToolCalls) -> None:

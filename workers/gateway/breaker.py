@@ -1,8 +1,8 @@
 """Shared circuit breakers at the gateway's admission: refuse at once while a tool's circuit is open.
 
 Only tools named in ``tools.breakers`` are checked (one store read per call of such a tool;
-none for the others). Decisions are :mod:`workers.core.breakers`'; counts and transitions
-live in Redis (:mod:`workers.store.breaker_store`), shared by every gateway and session.
+none for the others). Decisions are :mod:`workers.core.breaker`'; counts and transitions
+live in Redis (:mod:`workers.store.breaker`), shared by every gateway and session.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workers.core.breakers import (
+from workers.core.breaker import (
     BreakerPolicy,
     BreakerSnapshot,
     Transition,
@@ -22,7 +22,7 @@ from workers.core.breakers import (
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.errors import StoreError
-from workers.store.breaker_store import BreakerStore
+from workers.store.breaker import BreakerStore
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 

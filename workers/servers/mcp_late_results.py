@@ -23,8 +23,8 @@ import mcp_types as types
 
 from workers.core.models import SyntheticReason, TextBlock, ToolCall, ToolResult
 from workers.core.results import synthetic_result
-from workers.doors.mcp_sessions import CallTarget
 from workers.errors import ConfigError
+from workers.servers.mcp_sessions import CallTarget
 from workers.settings import McpSettings
 
 __all__ = [

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from workers.core.breakers import BreakerPolicy, BreakerState
+from workers.core.breaker import BreakerPolicy, BreakerState
 from workers.errors import StoreError
-from workers.store.breaker_store import BreakerStore
+from workers.store.breaker import BreakerStore
 from workers.store.ledger import Ledger
 
 __all__ = ["BreakerCollector"]

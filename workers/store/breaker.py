@@ -1,6 +1,6 @@
 """The shared circuit breakers of tools in Redis: counts and compare-and-set transitions.
 
-Decisions are :mod:`workers.core.breakers`'; this module reads a breaker, counts a failure
+Decisions are :mod:`workers.core.breaker`'; this module reads a breaker, counts a failure
 (``breaker_failure.lua``) and applies a decided transition only if the breaker's generation
 is still the one read (``breaker_apply.lua``).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workers.core.breakers import BreakerPolicy, BreakerSnapshot, BreakerState, Transition, describe
+from workers.core.breaker import BreakerPolicy, BreakerSnapshot, BreakerState, Transition, describe
 from workers.store.connection import store_errors
 from workers.store.keys import BreakerKeys, RunKeys
 from workers.store.ledger import Ledger
@@ -96,7 +96,7 @@ class BreakerStore:
             return bool(self._apply(keys=[bkeys.state, bkeys.failures], args=args))
 
     def overview(self, policies: Mapping[str, BreakerPolicy], *, now_ms: int) -> list[dict[str, object]]:
-        """Every configured breaker as :func:`workers.core.breakers.describe` shows it, by tool name."""
+        """Every configured breaker as :func:`workers.core.breaker.describe` shows it, by tool name."""
         tools = sorted(policies)
         windows = [int(policies[tool].window_s * 1000) for tool in tools]
         rows = self.read_all(tools, now_ms=now_ms, window_ms=windows)

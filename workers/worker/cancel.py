@@ -5,7 +5,7 @@ call with a cancel mark: at first sight its recorded process groups get SIGTERM 
 cooperative tool also sees ``ctx.cancelled`` and returns what it has); once
 ``limits.cancel_grace_s`` plus one tick has passed without the call being answered, the
 main process answers ``cancelled`` (first writer wins), SIGKILLs the groups and interrupts
-the pool child the way the soft limit does. Decisions: :func:`workers.core.cancellation.cancel_step`.
+the pool child the way the soft limit does. Decisions: :func:`workers.core.cancel.cancel_step`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.core.cancellation import CancelStep, cancel_step
+from workers.core.cancel import CancelStep, cancel_step
 from workers.errors import StoreError
-from workers.store.cancels import CancelMarks
+from workers.store.cancel import CancelMarks
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 

@@ -4,7 +4,7 @@ A running call is answered ``cancelled`` once (first writer wins): by its worker
 tool's partial output (a cooperative tool sees ``ctx.cancelled``; ``exec`` sends SIGTERM to
 its process group, then SIGKILL after ``limits.cancel_grace_s``), or, once that grace is
 over, by the worker's main process, which also SIGKILLs the tool's process groups
-(:mod:`workers.worker.cancel_enforcer`).
+(:mod:`workers.worker.cancel`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TypeVar
 from workers.core.models import CallState, SyntheticReason
 from workers.core.waiting import answer_open_call
 from workers.errors import StoreError
-from workers.store.cancels import CancelMarks
+from workers.store.cancel import CancelMarks
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 

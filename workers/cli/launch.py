@@ -1,7 +1,8 @@
 """Command lines of the processes unstuck runs, and the pre-flight check they share.
 
-Used by the ``unstuck worker``/``beat`` commands and by ``unstuck up``; library code, so that
-neither imports the other's module (nothing outside ``workers.cli`` imports the CLI).
+Used by the ``unstuck worker``/``beat``/``watchdog`` commands and by ``unstuck up``, which starts
+the same processes: the one module outside ``workers.cli`` may import (an ``ignore_imports`` line
+of the "Only the CLI imports the CLI" contract in ``pyproject.toml``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import os
 import sys
 import tempfile
 
+from workers.core.redact import redact_url
 from workers.errors import StoreError
-from workers.redact import redact_url
 from workers.settings import Settings
 from workers.store.server import ping_error
 

@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from workers.doors.http_calls import CallsDoor
-from workers.doors.http_hot import HotToolCalls
+from workers.servers.http_calls import CallsDoor
+from workers.servers.http_fast_path import HotToolCalls
 
 PATH = "/v1/sessions/s1/runs/r1/tool-calls"
 BODY = json.dumps({"format": "anthropic", "message": {"role": "assistant", "content": []}}).encode()

@@ -9,7 +9,7 @@ import pytest
 
 from workers.cli.main import build_parser
 from workers.cli.mcp_cmd import settings_overrides
-from workers.doors.mcp_refusal import NOT_STARTED, refusal_for, refuse_stdio
+from workers.servers.mcp_startup_error import NOT_STARTED, refusal_for, refuse_stdio
 
 INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})
 

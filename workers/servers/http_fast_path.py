@@ -2,7 +2,7 @@
 
 Every agent turn posts here, so its cost is what the door adds to each tool call (target:
 at most 1 ms over the Python gateway). FastAPI matches routes, solves dependencies and wraps
-``send`` in several middlewares for every request, a fifth of the door's CPU per call. The
+``send`` in several middlewares for every request (its cost: docs/performance.md). The
 guard hands this module a request that is plainly well formed (the route's method and path,
 a JSON content type, a body that parses and fits ``ToolCallsBody``) and it answers it
 directly; anything else, every malformed request included, goes on to the FastAPI route,
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
-from workers.doors.http_calls import CallsDoor
-from workers.doors.http_schema import ToolCallsBody, answer_response, error_response
 from workers.errors import UnstuckError
+from workers.servers.http_calls import CallsDoor
+from workers.servers.http_schema import ToolCallsBody, answer_response, error_response
 
 __all__ = ["HotRequest", "HotToolCalls"]
 

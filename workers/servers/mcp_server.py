@@ -6,7 +6,7 @@ whatever the tool does. Protocol features map onto the ledger:
 
 - every call is answered before the client gives up (``mcp.client_timeout_s``): one still
   running ``mcp.answer_margin_s`` before it is answered ``still_running``, the tool runs on
-  and its late result is fetched with ``unstuck_result`` (:mod:`workers.doors.mcp_late_results`);
+  and its late result is fetched with ``unstuck_result`` (:mod:`workers.servers.mcp_late_results`);
 - the tool's heartbeats become ``notifications/progress`` when the request has a
   ``progressToken``, and a silent call reports progress every 10 s (:data:`PROGRESS_EVERY_S`)
   (``progress`` counts notifications, ``message`` is the tool's details or the time so far);
@@ -18,7 +18,7 @@ whatever the tool does. Protocol features map onto the ledger:
 - arguments that fail the tool's schema, or are not even a JSON object, get an ``isError``
   result (``invalid_arguments``), never a protocol error.
 
-Sessions and runs: see :mod:`workers.doors.mcp_sessions`.
+Sessions and runs: see :mod:`workers.servers.mcp_sessions`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ from workers import tracing
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, rejected_result, synthetic_result
 from workers.core.run_health import RunStatus
-from workers.doors.mcp_late_results import (
+from workers.errors import InvalidArguments, LoopDetected, StoreError
+from workers.gateway.client import ToolGateway
+from workers.runtime import open_ledger, worker_id
+from workers.servers.mcp_late_results import (
     RESULT_TOOL,
     StillRunningCall,
     StillRunningCalls,
@@ -54,10 +57,7 @@ from workers.doors.mcp_late_results import (
     unknown_call_result,
     wanted_call_id,
 )
-from workers.doors.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
-from workers.errors import InvalidArguments, LoopDetected, StoreError
-from workers.gateway.client import ToolGateway
-from workers.runtime import open_ledger, worker_id
+from workers.servers.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger

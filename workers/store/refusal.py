@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import redis
 
-from workers.core.refusals import RefusalReason
+from workers.core.refusal import RefusalReason
 from workers.store.connection import store_errors
 from workers.store.keys import refused_key
 from workers.store.records import REFUSED

@@ -16,8 +16,8 @@ from pydantic import SecretStr
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from workers.doors.auth import bearer_ok, check_exposure
-from workers.doors.mcp_server import McpDoor
+from workers.servers.auth import bearer_ok, check_exposure
+from workers.servers.mcp_server import McpDoor
 from workers.settings import Settings
 
 __all__ = ["MCP_PATH", "BearerGate", "HangUpWatch", "http_app", "request_ids", "serve_http", "serve_stdio"]

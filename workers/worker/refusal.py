@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 
 from workers.core.models import CallJob, ClaimStatus
-from workers.core.refusals import RefusalReason, mismatch_result, refusal_of
+from workers.core.refusal import RefusalReason, mismatch_result, refusal_of
 from workers.errors import StoreError
 from workers.store.keys import RunKeys
 from workers.store.ledger import Claim, Ledger
-from workers.store.refused import count_refusal
+from workers.store.refusal import count_refusal
 
 __all__ = ["record_refusal", "refuse_claim"]
 
