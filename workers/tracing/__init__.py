@@ -28,7 +28,7 @@ Arguments and results are recorded only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` (they may be sensitive).
 """
 
-from workers.tracing.setup import active
+from workers.tracing.setup import active, preload
 from workers.tracing.spans import (
     CallSpans,
     alert,
@@ -40,6 +40,7 @@ from workers.tracing.spans import (
     ledger_reader,
     message_headers,
     record_fields,
+    requeued,
     run_span,
     span,
     watch_answers,
@@ -56,7 +57,9 @@ __all__ = [
     "joined_asgi",
     "ledger_reader",
     "message_headers",
+    "preload",
     "record_fields",
+    "requeued",
     "run_span",
     "span",
     "watch_answers",
