@@ -122,6 +122,8 @@ class CallSpans:
     result; another error ends them with its class name as ``error.type``.
     """
 
+    __slots__ = ("_agent_id", "_calls", "_keys", "_run_id", "_session_key")
+
     def __init__(self, session_key: str, run_id: str, agent_id: str, calls: Sequence[ToolCall]) -> None:
         self._keys: list[CallKey] = []
         self._session_key = session_key
@@ -146,6 +148,8 @@ class CallSpans:
 
     def end(self, results: Sequence[ToolResult]) -> list[ToolResult]:
         """End each span with its call's result; returns ``results``."""
+        if not self._keys:
+            return list(results)  # nothing traced (tracing off, or every call traced already)
         by_id = {result.tool_call_id: result for result in results}
         for key in self._keys:
             opened = _OPEN.pop(key, None)
@@ -221,6 +225,8 @@ def message_headers(
     ``kept``: the call's ledger record, for a message sent again by a process that holds no
     span of the call (a gateway collecting the run of one that died): the context it kept.
     """
+    if not _OPEN and not kept:
+        return {}  # no span open in this process (always so when tracing is off)
     headers = record_fields(session_key, run_id, call_id)
     if headers or not kept or not kept.get(TRACEPARENT):
         return headers
@@ -354,13 +360,13 @@ class _RunSpan:
             _end_with(opened.span, None, error=type(exc).__name__ if exc is not None else "no_result")
 
 
-_RUN_UNTRACED = _RunSpan(None)
+# What the pool child gets when tracing is off: no generator and no span object per call.
+_RUN_UNTRACED = contextlib.nullcontext(_RunSpan(None))
 
 
-@contextlib.contextmanager
 def run_span(
     request: object, keys: Any, call: ToolCall, attempt: int, *, flush: bool, ledger: Any = None
-) -> Iterator[_RunSpan]:
+) -> contextlib.AbstractContextManager[_RunSpan]:
     """The pool child's ``unstuck.run`` span of a claimed call, parent from the message headers.
 
     ``request`` is the Celery task's request (its message headers as attributes), ``keys``
@@ -368,8 +374,14 @@ def run_span(
     (a sync ``Ledger``): read who answered when another writer's answer came first.
     """
     if not active():
-        yield _RUN_UNTRACED
-        return
+        return _RUN_UNTRACED
+    return _traced_run(request, keys, call, attempt, flush=flush, ledger=ledger)
+
+
+@contextlib.contextmanager
+def _traced_run(
+    request: object, keys: Any, call: ToolCall, attempt: int, *, flush: bool, ledger: Any
+) -> Iterator[_RunSpan]:
     session_key, run_id = keys.session_key, keys.run_id
     carrier = {k: v for k in _CARRIER_KEYS if isinstance(v := getattr(request, k, None), str)}
     span = _attempt_span(carrier, call, session_key, run_id, attempt)
