@@ -12,6 +12,11 @@ Each side is measured alone: the other worker is frozen (SIGSTOP) for its phase;
 alternate over ``--rounds`` rounds and the figures are medians. Per phase: sequential
 ``noop`` calls on one gateway, p50 / p99; then ``--threads`` gateways in threads, calls/s.
 Nothing is asserted; the ratios are printed.
+
+``--hooks``: what tracing costs when it is not configured, which ``make bench`` cannot see
+against a call of milliseconds: the CPU time of the hooks one call passes through (the
+gateway's ``execute_tool`` guard, ledger fields, message headers and answer listener; the
+pool child's ``unstuck.run`` guard), with ``timeit`` in a process without ``OTEL_*``.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import psutil
 
@@ -98,6 +105,42 @@ def client(label: str, calls: int, threads: int, per_thread: int) -> None:
     print(json.dumps(figures))
 
 
+def hooks(number: int = 200_000, repeat: int = 7) -> None:
+    """Print the CPU microseconds per call of the tracing hooks, tracing not configured (JSON)."""
+    import timeit
+    from types import SimpleNamespace
+
+    import tasks.invoke  # noqa: F401 - what a worker imports (redis-py imports opentelemetry.trace)
+    from workers import ToolCall, tracing
+    from workers.core.models import TextBlock, ToolResult
+
+    calls = [ToolCall(id="c1", name="noop", arguments={})]
+    results = [
+        ToolResult(tool_call_id="c1", tool_name="noop", content=(TextBlock(text="ok"),), is_error=False)
+    ]
+    keys = SimpleNamespace(session_key="s", run_id="r")
+    listener = tracing.answer_spans("gateway", None)
+
+    def gateway() -> None:
+        with tracing.CallSpans("s", "r", "main", calls) as spans:
+            tracing.record_fields("s", "r", "c1")
+            tracing.message_headers("s", "r", "c1")
+            spans.end(results)
+        listener(keys, results[0])
+
+    def worker() -> None:
+        with tracing.run_span(SimpleNamespace(), keys, calls[0], 1, flush=False) as run:
+            run.ended(results[0])
+
+    def cpu_us(function: Any) -> float:
+        best = min(timeit.repeat(function, number=number, repeat=repeat, timer=time.process_time))
+        return round(best / number * 1e6, 3)
+
+    figures = {"gateway_us": cpu_us(gateway), "worker_us": cpu_us(worker), "traced": tracing.active()}
+    figures["sdk_imported"] = "opentelemetry.sdk.trace" in sys.modules
+    print(json.dumps(figures))
+
+
 def _phase(env: dict[str, str], label: str, args: argparse.Namespace) -> dict[str, float]:
     argv = [sys.executable, "-m", "bench.tracing", "--client", label]
     argv += ["--latency-calls", str(args.latency_calls), "--threads", str(args.threads)]
@@ -115,7 +158,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls-per-thread", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--client", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--hooks", action="store_true", help="the hooks' CPU per call, tracing not configured"
+    )
     args = parser.parse_args(argv)
+    if args.hooks:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        argv_hooks = [sys.executable, "-c", "from bench.tracing import hooks; hooks()"]
+        subprocess.run(argv_hooks, env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO, check=True, timeout=600)
+        return
     if args.client:
         client(args.client, args.latency_calls, args.threads, args.calls_per_thread)
         return

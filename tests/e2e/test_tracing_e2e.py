@@ -1,11 +1,14 @@
 """Every tool call a trace: spans read back from an OTLP/HTTP receiver, over every door.
 
 A receiver on loopback (tests/otlp_receiver.py) takes what real processes export with the
-standard OTEL_* variables: a tool worker, ``unstuck serve`` and ``unstuck mcp``, and an agent
-process (tests/tracing_agent.py) with its own tracer provider and one span around calls of
-each outcome: healthy, hung past its hard limit, crashing, past its deadline, refused, and an
-asyncio call. Checked for each: names, the GenAI attributes, parentage (one trace, parent span
-ids) and status with ``error.type``.
+standard OTEL_* variables: a tool worker, ``unstuck serve`` and ``unstuck mcp`` (one stack for
+the module), and agent processes (tests/tracing_agent.py) with their own tracer provider and
+one span around their calls: healthy, hung past its hard limit, past its soft limit, crashing,
+past its deadline, refused at admission (unknown tool, invalid arguments, a tool not allowed,
+a loop block), cancelled (queued and running, by the gateway; through another process's door),
+asyncio; a worker lost; an idempotent call re-run after its worker was lost, by its own gateway
+and by a new gateway collecting the run. Checked for each: names, the GenAI attributes,
+parentage (one trace, parent span ids), status with ``error.type``, and links between attempts.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,9 +29,9 @@ import pytest
 from mcp import Client
 
 from tests.e2e.conftest import Processes
-from tests.harness import REPO, UNSTUCK, Proc, settings_of, wait_until
+from tests.harness import REPO, UNSTUCK, Proc, base_env, settings_of, wait_until
 from tests.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
-from workers.local.embedded_redis import free_port
+from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.runtime import open_ledger
 
 pytestmark = [pytest.mark.slow]
@@ -36,20 +40,45 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 HTTP_PARENT = "00f067aa0ba902b7"
 MCP_PARENT = "b7ad6b7169203331"
 TOKEN = "trace-token"
+# The agent's loop detection: the third identical call in a row is blocked at admission.
+LOOPS = {"enabled": True, "historySize": 30, "warningThreshold": 1, "criticalThreshold": 2}
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with otlp_receiver() as running:
-        yield running
+@dataclass(frozen=True)
+class Stack:
+    """The module's receiver and traced processes: a worker, the HTTP and MCP doors."""
+
+    receiver: Receiver
+    env: dict[str, str]
+    http_port: int
+    mcp_port: int
 
 
-@pytest.fixture
-def traced_env(backbone_env: dict[str, str], receiver: Receiver) -> dict[str, str]:
-    return {
-        **backbone_env,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-    }
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    with otlp_receiver() as receiver:
+        server = EmbeddedRedis().start()
+        env = {
+            **base_env(server.url, UNSTUCK_WATCHDOG__INTERVAL_S="1"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        }
+        started = Processes()
+        try:
+            http_port, mcp_port = free_port(), free_port()
+            worker_env = {**env, "UNSTUCK_LIMITS__CANCEL_GRACE_S": "1"}
+            worker = started.track(
+                Proc([UNSTUCK, "worker", "-c", "5", "-n", "traced@%h", "-l", "INFO"], worker_env, "worker")
+            )
+            serve_env = {**env, "UNSTUCK_API__TOKENS": TOKEN}
+            serve = started.track(Proc([UNSTUCK, "serve", "--port", str(http_port)], serve_env, "serve"))
+            mcp = started.track(Proc([UNSTUCK, "mcp", "--port", str(mcp_port)], env, "mcp"))
+            worker.wait_for_log(" ready.", timeout_s=60)
+            serve.wait_for_log("Uvicorn running on", timeout_s=60)
+            mcp.wait_for_log("Streamable HTTP on", timeout_s=60)
+            yield Stack(receiver, env, http_port, mcp_port)
+        finally:
+            started.close()
+            server.close()
 
 
 def _one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
@@ -69,8 +98,10 @@ def _spans_of(receiver: Receiver, call_id: str, *names: str, timeout_s: float = 
     return receiver.with_call(call_id)
 
 
-def _check_tool_span(span: ReceivedSpan, tool: str, call_id: str, session: str) -> None:
-    assert span.kind == "INTERNAL"
+def _check_tool_span(
+    span: ReceivedSpan, tool: str, call_id: str, session: str, *, kind: str = "INTERNAL"
+) -> None:
+    assert span.kind == kind
     assert span.attributes["gen_ai.operation.name"] == "execute_tool"
     assert span.attributes["gen_ai.tool.name"] == tool
     assert span.attributes["gen_ai.tool.call.id"] == call_id
@@ -82,81 +113,109 @@ def _check_error(span: ReceivedSpan, reason: str) -> None:
     assert (span.status, span.attributes.get("error.type")) == ("ERROR", reason), span
 
 
-@pytest.mark.timeout(120)
-def test_agent_calls_of_every_outcome_in_the_agents_trace(
-    traced_env: dict[str, str], receiver: Receiver, processes: Processes, tmp_path: Path
-) -> None:
-    # Given a traced worker and an agent process with its own span around its calls
-    processes.worker(traced_env, name="traced", concurrency=3)
+def _check_status(span: ReceivedSpan, reason: str | None) -> None:
+    """UNSET for the tool's own result, else ERROR with the reason as error.type."""
+    if reason is None:
+        assert (span.status, span.attributes.get("error.type")) == ("UNSET", None), span
+    else:
+        _check_error(span, reason)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of the agent must show: its tool, session, reason, and who wrote the answer."""
+
+    tool: str
+    session: str
+    reason: str | None
+    ran: bool  # a worker claimed it: an unstuck.run span under the call's
+    answered_by: str | None = None  # on the caller's execute_tool span
+    run_answered_by: str = "worker"  # on the unstuck.run span
+
+
+OUTCOMES = {
+    "c-healthy": Outcome("echo", "trace-s", None, ran=True, answered_by="worker"),
+    "c-hung": Outcome("stubborn", "trace-s", "timeout_hard", ran=True, run_answered_by="worker main process"),
+    "c-soft": Outcome("sleepy", "trace-s", "timeout_soft", ran=True),
+    "c-crash": Outcome("crash", "trace-s", "crashed", ran=True, run_answered_by="worker main process"),
+    "c-refused": Outcome("no_such_tool", "trace-s", "unknown_tool", ran=False, answered_by="gateway"),
+    "c-invalid": Outcome("echo", "trace-s", "invalid_arguments", ran=False, answered_by="gateway"),
+    "c-denied": Outcome("record_run", "trace-s", "tool_not_allowed", ran=False, answered_by="gateway"),
+    "c-loop-1": Outcome("boom", "trace-loop", "tool_error", ran=True, answered_by="worker"),
+    "c-loop-2": Outcome("boom", "trace-loop", "tool_error", ran=True, answered_by="worker"),
+    "c-loop-3": Outcome("boom", "trace-loop", "loop_blocked", ran=False, answered_by="gateway"),
+    "c-deadline": Outcome("echo", "trace-deadline", "deadline_exceeded", ran=False, answered_by="gateway"),
+    "c-cancel-queued": Outcome("echo", "trace-cancel-q", "cancelled", ran=False, answered_by="gateway"),
+    # Cancelled through the HTTP door: another process's answer (its unstuck.answer span below).
+    "c-cancel-door": Outcome("echo", "trace-cancel-door", "cancelled", ran=False),
+    # Running, not cooperative: the worker's main process answers once the cancel's grace is over.
+    "c-cancel-running": Outcome(
+        "slow", "trace-cancel-r", "cancelled", ran=True, run_answered_by="worker main process"
+    ),
+    "c-async": Outcome("echo", "trace-async", None, ran=True, answered_by="worker"),
+}
+
+
+@pytest.mark.timeout(150)
+def test_agent_calls_of_every_outcome_in_the_agents_trace(stack: Stack, tmp_path: Path) -> None:
+    # Given the traced stack and an agent process with its own span around its calls
     out = tmp_path / "agent.json"
-    env = {**traced_env, "UNSTUCK_LIMITS__QUEUE_ALLOWANCE_S": "1"}
+    env = {
+        **stack.env,
+        "UNSTUCK_LIMITS__QUEUE_ALLOWANCE_S": "1",
+        "UNSTUCK_TOOLS__DENY": "record_run",
+        "UNSTUCK_TOOLS__LOOP_DETECTION": json.dumps(LOOPS),
+        "TRACING_HTTP_PORT": str(stack.http_port),
+        "TRACING_HTTP_TOKEN": TOKEN,
+    }
     subprocess.run(
-        [sys.executable, "-m", "tests.tracing_agent", str(out)], env=env, cwd=REPO, check=True, timeout=90
+        [sys.executable, "-m", "tests.tracing_agent", str(out)], env=env, cwd=REPO, check=True, timeout=120
     )
     agent = json.loads(out.read_text())
-    assert agent["reasons"] == {
-        "c-healthy": None,
-        "c-hung": "timeout_hard",
-        "c-crash": "crashed",
-        "c-refused": "unknown_tool",
-        "c-deadline": "deadline_exceeded",
-        "c-async": None,
-    }
+    assert agent["reasons"] == {call_id: outcome.reason for call_id, outcome in OUTCOMES.items()}
     trace_id, agent_span = agent["trace_id"], agent["span_id"]
-    # Then each call is an execute_tool span, a child of the agent's span, in its trace
-    expected = {
-        "c-healthy": ("echo", None),
-        "c-hung": ("stubborn", "timeout_hard"),
-        "c-crash": ("crash", "crashed"),
-        "c-refused": ("no_such_tool", "unknown_tool"),
-        "c-deadline": ("echo", "deadline_exceeded"),
-        "c-async": ("echo", None),
-    }
-    sessions = {"c-deadline": "trace-deadline", "c-async": "trace-async"}
-    ran = {"c-healthy", "c-hung", "c-crash", "c-async"}  # a worker claimed these
-    for call_id, (tool, reason) in expected.items():
-        names = [f"execute_tool {tool}"] + ([f"unstuck.run {tool}"] if call_id in ran else [])
-        spans = _spans_of(receiver, call_id, *names)
+    for call_id, outcome in OUTCOMES.items():
+        tool = outcome.tool
+        names = [f"execute_tool {tool}"] + ([f"unstuck.run {tool}"] if outcome.ran else [])
+        spans = _spans_of(stack.receiver, call_id, *names)
+        # Then each call is an execute_tool span, a child of the agent's span, in its trace
         caller = _one(spans, f"execute_tool {tool}")
-        _check_tool_span(caller, tool, call_id, sessions.get(call_id, "trace-s"))
+        _check_tool_span(caller, tool, call_id, outcome.session)
         assert (caller.trace_id, caller.parent_id, caller.service) == (trace_id, agent_span, "agent"), call_id
-        if reason is None:
-            assert caller.status == "UNSET"
-        else:
-            _check_error(caller, reason)
-        if call_id not in ran:
-            assert caller.attributes["unstuck.answered_by"] == "gateway"  # deadline, refusal
+        _check_status(caller, outcome.reason)
+        assert caller.attributes.get("unstuck.answered_by") == outcome.answered_by, call_id
+        if not outcome.ran:
+            assert not [span for span in spans if span.name.startswith("unstuck.run")], call_id
             continue
-        # ... and the worker's execution its child, with the attempt; a dead child's ended by
-        # the worker's main process with the reason it answered
+        # ... and the worker's execution its child, with the attempt; a dead (or cancelled)
+        # child's ended by the worker's main process with the reason it answered, once
         run = _one(spans, f"unstuck.run {tool}")
-        assert (run.trace_id, run.parent_id, run.kind) == (trace_id, caller.span_id, "CONSUMER")
-        assert run.attributes["unstuck.attempt"] == 1
-        assert run.service == "unstuck"
-        if reason is None:
-            assert (run.status, run.attributes["unstuck.answered_by"]) == ("UNSET", "worker")
-        else:
-            _check_error(run, reason)
-            assert run.attributes["unstuck.answered_by"] == "worker main process"
-            assert run.end_ns > run.start_ns
+        assert (run.trace_id, run.parent_id, run.kind) == (trace_id, caller.span_id, "CONSUMER"), call_id
+        assert (run.attributes["unstuck.attempt"], run.service) == (1, "unstuck"), call_id
+        assert run.attributes["gen_ai.tool.call.id"] == call_id
+        _check_status(run, outcome.reason)
+        assert run.attributes["unstuck.answered_by"] == outcome.run_answered_by, call_id
+        assert run.end_ns > run.start_ns
+    # And the cancel written by the HTTP door's process is its own span under the caller's
+    caller = _one(stack.receiver.with_call("c-cancel-door"), "execute_tool echo")
+    answer = _one(_spans_of(stack.receiver, "c-cancel-door", "unstuck.answer echo"), "unstuck.answer echo")
+    assert (answer.trace_id, answer.parent_id, answer.kind) == (trace_id, caller.span_id, "INTERNAL")
+    _check_tool_span(answer, "echo", "c-cancel-door", "trace-cancel-door")
+    _check_error(answer, "cancelled")
+    assert answer.attributes["unstuck.answered_by"] == "gateway"
+    # ... and a blocked loop names its detector's reason, not the tool's error
+    assert _one(stack.receiver.with_call("c-loop-3"), "execute_tool boom").attributes["unstuck.reason"] == (
+        "loop_blocked"
+    )
 
 
 @pytest.mark.timeout(120)
-def test_http_and_mcp_doors_join_the_callers_trace(
-    traced_env: dict[str, str], receiver: Receiver, processes: Processes
-) -> None:
-    # Given a traced worker, HTTP door and MCP door
-    processes.worker(traced_env, name="doors", concurrency=2)
-    http_port, mcp_port = free_port(), free_port()
-    serve_env = {**traced_env, "UNSTUCK_API__TOKENS": TOKEN}
-    serve = processes.track(Proc([UNSTUCK, "serve", "--port", str(http_port)], serve_env, "serve"))
-    mcp = processes.track(Proc([UNSTUCK, "mcp", "--port", str(mcp_port)], traced_env, "mcp"))
-    serve.wait_for_log("Uvicorn running on", timeout_s=60)
-    mcp.wait_for_log("Streamable HTTP on", timeout_s=60)
+def test_http_and_mcp_doors_join_the_callers_trace(stack: Stack) -> None:
+    # Given the traced HTTP and MCP doors
     # When a call comes over HTTP with a traceparent header
     body = {"message": {"calls": [{"id": "c-http", "name": "echo", "arguments": {"text": "h"}}]}}
     request = urllib.request.Request(
-        f"http://127.0.0.1:{http_port}/v1/sessions/trace-http/runs/r1/tool-calls",
+        f"http://127.0.0.1:{stack.http_port}/v1/sessions/trace-http/runs/r1/tool-calls",
         data=json.dumps(body).encode(),
         method="POST",
         headers={
@@ -168,13 +227,13 @@ def test_http_and_mcp_doors_join_the_callers_trace(
     with urllib.request.urlopen(request, timeout=60) as response:
         assert response.status == 200
     # ... and one over MCP with params._meta.traceparent
-    mcp_result = _mcp_call(f"http://127.0.0.1:{mcp_port}/mcp", f"00-{TRACE_ID}-{MCP_PARENT}-01")
+    mcp_result = _mcp_call(f"http://127.0.0.1:{stack.mcp_port}/mcp", f"00-{TRACE_ID}-{MCP_PARENT}-01")
     assert not mcp_result.is_error
     assert mcp_result.meta is not None
     mcp_call_id = mcp_result.meta["unstuck/call"]
     # Then each is an execute_tool span under the caller's span, the worker's run under it
     for call_id, parent in (("c-http", HTTP_PARENT), (mcp_call_id, MCP_PARENT)):
-        spans = _spans_of(receiver, call_id, "execute_tool echo", "unstuck.run echo")
+        spans = _spans_of(stack.receiver, call_id, "execute_tool echo", "unstuck.run echo")
         caller = _one(spans, "execute_tool echo")
         _check_tool_span(caller, "echo", call_id, caller.attributes["gen_ai.conversation.id"])
         assert (caller.trace_id, caller.parent_id, caller.status) == (TRACE_ID, parent, "UNSET")
@@ -182,46 +241,113 @@ def test_http_and_mcp_doors_join_the_callers_trace(
         assert (run.trace_id, run.parent_id) == (TRACE_ID, caller.span_id)
 
 
+def _agent(env: dict[str, str], out: Path, *mode: str) -> Proc:
+    return Proc([sys.executable, "-m", "tests.tracing_agent", str(out), *mode], env, f"agent{'-'.join(mode)}")
+
+
+def _wait_running(env: dict[str, str], session_key: str, call_id: str) -> dict[str, str]:
+    """The call's record fields once a worker runs it."""
+    ledger = open_ledger(settings_of(env))
+    keys = ledger.keys(session_key, "r1")
+    try:
+
+        def running() -> bool:
+            record = ledger.record(keys, call_id)
+            return record is not None and record.state.value == "running"
+
+        wait_until(running, timeout_s=30, what=f"{call_id} running")
+        record = ledger.record(keys, call_id)
+        assert record is not None
+        return dict(record.fields)
+    finally:
+        ledger.close()
+
+
 @pytest.mark.timeout(120)
 def test_a_lost_worker_is_answered_by_the_watchdog_in_the_callers_trace(
-    traced_env: dict[str, str], receiver: Receiver, processes: Processes, tmp_path: Path
+    stack: Stack, processes: Processes, tmp_path: Path
 ) -> None:
-    # Given a traced worker, watchdog and beat, and an agent whose call runs on that worker
-    worker = processes.worker(traced_env, name="lost", concurrency=1)
-    processes.watchdog(traced_env, name="lost")
-    processes.beat(traced_env)
+    # Given a traced worker on a queue of its own, a watchdog and beat, and an agent whose call runs there
+    env = {**stack.env, "UNSTUCK_BROKER__QUEUE": "lost"}
+    worker = processes.worker(env, name="lost", concurrency=1)
+    processes.watchdog(env, name="lost")
+    processes.beat(env)
     out = tmp_path / "agent.json"
-    agent = processes.track(
-        Proc([sys.executable, "-m", "tests.tracing_agent", str(out), "--lost"], traced_env, "agent")
-    )
-    ledger = open_ledger(settings_of(traced_env))
-    keys = ledger.keys("trace-lost", "r1")
-
-    def running() -> bool:
-        record = ledger.record(keys, "c-lost")
-        return record is not None and record.state.value == "running"
-
-    wait_until(running, timeout_s=30, what="the call running")
-    record = ledger.record(keys, "c-lost")
-    assert record is not None
+    agent = processes.track(_agent(env, out, "--lost"))
+    fields = _wait_running(env, "trace-lost", "c-lost")
     ids = json.loads(out.read_text())
     # When the agent's process and the worker's whole host go (nobody but the watchdog is left)
     os.kill(agent.pid, signal.SIGKILL)
     os.killpg(worker.pid, signal.SIGKILL)
-    spans = _spans_of(receiver, "c-lost", "unstuck.answer slow", "unstuck.run slow", timeout_s=30)
-    ledger.close()
+    spans = _spans_of(stack.receiver, "c-lost", "unstuck.answer slow", "unstuck.run slow", timeout_s=30)
     # Then the watchdog's answer is a span under the call's span, from the context the ledger kept
-    traceparent = record.fields["traceparent"]
-    _, trace_id, call_span, _ = traceparent.split("-")
+    _, trace_id, call_span, _ = fields["traceparent"].split("-")
     assert trace_id == ids["trace_id"]
     answer = _one(spans, "unstuck.answer slow")
     assert (answer.trace_id, answer.parent_id) == (trace_id, call_span)
+    _check_tool_span(answer, "slow", "c-lost", "trace-lost")
     _check_error(answer, "worker_lost")
     assert answer.attributes["unstuck.answered_by"] == "watchdog"
     # ... and the lost attempt's span, which its child never ended, is ended by the watchdog
     run = _one(spans, "unstuck.run slow")
     assert (run.trace_id, run.parent_id, run.attributes["unstuck.attempt"]) == (trace_id, call_span, 1)
     _check_error(run, "worker_lost")
+
+
+@pytest.mark.timeout(150)
+def test_a_call_rerun_after_a_lost_worker_links_its_attempts_in_the_callers_trace(
+    stack: Stack, processes: Processes, tmp_path: Path
+) -> None:
+    # Given two agents whose idempotent calls hang on a worker of a queue of their own
+    env = {**stack.env, "UNSTUCK_BROKER__QUEUE": "requeue"}
+    first = processes.worker(env, name="requeue-1", concurrency=2)
+    own_out, gone_out, collect_out = tmp_path / "own.json", tmp_path / "gone.json", tmp_path / "collect.json"
+    own = processes.track(_agent(env, own_out, "--requeue", "trace-rerun-own", "c-rerun-own"))
+    gone = processes.track(_agent(env, gone_out, "--requeue", "trace-rerun-gone", "c-rerun-gone"))
+    fields = {
+        call_id: _wait_running(env, f"trace-rerun-{who}", call_id)
+        for who, call_id in (("own", "c-rerun-own"), ("gone", "c-rerun-gone"))
+    }
+    gone_ids = json.loads(gone_out.read_text())
+    # When that worker's host goes, with the second agent's process, and another worker is up
+    os.kill(gone.pid, signal.SIGKILL)
+    os.killpg(first.pid, signal.SIGKILL)
+    processes.worker(env, name="requeue-2", concurrency=2)
+    # ... the first agent's gateway re-runs its call; a new gateway collects the second's run
+    collector = processes.track(_agent(env, collect_out, "--collect", "trace-rerun-gone"))
+    wait_until(lambda: collector.process.poll() is not None and own.process.poll() is not None, timeout_s=60,
+               what="the re-run calls answered")  # fmt: skip
+    assert json.loads(own_out.read_text())["answers"]["c-rerun-own"]["text"] == "c-rerun-own attempt 2"
+    collected = json.loads(collect_out.read_text())
+    assert collected["answers"]["c-rerun-gone"]["text"] == "c-rerun-gone attempt 2"
+    # Then each attempt is an unstuck.run span under the call's execute_tool: the second links
+    # the first, which the gateway that re-ran the call ended as lost
+    for call_id in ("c-rerun-own", "c-rerun-gone"):
+        spans = _spans_of(stack.receiver, call_id, "unstuck.run record_attempt")
+        _, trace_id, call_span, _ = fields[call_id]["traceparent"].split("-")
+        runs = {
+            span.attributes["unstuck.attempt"]: span for span in spans if span.name.startswith("unstuck.run")
+        }
+        assert sorted(runs) == [1, 2], (call_id, spans)
+        for run in runs.values():
+            assert (run.trace_id, run.parent_id) == (trace_id, call_span), call_id
+            session = f"trace-rerun-{call_id.removeprefix('c-rerun-')}"
+            _check_tool_span(run, "record_attempt", call_id, session, kind="CONSUMER")
+        _check_error(runs[1], "worker_lost")
+        assert runs[1].attributes["unstuck.requeued"] is True
+        assert (runs[2].status, runs[2].links) == ("UNSET", [(trace_id, runs[1].span_id)]), (call_id, runs)
+    # ... the surviving agent's execute_tool ends with the answer; the collector's own span
+    # (the first agent's died with it) is in the collector's trace, linked to the call's
+    own_caller = _one(stack.receiver.with_call("c-rerun-own"), "execute_tool record_attempt")
+    assert (own_caller.status, own_caller.attributes["unstuck.answered_by"]) == ("UNSET", "worker")
+    gone_callers = [s for s in stack.receiver.with_call("c-rerun-gone") if s.name.startswith("execute_tool")]
+    assert len(gone_callers) == 1, gone_callers  # the dead agent's never ended
+    assert gone_callers[0].trace_id == collected["trace_id"] != gone_ids["trace_id"]
+    assert gone_callers[0].parent_id == collected["span_id"]
+    assert gone_callers[0].links == [
+        (gone_ids["trace_id"], fields["c-rerun-gone"]["traceparent"].split("-")[2])
+    ]
+    assert gone_callers[0].attributes["unstuck.collected"] is True
 
 
 def _mcp_call(url: str, traceparent: str) -> types.CallToolResult:

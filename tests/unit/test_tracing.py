@@ -254,3 +254,76 @@ def test_an_applications_own_provider_turns_it_on_without_otel_variables() -> No
         """
     )
     assert seen == {"before": False, "after": True, "kept": True}
+
+
+_REQUEUED = """
+    import json
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from types import SimpleNamespace
+    from workers import ToolCall, tracing
+
+    # An application's own provider (random ids of its own): unstuck's spans join it.
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    trace.set_tracer_provider(provider)
+    call = ToolCall(id="c1", name="echo", arguments={})
+    keys = SimpleNamespace(session_key="s", run_id="r")
+    with trace.get_tracer("agent").start_as_current_span("agent"):
+        with tracing.CallSpans("s", "r", "main", [call]):
+            kept = tracing.record_fields("s", "r", "c1")
+    # A gateway that holds no span of the call sends it again with the context the record kept
+    headers = tracing.message_headers("s", "r", "c1", {**kept, "state": "pending"})
+    none = tracing.message_headers("s", "r", "c1", {"state": "pending"})
+    # Its attempt 1 was lost with its worker: the requeue ends it (once), attempt 2 links it
+    record = {**kept, "state": "pending", "attempt": "1", "started_ms": "1700000000000"}
+    tracing.requeued(record, "s", "r", call, "gateway")
+    tracing.requeued(record, "s", "r", call, "gateway")  # a republish since: nothing more
+    tracing.requeued({**kept, "state": "pending", "attempt": "0"}, "s", "r", call, "gateway")
+    with tracing.run_span(SimpleNamespace(**headers), keys, call, 2, flush=False) as run:
+        run.ended(None)
+
+    # A pool child whose answer the worker's main process wrote (a cancel): its span is not sent
+    class Ledger:
+        def keys(self, session_key, run_id):
+            return keys
+
+        def record(self, keys, call_id):
+            return SimpleNamespace(fields={**kept, "writer": "host:1/main", "reason": "cancelled"})
+
+    with tracing.run_span(SimpleNamespace(**headers), keys, call, 3, flush=False, ledger=Ledger()) as run:
+        run.ended(None)
+    runs = [s for s in memory.get_finished_spans() if s.name == "unstuck.run echo"]
+    print("RESULT", json.dumps({
+        "headers": headers,
+        "kept": kept,
+        "none": none,
+        "runs": [
+            {
+                "id": format(s.context.span_id, "016x"),
+                "parent": format(s.parent.span_id, "016x"),
+                "status": s.status.status_code.name,
+                "attributes": dict(s.attributes),
+                "links": [format(link.context.span_id, "016x") for link in s.links],
+            }
+            for s in runs
+        ],
+    }))
+"""
+
+
+def test_a_requeued_attempt_is_ended_and_linked_under_an_applications_provider() -> None:
+    seen = _run(_REQUEUED)
+    assert seen["headers"] == seen["kept"] != {}
+    assert seen["none"] == {}
+    caller_span = seen["kept"]["traceparent"].split("-")[2]
+    lost, second = seen["runs"]  # attempt 3's span: ended by the main process, not sent twice
+    assert (lost["attributes"]["unstuck.attempt"], lost["status"]) == (1, "ERROR")
+    assert (lost["attributes"]["error.type"], lost["attributes"]["unstuck.requeued"]) == ("worker_lost", True)
+    assert lost["parent"] == second["parent"] == caller_span
+    assert second["attributes"]["unstuck.attempt"] == 2
+    assert second["links"] == [lost["id"]]
+    assert second["attributes"]["unstuck.late"] is True

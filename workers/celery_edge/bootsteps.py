@@ -15,6 +15,7 @@ from typing import Any
 from celery import Celery, bootsteps, signals
 from celery.worker import state
 
+from workers import tracing
 from workers.celery_edge.names import INVOKE_TASK
 from workers.core.redact import install_log_redaction
 from workers.errors import ConfigError, StoreError, WorkerConfigError
@@ -59,6 +60,8 @@ class PoolGuard(bootsteps.Step):
             # forked while another thread holds the import lock would deadlock on import.
             # The memory guard too: every pool child inherits its cgroups.
             install_memory_guard(runtime().settings.limits.memory_cgroups)
+            # What tracing imports too: a child's first span must not spend a call's time limit.
+            tracing.preload()
         except (WorkerConfigError, ConfigError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -116,6 +119,11 @@ def install_worker_steps(celery: Celery) -> None:
     signals.after_setup_logger.connect(_redact_logs, weak=False)
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)
     signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
+    signals.worker_process_init.connect(_start_tracing, weak=False)
+
+
+def _start_tracing(**_: Any) -> None:
+    tracing.active()  # a pool child sets its tracer provider up before its first call, if traced
 
 
 def _remove_memory_cgroups(**_: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache, lru_cache
@@ -312,9 +312,19 @@ class Dispatcher:
         return result
 
     def dispatch(
-        self, keys: RunKeys, job: CallJob, *, attempt: int, loop_warning: dict[str, Any] | None = None
+        self,
+        keys: RunKeys,
+        job: CallJob,
+        *,
+        attempt: int,
+        loop_warning: dict[str, Any] | None = None,
+        kept: Mapping[str, str] | None = None,
     ) -> ToolResult | None:
-        """Publish the call; on failure store ``dispatch_failed`` and return what was handed to the ledger."""
+        """Publish the call; on failure store ``dispatch_failed`` and return what was handed to the ledger.
+
+        ``kept``: the call's record, whose trace context the message carries when this
+        process holds no span of the call.
+        """
         message_id = task_id(keys, job.call.id, attempt)
         options = InvokeOptions.of(job, self.settings.broker.queue)
         try:
@@ -328,7 +338,7 @@ class Dispatcher:
                 queue=options.queue,
                 shadow=options.label,
                 ignore_result=True,  # results live in the ledger; skip the backend subscription
-                headers=tracing.message_headers(keys.session_key, keys.run_id, job.call.id),
+                headers=tracing.message_headers(keys.session_key, keys.run_id, job.call.id, kept),
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
             result = self.dispatch_failed(job, exc)
@@ -350,4 +360,5 @@ class Dispatcher:
         if record is None or CallField.JOB not in record.row:
             return
         job = CallJob.model_validate_json(record.row.text(CallField.JOB))
-        self.dispatch(keys, job, attempt=record.row.integer(CallField.REQUEUES))
+        tracing.requeued(record.fields, keys.session_key, keys.run_id, job.call, "gateway")
+        self.dispatch(keys, job, attempt=record.row.integer(CallField.REQUEUES), kept=record.fields)

@@ -17,7 +17,8 @@ The spans, by OpenTelemetry's GenAI conventions:
 - ``unstuck.run {tool}`` (CONSUMER) in the worker's pool child, a child of that span, with
   ``unstuck.attempt``; a redelivered attempt links the one before. Its span id follows from
   the call and the attempt, so when the child dies (hard limit, crash, out of memory) the
-  worker's main process ends the same span, ERROR, with the reason it answered.
+  worker's main process ends the same span, ERROR, with the reason it answered; an attempt
+  lost with its worker's host is ended by the gateway that sends the call again.
 - ``unstuck.answer {tool}`` (INTERNAL): a synthetic answer written by a process that has no
   span of the call open (the watchdog's ``worker_lost``, a cancel from another gateway), a
   child of the call's span, from the context the ledger kept; ``unstuck.answered_by`` names
@@ -28,7 +29,7 @@ Arguments and results are recorded only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` (they may be sensitive).
 """
 
-from workers.tracing.setup import active
+from workers.tracing.setup import active, preload
 from workers.tracing.spans import (
     CallSpans,
     alert,
@@ -40,6 +41,7 @@ from workers.tracing.spans import (
     ledger_reader,
     message_headers,
     record_fields,
+    requeued,
     run_span,
     span,
     watch_answers,
@@ -56,7 +58,9 @@ __all__ = [
     "joined_asgi",
     "ledger_reader",
     "message_headers",
+    "preload",
     "record_fields",
+    "requeued",
     "run_span",
     "span",
     "watch_answers",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # typing only: OpenTelemetry is imported when tracing is on, never before
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["active", "capture_content", "flush", "start_with_id", "tracer"]
+__all__ = ["active", "capture_content", "flush", "preload", "start_with_id", "tracer"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,42 @@ def active() -> bool:
     return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
 
 
+#: What configuring from ``OTEL_*`` imports (the exporter's HTTP transport imports requests
+#: when it is built).
+_SDK_MODULES = (
+    "opentelemetry.trace",
+    "opentelemetry.propagate",
+    "opentelemetry.sdk.resources",
+    "opentelemetry.sdk.trace",
+    "opentelemetry.sdk.trace.export",
+    "opentelemetry.sdk.trace.id_generator",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "requests",
+)
+
+
+def preload() -> None:
+    """Import what configuring needs, configuring nothing: for a process about to fork a pool.
+
+    A pool child sets its provider up on its first span, and a first span inside a call
+    would spend the imports (over a second on a loaded machine) in that call's time limit.
+    Imported here, before the fork, they are inherited; no provider and no export thread
+    are made (a thread does not survive a fork). Nothing when ``OTEL_*`` asks for no traces.
+    """
+    state = _STATE
+    if state.env is None:
+        state.env = _env_configured()
+    if not state.env:
+        return
+    import importlib
+
+    for name in _SDK_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # reported once configuring needs it (see _sdk_provider)
+            continue
+
+
 def _configure() -> None:
     """Install the SDK's tracer provider from the ``OTEL_*`` variables (unless one is installed)."""
     with _STATE.lock:
@@ -111,7 +147,7 @@ def _sdk_provider() -> Any:
     # with it. 200 ms instead of the SDK's 5 s keeps that window short; a flush after every
     # call closes it (worker.flush_spans_each_call) at about 2 ms of worker CPU per call.
     delay_ms = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else _EXPORT_DELAY_MS
-    provider = TracerProvider(resource=Resource.create(attributes), id_generator=_chosen_ids())
+    provider = TracerProvider(resource=Resource.create(attributes))
     for exporter in _exporters():
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms))
     return provider
@@ -151,26 +187,41 @@ def _otlp_exporter() -> Any:
     return OTLPSpanExporter()
 
 
-def _chosen_ids() -> Any:
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+def _chosen_ids(fallback: Any) -> Any:
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-    class _ChosenIds(RandomIdGenerator):
-        """Random ids, but the span id :func:`_start_with_id` chose when one is set."""
+    class _ChosenIds(IdGenerator):
+        """The ``fallback``'s ids, but the span id :func:`start_with_id` chose when one is set."""
 
         def generate_span_id(self) -> int:
             chosen = _CHOSEN_SPAN_ID.get()
-            return chosen if chosen is not None else super().generate_span_id()
+            return chosen if chosen is not None else int(fallback.generate_span_id())
+
+        def generate_trace_id(self) -> int:
+            return int(fallback.generate_trace_id())
+
+        def is_trace_id_random(self) -> bool:
+            return bool(getattr(fallback, "is_trace_id_random", lambda: False)())
 
     return _ChosenIds()
 
 
 def tracer() -> Tracer:
-    """The tracer of unstuck's spans, from the installed provider."""
+    """The tracer of unstuck's spans, from the installed provider (an application's own too).
+
+    An SDK tracer's ids come from its own id generator: unstuck's tracer gets one that honours
+    :func:`start_with_id` (a span ended by another process than the one that started it has
+    the same id), and otherwise draws from the provider's generator.
+    """
     tracer = _STATE.tracer
     if tracer is None:
         from opentelemetry import trace
 
-        tracer = _STATE.tracer = trace.get_tracer("unstuck")
+        tracer = trace.get_tracer("unstuck")
+        fallback = getattr(tracer, "id_generator", None)
+        if fallback is not None:
+            tracer.id_generator = _chosen_ids(fallback)  # type: ignore[attr-defined]
+        _STATE.tracer = tracer
     return tracer
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "ledger_reader",
     "message_headers",
     "record_fields",
+    "requeued",
     "run_span",
     "span",
     "watch_answers",
@@ -44,6 +45,13 @@ _CHILD_GONE = frozenset(
 )
 
 CallKey = tuple[str, str, str]  # session, run, call id
+
+#: How the worker's main process signs the answers it writes (``{worker id}/main``).
+_MAIN_PROCESS_WRITER = "/main"
+
+#: Lost attempts whose span this process ended when their call was requeued (oldest first).
+_REQUEUED: dict[tuple[str, int, int], None] = {}
+_REQUEUED_KEPT = 4096
 
 
 # The spans of calls this process has open (its ``execute_tool`` or ``unstuck.run``): an
@@ -114,6 +122,8 @@ class CallSpans:
     result; another error ends them with its class name as ``error.type``.
     """
 
+    __slots__ = ("_agent_id", "_calls", "_keys", "_run_id", "_session_key")
+
     def __init__(self, session_key: str, run_id: str, agent_id: str, calls: Sequence[ToolCall]) -> None:
         self._keys: list[CallKey] = []
         self._session_key = session_key
@@ -138,6 +148,8 @@ class CallSpans:
 
     def end(self, results: Sequence[ToolResult]) -> list[ToolResult]:
         """End each span with its call's result; returns ``results``."""
+        if not self._keys:
+            return list(results)  # nothing traced (tracing off, or every call traced already)
         by_id = {result.tool_call_id: result for result in results}
         for key in self._keys:
             opened = _OPEN.pop(key, None)
@@ -205,9 +217,20 @@ def record_fields(session_key: str, run_id: str, call_id: str) -> dict[str, str]
     return {} if opened is None else dict(opened.carrier)
 
 
-def message_headers(session_key: str, run_id: str, call_id: str) -> dict[str, str]:
-    """The headers a call's task message carries (``traceparent``, ``tracestate``), or ``{}``."""
-    return record_fields(session_key, run_id, call_id)
+def message_headers(
+    session_key: str, run_id: str, call_id: str, kept: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The headers a call's task message carries (``traceparent``, ``tracestate``), or ``{}``.
+
+    ``kept``: the call's ledger record, for a message sent again by a process that holds no
+    span of the call (a gateway collecting the run of one that died): the context it kept.
+    """
+    if not _OPEN and not kept:
+        return {}  # no span open in this process (always so when tracing is off)
+    headers = record_fields(session_key, run_id, call_id)
+    if headers or not kept or not kept.get(TRACEPARENT):
+        return headers
+    return {k: kept[k] for k in _CARRIER_KEYS if kept.get(k)}
 
 
 # -- the doors: join the caller's trace -------------------------------------------------------
@@ -293,24 +316,43 @@ def _attempt_span(
 class _RunSpan:
     """The open ``unstuck.run`` span of a claimed call in the pool child."""
 
-    def __init__(self, key: CallKey | None, *, flush: bool = False) -> None:
+    def __init__(self, key: CallKey | None, *, flush: bool = False, read: RecordReader | None = None) -> None:
         self._key = key
         self._flush = flush
+        self._read = read
 
     def ended(self, result: ToolResult | None) -> ToolResult | None:
         """End the span with the answer the ledger took (None: another writer's answer won)."""
         opened = _OPEN.pop(self._key, None) if self._key is not None else None
         if opened is not None:
-            opened.span.set_attribute("unstuck.answered_by", "worker")
-            if result is None:
-                opened.span.set_attribute("unstuck.late", True)
-            _end_with(opened.span, result)
-            if self._flush:
+            sent = True
+            if result is not None:
+                opened.span.set_attribute("unstuck.answered_by", "worker")
+                _end_with(opened.span, result)
+            else:
+                sent = self._ended_late(opened.span)
+            if sent and self._flush:
                 # Sent now, once the answer is stored: the pool child may die on its next
                 # call (a crash, a hard limit) and take what it had not sent with it.
                 flush()
         self._key = None
         return result
+
+    def _ended_late(self, span: Span) -> bool:
+        """End the span of a run whose answer another writer stored first; False: ended already.
+
+        The worker's main process answers for a child it interrupts (a cancel past its grace,
+        a silent heartbeat) and ends this attempt's span itself, under the same id: a second
+        span of that id is not sent. Any other writer's answer (a deadline, the watchdog) is
+        the call's: the span ends with its reason, marked late.
+        """
+        fields = _read_fields(self._read, self._key) if self._key is not None else None
+        if fields is not None and fields.get("writer", "").endswith(_MAIN_PROCESS_WRITER):
+            return False
+        span.set_attribute("unstuck.late", True)
+        reason = fields.get("reason") if fields is not None else None
+        _end_with(span, None, error=reason or None)
+        return True
 
     def abandon(self, exc: BaseException | None) -> None:
         opened = _OPEN.pop(self._key, None) if self._key is not None else None
@@ -318,22 +360,34 @@ class _RunSpan:
             _end_with(opened.span, None, error=type(exc).__name__ if exc is not None else "no_result")
 
 
-@contextlib.contextmanager
-def run_span(request: object, keys: Any, call: ToolCall, attempt: int, *, flush: bool) -> Iterator[_RunSpan]:
+# What the pool child gets when tracing is off: no generator and no span object per call.
+_RUN_UNTRACED = contextlib.nullcontext(_RunSpan(None))
+
+
+def run_span(
+    request: object, keys: Any, call: ToolCall, attempt: int, *, flush: bool, ledger: Any = None
+) -> contextlib.AbstractContextManager[_RunSpan]:
     """The pool child's ``unstuck.run`` span of a claimed call, parent from the message headers.
 
     ``request`` is the Celery task's request (its message headers as attributes), ``keys``
-    the run's (session and run id); ``flush``: send the span as soon as it ends.
+    the run's (session and run id); ``flush``: send the span as soon as it ends; ``ledger``
+    (a sync ``Ledger``): read who answered when another writer's answer came first.
     """
     if not active():
-        yield _RunSpan(None)
-        return
+        return _RUN_UNTRACED
+    return _traced_run(request, keys, call, attempt, flush=flush, ledger=ledger)
+
+
+@contextlib.contextmanager
+def _traced_run(
+    request: object, keys: Any, call: ToolCall, attempt: int, *, flush: bool, ledger: Any
+) -> Iterator[_RunSpan]:
     session_key, run_id = keys.session_key, keys.run_id
     carrier = {k: v for k in _CARRIER_KEYS if isinstance(v := getattr(request, k, None), str)}
     span = _attempt_span(carrier, call, session_key, run_id, attempt)
     key = (session_key, run_id, call.id)
     _OPEN[key] = _OpenCall(span, carrier)
-    run = _RunSpan(key, flush=flush)
+    run = _RunSpan(key, flush=flush, read=None if ledger is None else ledger_reader(ledger))
     try:
         yield run
     except BaseException as exc:
@@ -365,6 +419,31 @@ def child_lost(
     span = _attempt_span(carrier, call, session_key, run_id, attempt, start_time=start_ns)
     span.set_attribute("unstuck.answered_by", answered_by)
     _end_with(span, answer)
+
+
+def requeued(
+    fields: Mapping[str, str] | None, session_key: str, run_id: str, call: ToolCall, role: str
+) -> None:
+    """End the span of the attempt a lost worker took with it, when its call goes back to the queue.
+
+    ``fields``: the call's ledger record as the requeue left it (pending, the lost attempt's
+    number and start). Nobody answered that attempt and its child is gone with its host: the
+    span ends here, under its own id, ERROR ``worker_lost``, ``unstuck.requeued`` true. The
+    next attempt's span links it. A message sent again for a call nobody claimed ends nothing.
+    """
+    if not fields or not fields.get(TRACEPARENT) or fields.get("state") != "pending" or not active():
+        return
+    attempt, started_ms = int(fields.get("attempt") or 0), int(fields.get("started_ms") or 0)
+    if not attempt or not started_ms or (call.id, attempt, started_ms) in _REQUEUED:
+        return  # never claimed, or this attempt's span ended here already (a republish since)
+    if len(_REQUEUED) >= _REQUEUED_KEPT:
+        _REQUEUED.pop(next(iter(_REQUEUED)))
+    _REQUEUED[(call.id, attempt, started_ms)] = None
+    carrier = {k: fields[k] for k in _CARRIER_KEYS if fields.get(k)}
+    span = _attempt_span(carrier, call, session_key, run_id, attempt, start_time=started_ms * 1_000_000)
+    span.set_attribute("unstuck.requeued", True)
+    span.set_attribute("unstuck.requeued_by", role)
+    _end_with(span, None, error=SyntheticReason.WORKER_LOST.value)
 
 
 # -- answers written without a span of the call ------------------------------------------------

@@ -76,7 +76,9 @@ def answer_call(
     note_duplicate(rt.ledger, keys, parsed.call.id, claim, worker=worker_id())
     if claim.status is ClaimStatus.CLAIMED:
         flush = rt.settings.worker.flush_spans_each_call
-        with tracing.run_span(trace_from, keys, parsed.call, claim.attempt, flush=flush) as span:
+        with tracing.run_span(
+            trace_from, keys, parsed.call, claim.attempt, flush=flush, ledger=rt.ledger
+        ) as span:
             stored = span.ended(_answer(rt, keys, parsed, task_id, claim.attempt))
     return stored or stored_answer(rt, keys, parsed.call.id)
 
