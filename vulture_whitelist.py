@@ -42,14 +42,13 @@ _.skip_known  # call-path stages, called by name from CallPath.STAGES (workers/g
 _.refuse_aborted_run
 _.check_loops
 _.register_and_dispatch
-_.nx  # a parameter of the _IndexPipe protocol: redis-py's zadd signature (workers/store/registration.py)
 
 # --- Record fields: written as a whole, read by name in tests, JSON views or task results --------
 
 _.builder  # schema records, held equal to the keys.py table by tests/unit/test_records.py
 _.ttl
 _.redis_type
-_.ended_ms  # RunInfo, a run record as stored (workers/store/session_reads.py)
+_.ended_ms  # RunInfo, a run record as stored (workers/store/sessions.py)
 _.end_reason
 _.last_gap_ms  # SweepRecord, the last sweep as stored (workers/store/watchdog_liveness.py)
 _.sweeps
@@ -58,9 +57,6 @@ _.paired_tool_name  # LoopVerdict: the ping-pong detector's other tool (workers/
 
 # --- Used only by tests: candidates for deletion, left for the call-path refactor ----------------
 
-_.remaining_ms  # Limits.remaining_ms (workers/core/limits.py)
 _.restricted  # ToolPolicy.restricted (workers/core/tool_policy.py)
-_.holds_lane  # SessionReads.holds_lane (workers/store/session_reads.py)
 _.disarm_guard  # LoopHistory.disarm_guard, three implementations (workers/core/loops, workers/store)
 _.rejected  # ProviderAnswer.rejected (workers/core/provider_calls.py)
-_.wait_for_done  # Ledger / AsyncLedger.wait_for_done; the product waits through wait_for_results

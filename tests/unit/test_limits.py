@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.core.limits import CallLimits, RetryPolicy, resolve_limits
+from workers.core.models import CallLimits, RetryPolicy, resolve_limits
 from workers.errors import StoreError, ToolExecutionError
 
 NOW_MS = 1_700_000_000_000
@@ -85,13 +85,6 @@ def test_a_passed_run_deadline_gives_tiny_positive_limits_and_now_as_deadline(ru
     assert limits.deadline_ms == NOW_MS
     assert 0 < limits.soft_s < 0.01
     assert 0 < limits.hard_s < 0.01
-
-
-@pytest.mark.parametrize(
-    ("now_ms", "expected"), [(NOW_MS, 20_000), (NOW_MS + 20_000, 0), (NOW_MS + 20_500, -500)]
-)
-def test_remaining_ms(now_ms: int, expected: int) -> None:
-    assert _resolve().remaining_ms(now_ms) == expected
 
 
 # --- retry policy ---------------------------------------------------------------------------

@@ -27,13 +27,14 @@ from workers.store.records import (
     FieldType,
     HashRecord,
     LaneField,
+    Row,
     RunField,
     WatchdogField,
     declared_field,
     pgid_field,
     pgid_of,
+    reply_member,
 )
-from workers.store.rows import Row, reply_member
 
 # --- the Lua scripts name declared fields only -----------------------------------------------
 

@@ -164,6 +164,7 @@ written per synthetic answer, loop verdict or alert, never on a call's normal pa
 
 from __future__ import annotations
 
+import time
 from binascii import crc_hqx
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -173,8 +174,10 @@ from urllib.parse import quote, unquote
 
 __all__ = [
     "INDEX_BUCKETS",
+    "REFRESH_INTERVAL_S",
     "BreakerKeys",
     "IndexKeys",
+    "IndexTtl",
     "RunKeys",
     "SessionKeys",
     "all_index_keys",
@@ -261,6 +264,35 @@ def index_keys(prefix: str, bucket: int) -> IndexKeys:
 def all_index_keys(prefix: str) -> list[IndexKeys]:
     """Every bucket's index keys, bucket 0 first."""
     return [index_keys(prefix, bucket) for bucket in range(INDEX_BUCKETS)]
+
+
+# An index key only has to outlive the members written into it, so a process refreshes its TTL
+# at most once per REFRESH_INTERVAL_S (an EXPIRE after each write was three of a call's
+# commands) and sets it that much longer than ledger.ttl_s: a member written up to one
+# interval after the last refresh still has its ttl_s ahead of it. Races between threads only
+# cost an extra EXPIRE; a forked child's inherited memory still holds (the TTL is on the server).
+#: How often one process refreshes one index key's TTL (and by how much it over-extends it).
+REFRESH_INTERVAL_S = 60
+
+
+class IndexTtl:
+    """Remembers when this process last refreshed each index key's TTL."""
+
+    def __init__(self, ttl_s: int) -> None:
+        self.expire_s = ttl_s + REFRESH_INTERVAL_S
+        self._next_refresh: dict[str, float] = {}
+
+    def due(self, key: str) -> bool:
+        """True when ``key``'s TTL should be refreshed now (then counted as refreshed)."""
+        now = time.monotonic()
+        if self._next_refresh.get(key, 0.0) > now:
+            return False
+        self._next_refresh[key] = now + REFRESH_INTERVAL_S
+        return True
+
+    def forget(self) -> None:
+        """Refresh every key on its next write: a round trip that may have lost an EXPIRE failed."""
+        self._next_refresh.clear()
 
 
 def member_bucket(member: str) -> int:

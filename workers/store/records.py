@@ -5,7 +5,7 @@ this module says what is inside them. Each HASH record names its fields once, as
 (``CallField.SUBMITTED_MS``), with the field's type, meaning and the decision a reader makes
 when the field is missing: a default, or :class:`~workers.errors.StoreError`. Python readers
 and writers use those names, never string literals, and read a hash by name
-(:class:`~workers.store.rows.Row`: ``HMGET`` of a declared list zipped to names, or
+(:class:`Row`: ``HMGET`` of a declared list zipped to names, or
 ``HGETALL``), never by position. Each declaration names its key builder; a test holds the
 declarations and the rows of the keys.py table to each other. The Lua scripts cannot import
 this module: ``tests/unit/test_records.py`` checks that every field a script names is declared
@@ -21,14 +21,19 @@ alike.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 from workers.core.breakers import BreakerState
-from workers.core.models import CallState
+from workers.core.models import CallState, ToolResult
 from workers.core.refusals import RefusalReason
 from workers.core.run_health import RunStatus, SessionClass
+from workers.core.waiting import OpenCall
+from workers.errors import StoreError
+
+if TYPE_CHECKING:
+    from workers.store.keys import RunKeys
 
 __all__ = [
     "BREAKER",
@@ -37,12 +42,14 @@ __all__ = [
     "KEY_RECORDS",
     "LANE",
     "LOOPS",
+    "OPEN_FIELDS",
     "REFUSED",
     "REQUIRED",
     "RUN",
     "WATCHDOG",
     "BreakerField",
     "CallField",
+    "CallRecord",
     "EventField",
     "FieldSpec",
     "FieldType",
@@ -50,11 +57,14 @@ __all__ = [
     "KeyRecord",
     "LaneField",
     "LoopStateField",
+    "Row",
     "RunField",
     "WatchdogField",
     "declared_field",
+    "open_call",
     "pgid_field",
     "pgid_of",
+    "reply_member",
 ]
 
 
@@ -498,4 +508,148 @@ def declared_field(name: str) -> bool:
     return any(
         name in record.fields or any(name.startswith(prefix) for prefix in record.families)
         for record in HASH_RECORDS
+    )
+
+
+# --- reading a hash by field name ------------------------------------------------------------
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+_Raw = str | bytes | int | float | None
+
+
+def _decode(value: _Raw) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class Row(Generic[F]):
+    """One hash as read, by field name; each typed read applies the field's declared default."""
+
+    __slots__ = ("_values", "record", "where")
+
+    def __init__(self, record: HashRecord[F], values: Mapping[Any, _Raw], *, where: str = "") -> None:
+        self.record = record
+        self.where = where or f"a {record.name} record"
+        self._values = {
+            str(_decode(k)): v for k, value in values.items() if (v := _decode(value)) is not None
+        }
+
+    @classmethod
+    def zip(
+        cls, record: HashRecord[F], names: Sequence[F], reply: Sequence[_Raw], *, where: str = ""
+    ) -> Row[F]:
+        """The row of an ``HMGET`` of ``names`` (missing fields come back as None)."""
+        return cls(record, dict(zip(names, reply, strict=True)), where=where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._values
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def raw(self, name: F) -> str | None:
+        """The stored text of a field, None when missing (no default applied)."""
+        return self._values.get(name)
+
+    def text(self, name: F) -> str:
+        """A field as text; missing: its declared default."""
+        value = self._values.get(name)
+        return value if value is not None else self._default(name, str)
+
+    def integer(self, name: F) -> int:
+        """A number field; missing or malformed: its declared default."""
+        value = self.maybe_integer(name)
+        return value if value is not None else self._default(name, int)
+
+    def maybe_integer(self, name: F) -> int | None:
+        """A number field, None when missing or malformed (for readers to whom absence is news)."""
+        try:
+            return int(self._values[name])
+        except (KeyError, ValueError):
+            return None
+
+    def flag(self, name: F) -> bool:
+        """A ``"1"``/``"0"`` field; missing: its declared default."""
+        value = self._values.get(name)
+        return value == "1" if value is not None else bool(self._default(name, int))
+
+    def member(self, name: F, values: type[E]) -> E:
+        """An enum field; missing: its declared default; a value outside ``values`` is a ``StoreError``."""
+        value = self._values.get(name)
+        try:
+            return values(value if value is not None else self._default(name, str))
+        except ValueError:
+            raise StoreError(f"{self.where}: {name} holds {value!r}, not a {values.__name__}") from None
+
+    def _default(self, name: F, kind: type[int] | type[str]) -> Any:
+        default = self.record.fields[name].default
+        if default is REQUIRED:
+            raise StoreError(f"{self.where}: the {self.record.name} record has no valid {name}")
+        if not isinstance(default, kind):
+            raise TypeError(f"{self.record.name}.{name} is not read as {kind.__name__}")
+        return default
+
+
+def reply_member(values: type[E], raw: _Raw, *, where: str) -> E:
+    """A state a script returned, as its enum; any other value is a ``StoreError``."""
+    try:
+        return values(_decode(raw) or "")
+    except ValueError:
+        raise StoreError(f"{where} returned {raw!r}, not a {values.__name__}") from None
+
+
+# --- the call record as its readers see it ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A call as the ledger holds it; ``fields`` as stored, ``row`` to read them by declared name."""
+
+    call_id: str
+    tool: str
+    state: CallState
+    result: ToolResult | None
+    fields: dict[str, str]
+
+    @property
+    def row(self) -> Row[CallField]:
+        """The stored fields with their declared types and defaults."""
+        return Row(CALL, self.fields)
+
+    @classmethod
+    def of(cls, keys: RunKeys, call_id: str, fields: dict[str, str]) -> CallRecord | None:
+        """The record a call's stored hash holds; None when it holds nothing (never written, expired)."""
+        if not fields:
+            return None
+        row = Row(CALL, fields, where=keys.call(call_id))
+        stored = row.raw(CallField.RESULT)
+        result = ToolResult.from_json(stored) if stored is not None else None
+        state = row.member(CallField.STATE, CallState)
+        return cls(call_id, row.text(CallField.TOOL), state, result, fields)
+
+
+# What the gateway and watchdog need of an unanswered call (ledger_open.lua reads these).
+OPEN_FIELDS = (
+    CallField.CALL_ID, CallField.STATE, CallField.DEADLINE_MS, CallField.ATTEMPT, CallField.IDEMPOTENT,
+    CallField.DISPATCHED, CallField.SUBMITTED_MS, CallField.TOOL, CallField.QUEUED_MS,
+    CallField.REPUBLISHES,
+)  # fmt: skip
+
+
+def open_call(row: Row[CallField], lease_alive: bool) -> OpenCall:
+    """The :class:`OpenCall` an :data:`OPEN_FIELDS` row describes."""
+    return OpenCall(
+        call_id=row.text(CallField.CALL_ID),
+        tool=row.text(CallField.TOOL),
+        state=row.member(CallField.STATE, CallState),
+        deadline_ms=row.integer(CallField.DEADLINE_MS),
+        attempt=row.integer(CallField.ATTEMPT),
+        lease_alive=lease_alive,
+        idempotent=row.flag(CallField.IDEMPOTENT),
+        dispatched=row.flag(CallField.DISPATCHED),
+        submitted_ms=row.integer(CallField.SUBMITTED_MS),
+        queued_ms=row.maybe_integer(CallField.QUEUED_MS),
+        republishes=row.integer(CallField.REPUBLISHES),
     )

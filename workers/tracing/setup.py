@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -18,15 +17,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # typing only: OpenTelemetry is imported when tracing is on, never before
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["active", "capture_content", "flush", "start_with_id", "tracer"]
+__all__ = ["STATE", "capture_content", "configure", "env_configured", "flush", "start_with_id", "tracer"]
 
 log = logging.getLogger(__name__)
 
-_UNKNOWN = object()
 _EXPORT_DELAY_MS = 200
 
 
-def _env_configured() -> bool:
+def env_configured() -> bool:
     """Whether the ``OTEL_*`` variables ask for traces (read once per process)."""
     env = os.environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -47,41 +45,15 @@ class _State:
         self.tracer: Tracer | None = None
 
 
-_STATE = _State()
+STATE = _State()
 # Set while a span with a chosen id is started (see _ChosenIds).
 _CHOSEN_SPAN_ID: ContextVar[int | None] = ContextVar("unstuck_chosen_span_id", default=None)
 
 
-def active() -> bool:
-    """Whether spans are recorded: ``OTEL_*`` configured, or the application's own provider set.
-
-    Costs a dictionary look-up when neither (OpenTelemetry is then never imported).
-    """
-    state = _STATE
-    if state.env is None:
-        state.env = _env_configured()
-    if state.env:
-        if not state.configured:
-            _configure()
-        return True
-    otel_trace = sys.modules.get("opentelemetry.trace")
-    if otel_trace is None:
-        return False
-    # Imported does not mean used (redis-py imports it): the API's global stays None until an
-    # application sets a provider, and reading it spares get_tracer_provider()'s environment
-    # look-up on every call.
-    provider = getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN)
-    if provider is None:
-        return False
-    if provider is _UNKNOWN:
-        provider = otel_trace.get_tracer_provider()
-    return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
-
-
-def _configure() -> None:
+def configure() -> None:
     """Install the SDK's tracer provider from the ``OTEL_*`` variables (unless one is installed)."""
-    with _STATE.lock:
-        if _STATE.configured:
+    with STATE.lock:
+        if STATE.configured:
             return
         from opentelemetry import trace
 
@@ -89,7 +61,7 @@ def _configure() -> None:
             provider = _sdk_provider()
             if provider is not None:
                 trace.set_tracer_provider(provider)
-        _STATE.configured = True
+        STATE.configured = True
 
 
 def _sdk_provider() -> Any:
@@ -166,11 +138,11 @@ def _chosen_ids() -> Any:
 
 def tracer() -> Tracer:
     """The tracer of unstuck's spans, from the installed provider."""
-    tracer = _STATE.tracer
+    tracer = STATE.tracer
     if tracer is None:
         from opentelemetry import trace
 
-        tracer = _STATE.tracer = trace.get_tracer("unstuck")
+        tracer = STATE.tracer = trace.get_tracer("unstuck")
     return tracer
 
 
@@ -180,7 +152,7 @@ def capture_content() -> bool:
 
 
 def start_with_id(name: str, span_id: int, **options: Any) -> Span:
-    """Start a span whose id is ``span_id`` (with the provider :func:`active` installed)."""
+    """Start a span whose id is ``span_id`` (with the provider ``active()`` installed)."""
     token = _CHOSEN_SPAN_ID.set(span_id)
     try:
         return tracer().start_span(name, **options)
