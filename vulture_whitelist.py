@@ -45,9 +45,7 @@ _.register_and_dispatch
 
 # --- Record fields: written as a whole, read by name in tests, JSON views or task results --------
 
-_.builder  # schema records, held equal to the keys.py table by tests/unit/test_records.py
-_.ttl
-_.redis_type
+_.builder  # schema records: tests/unit/test_records.py holds each declared key to what its builder makes
 _.ended_ms  # RunInfo, a run record as stored (workers/store/sessions.py)
 _.end_reason
 _.last_gap_ms  # SweepRecord, the last sweep as stored (workers/store/watchdog_liveness.py)
