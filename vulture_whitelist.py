@@ -32,14 +32,11 @@ _.skip_known  # call-path stage, called by name from CallPath.STAGES (workers/ga
 _.refuse_aborted_run  # call-path stage, called by name from CallPath.STAGES
 _.check_loops  # call-path stage, called by name from CallPath.STAGES
 _.register_and_dispatch  # call-path stage, called by name from CallPath.STAGES
-_.nx  # a parameter of the _IndexPipe protocol: redis-py's zadd signature (workers/store/registration.py)
 
 # --- Record fields: written as a whole, read by name in tests, JSON views or task results --------
 
-_.builder  # schema record field, held equal to the keys.py table by tests/unit/test_records.py
-_.ttl  # schema record field, the same
-_.redis_type  # schema record field, the same
-_.ended_ms  # RunInfo, a run record as stored (workers/store/session_reads.py)
+_.builder  # schema records: tests/unit/test_records.py holds each declared key to what its builder makes
+_.ended_ms  # RunInfo, a run record as stored (workers/store/sessions.py)
 _.end_reason  # RunInfo, the same
 _.last_gap_ms  # SweepRecord, the last sweep as stored (workers/store/watchdog_liveness.py)
 _.sweeps  # SweepRecord, the same
@@ -48,6 +45,4 @@ _.paired_tool_name  # LoopVerdict: the ping-pong detector's other tool (workers/
 
 # --- Used only by tests: to delete with the store and loop consolidation that owns them ---------
 
-_.holds_lane  # SessionReads.holds_lane (workers/store/session_reads.py)
 _.disarm_guard  # LoopHistory.disarm_guard, three implementations (workers/core/loops, workers/store)
-_.wait_for_done  # AsyncLedger.wait_for_done (workers/store/aledger.py); Ledger's is used by wait_for_results

@@ -68,8 +68,7 @@ from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
-from workers.store.records import CallField
-from workers.store.rows import Row
+from workers.store.records import CallField, Row
 
 CallKey = tuple[str, str, str]  # session, run, call id
 FAULT_SETS = ("mixed", "failover", "cluster-failover")

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 import psutil
 import redis
 
-from workers.core.job_digest import job_digest
-from workers.core.models import CallJob
+from workers.core.models import CallJob, job_digest
 from workers.errors import StoreError
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from workers.core.limits import RetryPolicy
+from workers.core.models import RetryPolicy
 from workers.errors import ToolExecutionError
 from workers.tools import ToolContext, tool
 from workers.tools.registry import get_tool

@@ -10,8 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from workers.core.limits import RetryPolicy
-    from workers.core.models import ToolCall, ToolResult
+    from workers.core.models import RetryPolicy, ToolCall, ToolResult
     from workers.core.provider_calls import ProviderAnswer
     from workers.errors import ToolExecutionError, UnstuckError
     from workers.gateway.client import ToolGateway
@@ -37,7 +36,7 @@ __all__ = [
 
 _HOMES = {
     "ProviderAnswer": "workers.core.provider_calls",
-    "RetryPolicy": "workers.core.limits",
+    "RetryPolicy": "workers.core.models",
     "Settings": "workers.settings",
     "ToolCall": "workers.core.models",
     "ToolContext": "workers.tools",

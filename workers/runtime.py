@@ -10,9 +10,9 @@ from functools import cache
 
 from workers.core.failure_policy import NO_RULES, FailureRules
 from workers.settings import Settings, load_settings
-from workers.store.aledger import AsyncLedger, DoneListener, aconnect
 from workers.store.connection import connect
-from workers.store.ledger import Ledger
+from workers.store.done_listener import DoneListener, aconnect
+from workers.store.ledger import AsyncLedger, Ledger
 from workers.store.replica_acks import ReplicaAcks
 from workers.tools.loader import load_tools
 from workers.tools.registry import ToolSpec

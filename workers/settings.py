@@ -43,8 +43,8 @@ from workers.core.failure_policy import (
     FallbackRule,
     check_reasons,
 )
-from workers.core.limits import RetryPolicy
 from workers.core.loops.config import agent_path, parse_loop_block, raised_thresholds
+from workers.core.models import RetryPolicy
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url, parse_sentinel_url
 from workers.core.tool_policy import BUILTIN_TOOLS, ToolPolicy, ToolRules, unknown_groups
 from workers.errors import ConfigError

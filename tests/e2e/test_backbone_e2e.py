@@ -25,8 +25,8 @@ from workers import ToolCall, ToolGateway, ToolResult
 from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.runtime import build_runtime
 from workers.settings import Settings
-from workers.store.call_views import CallRecord
 from workers.store.ledger import Ledger
+from workers.store.records import CallRecord
 
 pytestmark = [pytest.mark.slow]
 

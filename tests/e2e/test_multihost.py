@@ -24,8 +24,8 @@ from tests.harness import UNSTUCK, Proc, base_env, kill_pids, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.local.embedded_redis import find_redis_server
 from workers.settings import Settings
-from workers.store.call_views import CallRecord
 from workers.store.ledger import Ledger
+from workers.store.records import CallRecord
 
 pytestmark = [pytest.mark.slow]
 

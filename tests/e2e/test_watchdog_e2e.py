@@ -160,6 +160,12 @@ def answered(store: SessionStore, session: str, run: str, call_id: str) -> bool:
     return bool(store.ledger.results(store.ledger.keys(session, run), [call_id]))
 
 
+def _holds_lane(store: SessionStore, session_key: str, run_id: str, token: int) -> bool:
+    """Whether ``run_id`` still holds its session's lane with ``token`` (the fencing check)."""
+    lane = store.lane(session_key)
+    return lane is not None and (lane.run_id, lane.token) == (run_id, token)
+
+
 def test_worker_host_killed_is_answered_within_one_interval(
     env: dict[str, str], processes: list[Proc], app: Celery, store: SessionStore
 ) -> None:
@@ -202,7 +208,7 @@ def test_run_past_its_deadline_is_aborted_and_its_lane_freed(
     assert info.status == RunStatus.TIMED_OUT.value
     result = store.ledger.results(store.ledger.keys("late-s", "r1"), ["d1"])["d1"]
     assert result.reason == "deadline_exceeded"
-    assert not store.holds_lane("late-s", "r1", token)
+    assert not _holds_lane(store, "late-s", "r1", token)
 
 
 def test_stuck_session_is_alerted_and_recovered(

@@ -14,6 +14,7 @@ import pytest
 from tests.harness import CLUSTER_LEG, store_client
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
+from workers.core.waiting import ActionKind, Reap
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
@@ -256,7 +257,8 @@ def test_run_summary_counts_open_and_claimed_calls_through_every_change(store: S
     led.claim(keys, "a", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
     seen.append(counts())
     store.client.delete(keys.lease("a"))
-    assert led.requeue(keys, "a", expected_attempt=1, now_ms=T0 + 2)
+    lost = next(call for call in led.open_calls(keys, ["a"]) if call.call_id == "a")
+    assert led.reap(keys, [Reap(lost, ActionKind.REQUEUE)], now_ms=T0 + 2, writer="gw") == (0, ["a"])
     seen.append(counts())
     led.claim(keys, "a", worker_id="w:2", now_ms=T0 + 2, tool="echo", job_digest="d")
     led.claim(

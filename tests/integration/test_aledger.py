@@ -11,16 +11,18 @@ from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import success_result, synthetic_result
 from workers.runtime import open_async_ledger, open_ledger
 from workers.settings import Settings
-from workers.store.aledger import AsyncLedger
+from workers.store.done_listener import DoneListener
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger
+from workers.store.ledger import AsyncLedger, Ledger
 from workers.store.records import CallField
 
 
 async def _listening_on(aio: AsyncLedger, *done_keys: str, timeout_s: float = 10.0) -> None:
     """Wait until the loop's listener has a ``BLPOP`` out on every one of ``done_keys``."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not set(done_keys) <= aio._listener._listening:
+    listener = aio._listener
+    assert isinstance(listener, DoneListener)
+    while not set(done_keys) <= listener._listening:
         assert asyncio.get_running_loop().time() < deadline, f"listener never blocked on {done_keys}"
         await asyncio.sleep(0.005)
 
@@ -66,14 +68,14 @@ async def test_open_calls_and_a_wake_up_match_the_sync_ledger(ledgers: tuple[Led
     keys = sync.keys("s", "r2")
     _register(sync, keys, "c2")
     assert await aio.open_calls(keys, ["c2"]) == sync.open_calls(keys, ["c2"])
-    assert not await aio.wait_for_done(keys, 0.05, mine={"c2"})
+    assert await aio.wait_for_results(keys, 0.05, mine={"c2"}) is None
 
-    waiting = asyncio.create_task(aio.wait_for_done(keys, 5.0, mine={"c2"}))
+    waiting = asyncio.create_task(aio.wait_for_results(keys, 5.0, mine={"c2"}))
     # Whether the finish lands before or after the listener blocks, the signal stays in the
     # run's list until popped, so the wait returns either way.
     result: ToolResult = success_result(ToolCall(id="c2", name="echo"), "ok", elapsed_ms=5, attempt=1)
     await asyncio.to_thread(sync.finish, keys, result, now_ms=2_000, writer="worker")
-    assert await asyncio.wait_for(waiting, 2.0)
+    assert await asyncio.wait_for(waiting, 2.0) is not None
     assert await aio.results(keys, ["c2"]) == {"c2": result}
 
 

@@ -15,10 +15,8 @@ from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
 from workers.runtime import open_async_ledger, open_ledger
 from workers.settings import Settings
-from workers.store.aledger import AsyncLedger
-from workers.store.done_signals import HANDED_BACK, SEPARATOR, Signal, encode
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger
+from workers.store.ledger import HANDED_BACK, SEPARATOR, AsyncLedger, Ledger, Signal, encode
 from workers.store.records import CallField
 
 Ledgers = tuple[Ledger, AsyncLedger]
@@ -139,7 +137,7 @@ async def test_an_async_owner_of_a_handed_back_signal_reads_nothing(ledgers: Led
     sync, aio = ledgers
     keys = sync.keys("s", "ahanded")
     result = _answered(sync, keys, "theirs")
-    assert sync.wait_for_done(keys, 1.0, mine={"mine"})  # handed back, marked
+    assert sync.wait_for_results(keys, 1.0, mine={"mine"}) is not None  # handed back, marked
     _reset_counts(sync.client)
     assert await aio.wait_for_results(keys, 2.0, mine={"theirs"}, read=["theirs"]) == {"theirs": result}
     assert _count(sync.client, "hget") == 0
@@ -169,7 +167,7 @@ async def test_an_async_waiter_woken_by_a_marked_stranger_reads_its_call(ledgers
     mine = _answered(sync, keys, "mine")
     sync.client.delete(keys.done)  # its signal was taken long ago
     _answered(sync, keys, "theirs")
-    assert sync.wait_for_done(keys, 1.0, mine={"nobody"})
+    assert sync.wait_for_results(keys, 1.0, mine={"nobody"}) is not None
     # Then a waiter of "mine" woken by it reads its own call, in the same wake
     assert await aio.wait_for_results(keys, 2.0, mine={"mine"}, read=["mine"]) == {"mine": mine}
 

@@ -15,12 +15,9 @@ import pytest
 from tests.harness import store_client
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
-from workers.store.done_signals import Signal
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger
-from workers.store.ledger_args import KEYS_REFRESH_S
-from workers.store.session_reads import RECENT_CALLS
-from workers.store.sessions import SessionStore
+from workers.store.ledger import KEYS_REFRESH_S, Ledger, Signal
+from workers.store.sessions import RECENT_CALLS, SessionStore
 
 T0 = int(time.time() * 1000)
 MIN = 60_000
@@ -166,7 +163,7 @@ def test_a_handed_back_signal_that_recreates_done_gives_it_a_ttl(store: SessionS
     _register(store, keys, "theirs", now_ms=T0, deadline_ms=T0 + MIN)
     _answer(store, keys, "theirs", T0 + 1)
     # When a waiter for another call pops it (emptying the list) and hands it back
-    assert store.ledger.wait_for_done(keys, 1.0, mine={"mine"})
+    assert store.ledger.wait_for_results(keys, 1.0, mine={"mine"}) is not None
     # Then the list exists again, with a TTL
     [handed] = store.client.lrange(keys.done, 0, -1)
     signal = Signal.parse(str(handed))

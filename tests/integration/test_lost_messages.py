@@ -22,9 +22,8 @@ from tests.harness import GatewayOn, Proc, WorkerOn, base_env, wait_until
 from workers import ToolGateway
 from workers.core.models import CallState, ToolCall, ToolResult
 from workers.settings import Settings
-from workers.store.call_views import CallRecord
 from workers.store.keys import broker_queue_key
-from workers.store.records import CallField
+from workers.store.records import CallField, CallRecord
 
 LEASE_S = 3  # base_env's lease: the first republish comes one lease after submission
 

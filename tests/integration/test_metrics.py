@@ -21,8 +21,7 @@ from workers.ops.metrics import LedgerCollector
 from workers.store.connection import connect
 from workers.store.ledger import Ledger
 from workers.store.refusal import count_refusal
-from workers.store.runs import AgentBeats, ensure_run
-from workers.store.sessions import SessionStore
+from workers.store.sessions import AgentBeats, SessionStore, ensure_run
 from workers.store.watchdog_liveness import WatchdogLiveness
 
 NOW_MS = 1_800_000_000_000

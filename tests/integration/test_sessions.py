@@ -16,8 +16,7 @@ from workers.core.run_health import RunStatus
 from workers.settings import Settings
 from workers.store.keys import SessionKeys, all_index_keys, run_member
 from workers.store.ledger import Ledger
-from workers.store.runs import ensure_run
-from workers.store.sessions import SessionStore
+from workers.store.sessions import SessionStore, ensure_run
 from workers.watchdog.alerts import AlertSink
 from workers.watchdog.sweep import SweepReport, Watchdog, clean_stale_lanes, stale_lanes
 
@@ -45,6 +44,12 @@ def _register(store: SessionStore, session: str, run: str, call_id: str, deadlin
     )
 
 
+def _holds_lane(store: SessionStore, session_key: str, run_id: str, token: int) -> bool:
+    """Whether ``run_id`` still holds its session's lane with ``token`` (the fencing check)."""
+    lane = store.lane(session_key)
+    return lane is not None and (lane.run_id, lane.token) == (run_id, token)
+
+
 def test_lane_is_idempotent_for_its_holder(store: SessionStore) -> None:
     # Given / When
     first = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
@@ -54,7 +59,7 @@ def test_lane_is_idempotent_for_its_holder(store: SessionStore) -> None:
     lane = store.lane("s")
     assert lane is not None
     assert (lane.run_id, lane.token) == ("r1", first)
-    assert store.holds_lane("s", "r1", first)
+    assert _holds_lane(store, "s", "r1", first)
 
 
 def test_a_newer_run_supersedes_and_fences_the_old_one(store: SessionStore) -> None:
@@ -72,8 +77,8 @@ def test_a_newer_run_supersedes_and_fences_the_old_one(store: SessionStore) -> N
     assert result.reason == SyntheticReason.CANCELLED.value
     assert not store.touch_progress("s", "r1", T0 + 20)
     assert not store.end_run("s", "r1", RunStatus.COMPLETED, T0 + 20)
-    assert not store.holds_lane("s", "r1", old)
-    assert store.holds_lane("s", "r2", new)
+    assert not _holds_lane(store, "s", "r1", old)
+    assert _holds_lane(store, "s", "r2", new)
     assert store.begin_run("s", "r1", "main", T0 + 30, T0 + 30 * MIN, writer="gw") == 0
 
 

@@ -40,8 +40,7 @@ from workers.core.waiting import OpenCall, decide
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.store.ledger import Ledger
 from workers.store.records import CALL as CALL_RECORD
-from workers.store.records import CallField
-from workers.store.rows import Row
+from workers.store.records import CallField, Row
 from workers.store.sweep_probe import _probe_verdict
 from workers.watchdog.due_calls import sweep_due_calls
 

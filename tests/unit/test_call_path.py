@@ -10,7 +10,7 @@ from workers.gateway.call_path import CallPath, InFlight, Stage
 from workers.gateway.waiter import Abort, Batch, Waiter
 from workers.settings import Settings
 from workers.store.keys import RunKeys
-from workers.store.runs import RunAbort
+from workers.store.sessions import RunAbort
 
 
 def _batch() -> Batch:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
-from workers.store.done_signals import HANDED_BACK, SEPARATOR, Signal, encode, results_of
+from workers.store.ledger import HANDED_BACK, SEPARATOR, Signal, encode, results_of
 
 # Call ids are any string of up to 256 characters, the markers included.
 call_ids = st.text(st.characters(codec="utf-8"), min_size=1, max_size=256)

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 
-from workers.core.limits import RetryPolicy
 from workers.core.memory_limits import OomCause
-from workers.core.models import CallJob, SyntheticReason, ToolCall
+from workers.core.models import CallJob, RetryPolicy, SyntheticReason, ToolCall
 from workers.errors import ToolExecutionError
 from workers.tools.context import ToolContext
 from workers.tools.registry import get_tool, tool

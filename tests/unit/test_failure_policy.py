@@ -16,8 +16,7 @@ from workers.core.failure_policy import (
     apply_fallback,
     branch_answer,
 )
-from workers.core.limits import RetryPolicy
-from workers.core.models import SyntheticReason, ToolCall
+from workers.core.models import RetryPolicy, SyntheticReason, ToolCall
 from workers.core.results import deadline_result, success_result, synthetic_result, tool_error_result
 from workers.errors import ConfigError
 from workers.settings import RetrySettings

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.store import index_ttl
-from workers.store.index_ttl import REFRESH_INTERVAL_S, IndexTtl
+from workers.store import keys as index_ttl
+from workers.store.keys import REFRESH_INTERVAL_S, IndexTtl
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.core.limits import CallLimits, RetryPolicy, resolve_limits
+from workers.core.models import CallLimits, RetryPolicy, resolve_limits
 from workers.errors import StoreError, ToolExecutionError
 
 NOW_MS = 1_700_000_000_000

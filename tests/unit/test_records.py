@@ -5,8 +5,10 @@ from __future__ import annotations
 import enum
 import inspect
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ import workers.store.keys
 from workers.core.models import CallState, ClaimStatus
 from workers.core.run_health import RunStatus
 from workers.errors import StoreError
+from workers.store.keys import KEY_PATTERNS
 from workers.store.records import (
     CALL,
     HASH_RECORDS,
@@ -26,14 +29,17 @@ from workers.store.records import (
     CallField,
     FieldType,
     HashRecord,
+    KeyRecord,
     LaneField,
+    Row,
     RunField,
     WatchdogField,
     declared_field,
     pgid_field,
     pgid_of,
+    reply_member,
+    schema_table,
 )
-from workers.store.rows import Row, reply_member
 
 # --- the Lua scripts name declared fields only -----------------------------------------------
 
@@ -216,8 +222,7 @@ def test_each_default_fits_its_type(record: HashRecord[Any], name: enum.StrEnum)
         assert isinstance(spec.default, str)
 
 
-TABLE_ROW = re.compile(r"^``(P:[^`]+)``", flags=re.MULTILINE)
-# The placeholders of the table, as the sample key builders below fill them in.
+# The placeholders of the declared key patterns, as the sample key builders below fill them in.
 SAMPLE_PARTS = {
     "{tag}": "{S/R}",
     "{S}": "{S}",
@@ -225,18 +230,18 @@ SAMPLE_PARTS = {
     "<call>": "C",
     "<tool>": "T",
     "<id>": "C",
+    "<queue>": "Q",
 }
-BUILDERS = [r.builder for r in HASH_RECORDS] + [r.builder for r in KEY_RECORDS]
+RECORDS: list[HashRecord[Any] | KeyRecord] = [*HASH_RECORDS, *KEY_RECORDS]
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+RENDERED = re.compile(r"<!-- rendered from [^>]*-->\n(.*?)<!-- end of the rendered key schema -->", re.DOTALL)
 
 
-def table_keys(doc: str) -> list[str]:
-    """The rows of a key schema table, with the sample session ``S``, run ``R`` and call ``C``."""
-    keys = []
-    for row in TABLE_ROW.findall(doc):
-        for placeholder, sample in SAMPLE_PARTS.items():
-            row = row.replace(placeholder, sample)
-        keys.append(row)
-    return keys
+def sample_of(pattern: str) -> str:
+    """A declared key pattern with the sample session ``S``, run ``R`` and call ``C``."""
+    for placeholder, sample in SAMPLE_PARTS.items():
+        pattern = pattern.replace(placeholder, sample)
+    return pattern
 
 
 def sample_key(builder: str) -> str:
@@ -252,6 +257,8 @@ def sample_key(builder: str) -> str:
         made = workers.store.keys.BreakerKeys("P", "T")
     elif owner == "index_keys":
         made = workers.store.keys.index_keys("P", 0)
+    elif owner == "broker_queue_key":
+        made = workers.store.keys.broker_queue_key("Q")  # the broker's own key: no prefix
     else:
         function = getattr(workers.store.keys, owner)
         # A key of one process (a listener's): its id is the second part, sampled ``C``.
@@ -262,21 +269,44 @@ def sample_key(builder: str) -> str:
     return str(made("C") if callable(made) else made)
 
 
-def test_every_key_of_the_schema_table_is_declared_once() -> None:
-    # Given the keys of the table in keys.py, and the keys the declarations' builders make
-    table = table_keys(workers.store.keys.__doc__ or "")
-    declared = [sample_key(builder) for builder in BUILDERS]
-    # Then each row has exactly one declaration and each declaration a row
-    assert len(table) == 23
-    assert sorted(declared) == sorted(table)
+def mismatched(patterns: Mapping[str, str]) -> list[str]:
+    """The builders whose key pattern is not the key they make."""
+    return [builder for builder, pattern in patterns.items() if sample_of(pattern) != sample_key(builder)]
 
 
-def test_the_table_check_finds_a_key_left_undeclared() -> None:
-    # Given a table with one more row than there are declarations
-    doc = (workers.store.keys.__doc__ or "") + "\n``P:{tag}:made_up:<call>``   SET     ledger.ttl_s\n"
-    # Then the comparison sees exactly that row
-    extra = set(table_keys(doc)) - {sample_key(builder) for builder in BUILDERS}
-    assert extra == {"P:{S/R}:made_up:C"}
+def test_each_key_is_declared_once_and_its_pattern_is_what_its_builder_makes() -> None:
+    # Given every declaration (one per key: 7 hashes, 17 others)
+    assert len(RECORDS) == 24
+    # Then each names a builder of its own, every pattern keys.py shows has its declaration,
+    # and each pattern is the key its builder makes
+    assert sorted(r.builder for r in RECORDS) == sorted(KEY_PATTERNS)
+    assert mismatched(KEY_PATTERNS) == []
+
+
+def test_the_key_check_finds_a_pattern_its_builder_does_not_make() -> None:
+    # Given a pattern that names another key than its builder's
+    wrong = {**KEY_PATTERNS, "RunKeys.late": "P:{tag}:made_up:<call>"}
+    # Then the comparison sees exactly that one
+    assert mismatched(wrong) == ["RunKeys.late"]
+
+
+def test_the_key_table_in_the_docs_is_the_rendered_declarations() -> None:
+    # Given the table checked in to docs/architecture.md
+    found = RENDERED.search(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert found is not None, "docs/architecture.md lost its rendered key schema"
+    # Then it is exactly what the declarations render (regenerate: print schema_table())
+    assert found.group(1) == schema_table()
+
+
+def test_the_rendered_table_has_a_row_per_key_and_a_field_table_per_hash() -> None:
+    # When the declarations are rendered
+    table = schema_table()
+    # Then each key is a row of the first table, and each hash's fields follow
+    key_rows = [line for line in table.split("\n\n")[0].splitlines()[2:]]
+    assert sorted(row.split(" | ")[0] for row in key_rows) == sorted(f"| `{r.key}`" for r in RECORDS)
+    for record in HASH_RECORDS:
+        assert f"**{record.name}** (`{record.key}`)" in table
+        assert all(f"| `{name}` |" in table for name in record.fields)
 
 
 def test_field_families_are_declared_by_prefix() -> None:

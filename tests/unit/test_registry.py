@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import pytest
 
-from workers.core.limits import RetryPolicy
+from workers.core.models import RetryPolicy
 from workers.errors import ConfigError, InvalidArguments, ToolNotFound
 from workers.tools import builtins, loader, registry
 from workers.tools.context import ToolContext

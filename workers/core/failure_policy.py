@@ -17,8 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from workers.core.limits import RetryPolicy
-from workers.core.models import SyntheticReason, ToolCall, ToolResult
+from workers.core.models import RetryPolicy, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import fallback_result
 
 __all__ = [

@@ -1,16 +1,31 @@
-"""Value types shared by the gateway, the workers and the pure domain code."""
+"""Value types shared by the gateway, the workers and the pure domain code, and the job's digest."""
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from workers.core.transcript.adapters import anthropic, gemini, openai_chat, openai_responses
 
-__all__ = ["CallJob", "CallState", "ClaimStatus", "SyntheticReason", "TextBlock", "ToolCall", "ToolResult"]
+__all__ = [
+    "CallJob",
+    "CallLimits",
+    "CallState",
+    "ClaimStatus",
+    "RetryPolicy",
+    "SyntheticReason",
+    "TextBlock",
+    "ToolCall",
+    "ToolResult",
+    "canonical_json",
+    "job_digest",
+    "resolve_limits",
+]
 
 
 class SyntheticReason(enum.StrEnum):
@@ -138,6 +153,88 @@ class ToolResult(BaseModel):
         return gemini.response_part(self.to_neutral(), self.tool_name, self.tool_call_id if send_id else None)
 
 
+# --- a call's limits: soft, hard and heartbeat limits, deadline, retry backoff -----------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a failing tool is re-run inside its time budget.
+
+    ``attempts`` counts the first run. A failure is retried when its exception class is
+    listed in ``retry_on`` or it carries ``retryable = True``.
+    """
+
+    attempts: int = 1
+    backoff_s: float = 0.5
+    multiplier: float = 2.0
+    max_backoff_s: float = 10.0
+    retry_on: tuple[type[BaseException], ...] = ()
+    #: Exception class names retried too, matched along the class's bases (``tools.retry`` in
+    #: config cannot name classes): ``("Exception",)`` retries every failure.
+    retry_on_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        if self.backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
+            raise ValueError("backoff must be >= 0 and multiplier >= 1")
+
+    def should_retry(self, error: BaseException, attempt: int) -> bool:
+        """Whether ``error`` on attempt number ``attempt`` (1-based) earns another attempt."""
+        if attempt >= self.attempts:
+            return False
+        if isinstance(error, self.retry_on) or bool(getattr(error, "retryable", False)):
+            return True
+        return any(cls.__name__ in self.retry_on_names for cls in type(error).__mro__)
+
+    def delay_s(self, attempt: int) -> float:
+        """Backoff before attempt ``attempt + 1``."""
+        return float(min(self.max_backoff_s, self.backoff_s * self.multiplier ** (attempt - 1)))
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """The limits one call runs under, all derived at submission time."""
+
+    soft_s: float
+    hard_s: float
+    heartbeat_s: float | None
+    submitted_ms: int
+    deadline_ms: int
+
+
+def resolve_limits(
+    *,
+    now_ms: int,
+    soft_s: float,
+    declared_hard_s: float | None,
+    heartbeat_s: float | None,
+    hard_grace_s: float,
+    queue_allowance_s: float,
+    run_deadline_ms: int | None = None,
+) -> CallLimits:
+    """Derive a call's limits; a run deadline that comes sooner shrinks them to fit.
+
+    The deadline covers queue wait plus the hard limit, so a result written at the hard
+    limit by the worker always lands before the gateway gives up.
+    """
+    hard_s = declared_hard_s if declared_hard_s is not None else soft_s + hard_grace_s
+    hard_s = max(hard_s, soft_s)
+    deadline_ms = now_ms + int((queue_allowance_s + hard_s) * 1000)
+    if run_deadline_ms is not None and run_deadline_ms < deadline_ms:
+        budget_s = max(0.001, (run_deadline_ms - now_ms) / 1000)
+        scale = budget_s / (queue_allowance_s + hard_s)
+        soft_s, hard_s = soft_s * scale, hard_s * scale
+        deadline_ms = max(now_ms, run_deadline_ms)
+    return CallLimits(
+        soft_s=soft_s,
+        hard_s=hard_s,
+        heartbeat_s=heartbeat_s,
+        submitted_ms=now_ms,
+        deadline_ms=deadline_ms,
+    )
+
+
 class CallJob(BaseModel):
     """The body of one invoke task message (JSON). Unknown fields are refused."""
 
@@ -152,3 +249,22 @@ class CallJob(BaseModel):
     soft_s: float = Field(gt=0)
     hard_s: float = Field(gt=0)
     heartbeat_s: float | None = None
+
+
+# What binds a task message to its registration: a digest of the whole job, computed alike on
+# both ends. The gateway stores job_digest of the job it validated when it registers the call;
+# the worker computes it again from the message it received and the claim compares the two, so
+# a message that is not the one the gateway registered (tool, arguments, agent, limits,
+# deadline) runs nothing. It is taken over the JSON form the message carries, serialised
+# canonically (sorted keys, no spaces, ASCII only): the gateway's job and the worker's parse of
+# the same message give the same bytes, whatever order the broker's JSON round trip left.
+
+
+def canonical_json(value: Any) -> str:
+    """``value`` as JSON with sorted keys, no whitespace and only ASCII (one spelling per value)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+
+
+def job_digest(job: CallJob) -> str:
+    """The hex SHA-256 of the job's canonical JSON form."""
+    return hashlib.sha256(canonical_json(job.model_dump(mode="json")).encode()).hexdigest()

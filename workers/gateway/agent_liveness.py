@@ -14,7 +14,7 @@ from collections.abc import Callable
 from workers.errors import StoreError
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
-from workers.store.runs import AgentBeats
+from workers.store.sessions import AgentBeats
 
 __all__ = ["MIN_BEAT_INTERVAL_MS", "AgentLiveness"]
 

@@ -25,8 +25,8 @@ from workers.errors import StoreError
 from workers.gateway.call_path import CallPath, InFlight
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.waiter import Batch
-from workers.store.aledger import AsyncLedger
 from workers.store.keys import RunKeys
+from workers.store.ledger import AsyncLedger
 
 __all__ = ["AsyncSubmitter"]
 

@@ -29,8 +29,7 @@ from workers.gateway.waiter import Abort, Batch
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, Registration
-from workers.store.runs import open_run, run_abort
-from workers.store.sessions import SessionStore
+from workers.store.sessions import SessionStore, open_run, run_abort
 
 __all__ = ["CallPath", "InFlight", "Stage"]
 

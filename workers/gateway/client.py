@@ -37,8 +37,7 @@ from workers.settings import Settings, load_settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.loop_history import RedisLoopHistory
-from workers.store.runs import AgentBeats
-from workers.store.sessions import SessionStore
+from workers.store.sessions import AgentBeats, SessionStore
 from workers.tools.definitions import tool_definitions
 
 __all__ = ["ToolGateway"]

@@ -11,8 +11,7 @@ from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
 from workers.gateway.waiter import Abort
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
-from workers.store.runs import mark_run_aborted
-from workers.store.sessions import SessionStore
+from workers.store.sessions import SessionStore, mark_run_aborted
 
 __all__ = ["abort_run"]
 

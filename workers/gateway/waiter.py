@@ -35,10 +35,9 @@ from workers.core.waiting import (
 )
 from workers.errors import StoreError
 from workers.settings import Settings
-from workers.store.aledger import AsyncLedger
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger
-from workers.store.runs import RunAbort
+from workers.store.ledger import AsyncLedger, Ledger
+from workers.store.sessions import RunAbort
 
 __all__ = ["Abort", "AsyncWaiter", "Batch", "Offload", "Waiter"]
 
@@ -344,7 +343,8 @@ class AsyncWaiter:
             log.warning("progress of %s/%s not recorded: %s", keys.session_key, keys.run_id, exc)
         now_ms = self.now_ms()
         reaps = machine.reaps(await self.ledger.open_calls(keys, call_ids), now_ms=now_ms)
-        for call_id in await self.ledger.reap(keys, reaps, now_ms=now_ms, writer=self.writer):
+        _, resend = await self.ledger.reap(keys, reaps, now_ms=now_ms, writer=self.writer)
+        for call_id in resend:
             await self.offload(self.redispatch, keys, call_id)
         machine.learn(await self.ledger.results(keys, call_ids))
 

@@ -61,8 +61,7 @@ from workers.servers.mcp_sessions import CallTarget, RunTracker, agent_of, resol
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
-from workers.store.records import CALL, CallField
-from workers.store.rows import Row
+from workers.store.records import CALL, CallField, Row
 from workers.tools.registry import ToolSpec, registered_tools
 
 __all__ = [

@@ -15,8 +15,7 @@ from workers.store.connection import store_errors
 from workers.store.keys import BreakerKeys, RunKeys
 from workers.store.ledger import Ledger
 from workers.store.lua import load_script
-from workers.store.records import BREAKER, BreakerField
-from workers.store.rows import Row
+from workers.store.records import BREAKER, BreakerField, Row
 
 __all__ = ["BreakerStore"]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.core.models import ClaimStatus
-from workers.store.rows import reply_member
+from workers.store.records import reply_member
 
 __all__ = ["Claim", "claim_of"]
 

@@ -6,12 +6,12 @@ thousand ``BLPOP`` s per check. Here one task issues one ``BLPOP`` over the ``do
 all runs waited on in this loop, plus a poke list of its own (``listener_poke_key``) that a
 new run's first waiter pushes to, so the ``BLPOP`` is re-issued with that run's list at once.
 
-The signals follow the protocol of :meth:`workers.store.ledger.Ledger.wait_for_done`, shared
+The signals follow the protocol of :mod:`workers.store.ledger` (its docstring), shared
 with sync waiters in other processes: a signal for a call no local waiter owns is handed back
 once, marked; a marked signal is never handed back again. A signal popped while its run's
 waiter is between two waits is kept for that waiter's next wait.
 
-The signal of the winning finish carries its result (:mod:`workers.store.done_signals`): a
+The signal of the winning finish carries its result (:mod:`workers.store.ledger`): a
 waiter of one call woken by that call's signal has its answer with it, and nothing is read
 for it behind the ``BLPOP``. Woken by any other signal (another call's, marked, or a bare id
 from an older worker), it reads its call itself, at once. The results of waiters of several
@@ -20,7 +20,8 @@ calls are read in the same round trip, pipelined behind the ``BLPOP`` (as
 waiter then has its answers without another round trip.
 
 Multi-key ``BLPOP`` needs the ``done`` lists on one node: a single Redis, as the ledger's
-client (``redis.Redis``) is.
+client (``redis.Redis``) is. :func:`aconnect` opens the asyncio clients, the listener's and
+the :class:`~workers.store.ledger.AsyncLedger`'s.
 """
 
 from __future__ import annotations
@@ -35,15 +36,17 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
+from workers.core.sentinel_url import SentinelAccess
 from workers.errors import StoreError
-from workers.store.done_signals import Signal
+from workers.store.connection import sentinel_client_kwargs, sentinel_of
 from workers.store.keys import listener_poke_key
-from workers.store.ledger_args import done_expire_s
+from workers.store.ledger import Signal, done_expire_s
 from workers.store.records import CallField
 from workers.store.redis_errors import store_error_of
 
-__all__ = ["DoneListener"]
+__all__ = ["DoneListener", "aconnect"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,53 @@ _POKE_TTL_S = 60
 _KEEP_UNCLAIMED_S = 10.0  # a signal popped between two waits of its run's waiter
 # Results read behind one BLPOP at most; past that (many waiting runs) waiters read their own.
 _MAX_READS = 32
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, aredis.BlockingConnectionPool):
+    """Sentinel's pool (it follows the primary) that waits for a free connection, as below."""
+
+
+def aconnect(
+    url: str,
+    *,
+    socket_timeout_s: float,
+    socket_connect_timeout_s: float,
+    max_connections: int,
+    sentinel: SentinelAccess | None = None,
+) -> aredis.Redis:
+    """An asyncio client for ``url`` with bounded timeouts (like :func:`~workers.store.connection.connect`).
+
+    Its pool holds at most ``max_connections``; a command finding them all busy waits for one
+    (up to the socket timeout) instead of connecting again: under load, connecting is what
+    costs the event loop most.
+    """
+    if not url:
+        raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
+    followed = sentinel_of(url, sentinel)
+    if followed is not None:
+        to_sentinels, to_primary = sentinel_client_kwargs(
+            followed, socket_timeout_s=socket_timeout_s, socket_connect_timeout_s=socket_connect_timeout_s
+        )
+        nodes = list(followed.url.nodes)
+        sentinels = Sentinel(nodes, sentinel_kwargs=to_sentinels, **to_primary)  # type: ignore[no-untyped-call]
+        client: aredis.Redis = sentinels.master_for(
+            followed.master,
+            connection_pool_class=_BlockingSentinelPool,
+            max_connections=max_connections,
+            timeout=socket_timeout_s,
+            health_check_interval=5,
+        )
+        return client
+    pool = aredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=socket_timeout_s,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_connect_timeout_s,
+        health_check_interval=5,
+        decode_responses=True,
+    )
+    return aredis.Redis.from_pool(pool)
 
 
 @dataclass(eq=False)  # hashed by identity: the key of its reads in ``_read_by_waiter``
@@ -85,10 +135,6 @@ class DoneListener:
         self._poked = False  # a poke is on its way: the next BLPOP takes every new run at once
         self._task: asyncio.Task[None] | None = None
 
-    async def wait(self, done_key: str, timeout_s: float, *, mine: Collection[str] = ()) -> bool:
-        """Wait up to ``timeout_s`` for a signal on ``done_key``; True when one came."""
-        return await self.wait_reading(done_key, timeout_s, mine=mine) is not None
-
     async def wait_reading(
         self,
         done_key: str,
@@ -97,10 +143,10 @@ class DoneListener:
         mine: Collection[str] = (),
         reads: Mapping[str, str] | None = None,
     ) -> dict[str, str | None] | bool | None:
-        """:meth:`wait`, reading ``reads`` (call id -> call record key) behind the signal if it can.
+        """Wait up to ``timeout_s`` for a signal on ``done_key``, reading ``reads`` behind it if it can.
 
-        None when no signal came; the stored results of ``reads`` (JSON, or None) when they were
-        read behind it; True when a signal came without them.
+        ``reads``: call id -> its record key. None when no signal came; the stored results of
+        ``reads`` (JSON, or None) when they were read behind it; True when a signal came without them.
         """
         if await self._claim_kept(done_key, frozenset(mine)):
             return True

@@ -1,180 +1,64 @@
 """Every Redis key unstuck uses is built here. No other module spells a key.
 
-All keys of one run share the hash tag ``{<session>/<run>}`` so that every multi-key
-script touches one slot and the store can run on Redis Cluster. Session keys, run ids
-and call ids are percent-quoted, so a ``{``, ``}``, ``:`` or ``/`` in them cannot
-break the tag or collide.
+What each key holds, its TTL and why, and who writes and reads it is declared once per record
+in :mod:`workers.store.records`; the table of every key in docs/architecture.md ("Redis keys")
+is rendered from those declarations (``records.schema_table``), and a test holds the page to
+them. ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``).
 
-=================================  ======  ===============  ==================  ======================
-key                                type    TTL              written by          read by
-=================================  ======  ===============  ==================  ======================
-``P:{tag}:call:<call>``            HASH    ledger.ttl_s     gateway (register), gateway, collect,
-                                           past its         worker (claim,      watchdog, CLI
-                                           deadline, set    heartbeat, finish)
-                                           by register (*)
-``P:{tag}:late:<call>``            LIST    ledger.ttl_s     finish script       audit / CLI
-``P:{tag}:lease:<call>``           STRING  lease.ttl_s      worker child        gateway, watchdog
-                                                            (claim), worker
-                                                            main (renew)
-``P:{tag}:calls``                  ZSET    ledger.ttl_s     register script     collect, CLI
-                                           + 120 s (**)     (finish: calls
-                                                            never registered)
-``P:{tag}:done``                   LIST    as ``calls``     finish script       gateway (BLPOP wake-up
-                                           (**)             (result + call id,  carrying the answer)
-                                                            see (***))
-``P:{tag}:history``                ZSET    loops.ttl_s      loop-check script   loop-check script
-                                           (0.9-1x: see
-                                           its ttl_ms)
-``P:{tag}:loops``                  HASH    as ``history``   loop-check script   loop-check script
-``P:{tag}:run``                    HASH    ledger.ttl_s     gateway, watchdog,  gateway, watchdog, CLI
-                                                            worker (progress
-                                                            on claim, beat,
-                                                            finish)
-``P:{B}:due``                      ZSET    ledger.ttl_s     register (hint),    watchdog
-                                           + 60 s, reset    finish, watchdog
-                                           at most once a
-                                           minute per
-                                           process (see
-                                           index_ttl)
-``P:{B}:leases``                   ZSET    as ``due``       worker (a late      watchdog
-                                                            claim, renew XX
-                                                            GT), finish
-                                                            (remove), watchdog
-                                                            (first look adds;
-                                                            re-score or drop)
-``P:events``                       STREAM  ledger.ttl_s,    finish (synthetic   unstuck up
-                                           refreshed on     winners), gateway
-                                           every write;     (loop verdicts),
-                                           MAXLEN ~10000    watchdog (alerts)
-``P:{S}:lane``                     HASH    PEXPIREAT the    sessions (begin,    gateway (fence),
-                                           run's deadline   end, release)       watchdog, CLI
-                                           + 60 s (lease)
-``P:{S}:fence``                    STRING  ledger.ttl_s     sessions (INCR on   sessions
-                                                            begin)
-``P:{B}:by_deadline``              ZSET    ledger.ttl_s,    sessions (begin),   watchdog, CLI
-                                           refreshed on     watchdog (members
-                                           begin            leave on run end)
-``P:{B}:by_progress``              ZSET    ledger.ttl_s,    sessions (begin,    watchdog, CLI
-                                           refreshed on     touch), watchdog
-                                           begin
-``P:{B}:ended``                    ZSET    ledger.ttl_s,    sessions (end;      CLI
-                                           refreshed on     older members
-                                           end              trimmed)
-``P:{runs}:sweep_lock``            STRING  PX (3 sweep      watchdog sweep      watchdog sweep
-                                           intervals)       (SET NX)
-``P:listener:<id>``                LIST    60 s, refreshed  async gateway       the same process's
-                                           on every poke    (pokes its own      done listener
-                                                            listener)           (BLPOP)
-``P:{runs}:watchdog``              HASH    7 days,          watchdog (each      metrics, CLI,
-                                           refreshed on     completed sweep)    chaos soak
-                                           every sweep
-``P:{breaker:<tool>}:state``       HASH    breaker          gateway (breaker    gateway, CLI,
-                                           window +         scripts)            metrics
-                                           cooldown, on
-                                           every write
-``P:{breaker:<tool>}:failures``    ZSET    same             gateway (breaker    breaker script
-                                                            failure script)
-``P:refused``                      HASH    ledger.ttl_s,    worker (refused     metrics
-                                           refreshed on     task messages)
-                                           every write
-``P:duplicates``                   STRING  ledger.ttl_s,    worker (a call      metrics
-                                           refreshed on     claimed again:
-                                           every write      INCR)
-``<broker.queue>``                 LIST    none (kombu's)   async gateway       tool workers (Celery
-                                                            (invoke messages,   BRPOP); not under P:
-                                                            kombu's format)     the broker's own key
-=================================  ======  ===============  ==================  ======================
-
-(*) Register gives a call record ``ledger.ttl_s`` past its deadline, plus 60 s for clocks that
-disagree, so claim and finish need not extend it: a record lives at least ``ledger.ttl_s``
-after it is answered. Only a finish past the deadline sets ``ledger.ttl_s`` again.
-
-(**) A run's ``calls`` key gets ``ledger.ttl_s`` + 120 s from a registration whose run
-record's ``keys_ttl_ms`` is a minute old or more (or missing: no run record, then every
-registration sets it), which then records the time: every key written within that minute
-still has ``ledger.ttl_s`` ahead of it. ``done`` likewise from a finish, by ``done_ttl_ms``.
-``calls`` never empties (no call leaves it). There is no set of a run's open calls: a call is
-open while its record's state is not ``done``, and the run summary counts them (``open_n``).
-``done`` empties on every wake-up, so the push that creates it (``RPUSH`` returns 1, in finish
-or in a waiter's hand-back) sets its TTL too.
-
-(***) A ``done`` entry is the winning result's JSON, U+001F, then the call id
-(:mod:`workers.store.done_signals`; older workers pushed the bare id; a waiter handing it
-to the run's other waiters pushes it again behind a NUL), so its waiter needs no read of the
-record. A result so sits twice for a moment, in the record and in the list until
-popped; a list nobody pops expires with it by the ``done`` TTL above.
-
-What each key holds is declared in :mod:`workers.store.records`, one declaration per row of
-this table: the fields of the seven HASHes (``CALL``, ``RUN``, ``LANE``, ``WATCHDOG``,
-``BREAKER``, ``LOOPS``, ``REFUSED``) with their types, defaults and TTL rule, and the members, scores,
-entries or value of the other keys (``KEY_RECORDS``). A test holds the two to the same rows.
-
-``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``). ``B`` is one of
-:data:`INDEX_BUCKETS` index buckets: the global indexes (calls by deadline and by lease
-expiry, runs by deadline, by progress and by end) are split into buckets so that, on Redis
-Cluster, no single shard takes every call's index writes. A run's bucket follows from its
-hash tag (:attr:`RunKeys.bucket`: the run's hash slot scaled to the bucket count), and each
-bucket's tag (:func:`bucket_tag`) is chosen so its slot lies in the same share of the slot
-space: the buckets spread evenly over any cluster whose masters own even slot ranges, and a
-run's index writes mostly land on the run's own shard (one round trip for the pipeline that
-carries a script and its index update). The index keys are outside the run's slot, so each
-script writes the run's keys and the pipelined command after it the index: indexes are
-hints the watchdog re-checks against the ledger, so they never need to change atomically
-with a run's keys. ``B:due`` scores every unanswered call by its deadline, or by the sweep's
-first look one lease after submission when that is sooner; ``B:leases`` scores a claimed call
-by when its worker's lease runs out (as last written), so a sweep finds lost workers by score
-(O(due)) instead of probing every lease. A call is put in ``B:leases`` by that first look
-(which finds it running) or by a claim later than half a lease after submission, and is
-removed by an answer after that: a call answered sooner (most) never touches ``B:leases``
-and costs the indexes one write and one removal (``workers.core.waiting.past_first_look``).
-The sweep works bucket by bucket (:func:`all_index_keys`).
-
-The run record carries a summary of its calls, kept by the ledger scripts in the run's
-own slot (``lib_run_summary.lua``), so that a sweep reads one hash per due run and never
-its calls: ``progress_ms`` is the latest activity (raised by the gateway's
-``touch_progress`` and by register, claim, heartbeat and finish; never lowered),
-``open_n`` counts calls without a result and ``claimed_n`` calls a worker claimed and has
-not answered. None of them is written when the run record does not exist.
-
-Session lanes (``S`` is the percent-quoted session key) cannot share a run's tag: a lane
-outlives the runs that hold it in turn. So session keys get their own tag ``{S}``. On Redis
-Cluster that makes beginning or ending a run three single-slot steps (lane, run record,
-its bucket's run indexes), not one transaction; each step is atomic on its own, they are
-ordered so a crash in between leaves only what expires or what the watchdog repairs, and
-the indexes are hints re-checked against the run record. Index members are ``S/<run>``
-(see :func:`run_member`) and ``S/<run>/<call>`` (:meth:`RunKeys.due_member`): the member
-of a run is exactly its hash tag's content, so :func:`member_run_key` rebuilds a run's
-record key from a member without unquoting.
-
-A tool's shared circuit breaker (``tools.breakers``) keeps its two keys under the tag
-``{breaker:<tool>}`` (the tool name percent-quoted), so its scripts touch one slot; the
-breaker is global across sessions, which is its point.
-
-Every Lua script declares every key it touches in ``KEYS``, and every script but the
-sweep's touches one run's (or one session's, or one bucket's) slot; the register script may
-also push the call's task message onto the broker queue's list, only when the broker is a
-plain Redis on the ledger's own single node (never on a cluster client). The sweep's run
-script (``sweep_runs.lua``) takes one bucket's page of members and reads their records;
-those keys span many slots, which a single Redis node allows and Redis Cluster refuses, so
-on a cluster client the sweep pipelines the same reads instead (see
-:mod:`workers.store.sweep_scripts`). The sweep lock and the watchdog's own record stay
-global (tag ``{runs}``): they are written once per sweep, not per call; so is ``P:events``,
-written per synthetic answer, loop verdict or alert, never on a call's normal path.
+* **One slot per run.** All keys of one run share the hash tag ``{<session>/<run>}``
+  (``{tag}``), so every script touches one slot and the store runs on Redis Cluster. Session
+  keys, run ids and call ids are percent-quoted, so a ``{``, ``}``, ``:`` or ``/`` in them
+  cannot break the tag or collide.
+* **Index buckets.** The global indexes (calls by deadline and by lease expiry, runs by
+  deadline, by progress and by end) are split into :data:`INDEX_BUCKETS` buckets (``{B}``),
+  so that no shard takes every call's index writes. A run's bucket follows from its hash slot
+  (:attr:`RunKeys.bucket`) and each bucket's tag (:func:`bucket_tag`) lies in the same share
+  of the slot space, so a run's index writes mostly land on its own shard. The index keys are
+  outside the run's slot: a script writes the run's keys and the command pipelined after it
+  the index. Indexes are hints the watchdog re-checks against the records, so they never need
+  to change atomically with them. ``due`` scores an unanswered call by its deadline, or by the
+  sweep's first look one lease after submission when sooner; ``leases`` scores a claimed call
+  by when its lease runs out, so a sweep finds lost workers by score. A call answered before
+  that first look (most) never touches ``leases`` (``workers.core.waiting.past_first_look``).
+* **Run summary.** The run record carries a summary of its calls (``progress_ms``, ``open_n``,
+  ``claimed_n``) kept by the ledger scripts in the run's slot (``lib_run_summary.lua``), so a
+  sweep reads one hash per due run and never its calls.
+* **Sessions.** A lane outlives the runs that hold it in turn, so session keys get their own
+  tag ``{S}``. On Redis Cluster beginning or ending a run is three single-slot steps (lane,
+  run record, its bucket's indexes), each atomic, ordered so that a crash in between leaves
+  only what expires or what the watchdog repairs. Index members are ``S/<run>``
+  (:func:`run_member`) and ``S/<run>/<call>`` (:meth:`RunKeys.due_member`): a run's member is
+  its hash tag's content, so :func:`member_run_key` rebuilds keys from a member without
+  unquoting.
+* **Breakers.** A tool's shared circuit breaker keeps its keys under ``{breaker:<tool>}``:
+  its scripts touch one slot, and the breaker is global across sessions, which is its point.
+* **Scripts.** Every Lua script declares every key it touches in ``KEYS``, and every one but
+  the sweep's touches one slot; the register script may also push the call's task message
+  onto the broker queue's list, only when the broker is a plain Redis on the ledger's own node.
+  The sweep's run script takes one bucket's page of members with their records' keys, across
+  slots, which Redis Cluster refuses: there the sweep pipelines the same reads
+  (:mod:`workers.store.sweep_scripts`); due calls are always probed that way. The sweep lock,
+  the watchdog's record and ``P:events`` stay global: they are written per sweep or per rare
+  event, never on a call's normal path.
 """
 
 from __future__ import annotations
 
+import time
 from binascii import crc_hqx
 from dataclasses import dataclass
 from functools import cache, cached_property
 from itertools import count
-from typing import Literal
+from typing import Final, Literal
 from urllib.parse import quote, unquote
 
 __all__ = [
     "INDEX_BUCKETS",
+    "KEY_PATTERNS",
+    "REFRESH_INTERVAL_S",
     "BreakerKeys",
     "IndexKeys",
+    "IndexTtl",
     "RunKeys",
     "SessionKeys",
     "all_index_keys",
@@ -260,6 +144,35 @@ def index_keys(prefix: str, bucket: int) -> IndexKeys:
 def all_index_keys(prefix: str) -> list[IndexKeys]:
     """Every bucket's index keys, bucket 0 first."""
     return [index_keys(prefix, bucket) for bucket in range(INDEX_BUCKETS)]
+
+
+# An index key only has to outlive the members written into it, so a process refreshes its TTL
+# at most once per REFRESH_INTERVAL_S (an EXPIRE after each write was three of a call's
+# commands) and sets it that much longer than ledger.ttl_s: a member written up to one
+# interval after the last refresh still has its ttl_s ahead of it. Races between threads only
+# cost an extra EXPIRE; a forked child's inherited memory still holds (the TTL is on the server).
+#: How often one process refreshes one index key's TTL (and by how much it over-extends it).
+REFRESH_INTERVAL_S = 60
+
+
+class IndexTtl:
+    """Remembers when this process last refreshed each index key's TTL."""
+
+    def __init__(self, ttl_s: int) -> None:
+        self.expire_s = ttl_s + REFRESH_INTERVAL_S
+        self._next_refresh: dict[str, float] = {}
+
+    def due(self, key: str) -> bool:
+        """True when ``key``'s TTL should be refreshed now (then counted as refreshed)."""
+        now = time.monotonic()
+        if self._next_refresh.get(key, 0.0) > now:
+            return False
+        self._next_refresh[key] = now + REFRESH_INTERVAL_S
+        return True
+
+    def forget(self) -> None:
+        """Refresh every key on its next write: a round trip that may have lost an EXPIRE failed."""
+        self._next_refresh.clear()
 
 
 def member_bucket(member: str) -> int:
@@ -463,3 +376,34 @@ def refused_key(prefix: str) -> str:
 def duplicates_key(prefix: str) -> str:
     """Counter of second executions: calls a worker claimed again after an earlier attempt."""
     return f"{prefix}:duplicates"
+
+
+#: The key each builder above makes, as docs/architecture.md's table shows it (``P`` the prefix,
+#: ``{tag}`` a run's hash tag, ``{S}`` a session's, ``{B}`` an index bucket's); what the key holds
+#: is declared in :mod:`workers.store.records`, and a test holds each pattern to its builder.
+KEY_PATTERNS: Final = {
+    "RunKeys.call": "P:{tag}:call:<call>",
+    "RunKeys.late": "P:{tag}:late:<call>",
+    "RunKeys.lease": "P:{tag}:lease:<call>",
+    "RunKeys.calls": "P:{tag}:calls",
+    "RunKeys.done": "P:{tag}:done",
+    "RunKeys.history": "P:{tag}:history",
+    "RunKeys.loop_state": "P:{tag}:loops",
+    "RunKeys.run": "P:{tag}:run",
+    "SessionKeys.lane": "P:{S}:lane",
+    "SessionKeys.fence": "P:{S}:fence",
+    "index_keys.due": "P:{B}:due",
+    "index_keys.leases": "P:{B}:leases",
+    "index_keys.by_deadline": "P:{B}:by_deadline",
+    "index_keys.by_progress": "P:{B}:by_progress",
+    "index_keys.ended": "P:{B}:ended",
+    "events_stream_key": "P:events",
+    "sweep_lock_key": "P:{runs}:sweep_lock",
+    "watchdog_key": "P:{runs}:watchdog",
+    "listener_poke_key": "P:listener:<id>",
+    "BreakerKeys.state": "P:{breaker:<tool>}:state",
+    "BreakerKeys.failures": "P:{breaker:<tool>}:failures",
+    "refused_key": "P:refused",
+    "duplicates_key": "P:duplicates",
+    "broker_queue_key": "<queue>",
+}

@@ -16,8 +16,7 @@ from workers.core.models import CallState
 from workers.store.connection import store_errors
 from workers.store.keys import all_index_keys, ledger_key_kind, ledger_scan_pattern, parse_due_member
 from workers.store.ledger import Ledger
-from workers.store.records import CALL, RUN, CallField, RunField
-from workers.store.rows import Row
+from workers.store.records import CALL, RUN, CallField, Row, RunField
 
 __all__ = ["CallRow", "DueSample", "KeyScan", "LedgerScanner", "RunRow", "due_deadlines"]
 

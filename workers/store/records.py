@@ -1,14 +1,14 @@
-"""What every Redis key of the store holds: one declaration per record, field by field.
+"""Every Redis record of the store, declared once: its key, type, TTL and why, writers, readers, fields.
 
-:mod:`workers.store.keys` builds the keys (its table says who writes and reads each one);
-this module says what is inside them. Each HASH record names its fields once, as a StrEnum
-(``CallField.SUBMITTED_MS``), with the field's type, meaning and the decision a reader makes
-when the field is missing: a default, or :class:`~workers.errors.StoreError`. Python readers
-and writers use those names, never string literals, and read a hash by name
-(:class:`~workers.store.rows.Row`: ``HMGET`` of a declared list zipped to names, or
-``HGETALL``), never by position. Each declaration names its key builder; a test holds the
-declarations and the rows of the keys.py table to each other. The Lua scripts cannot import
-this module: ``tests/unit/test_records.py`` checks that every field a script names is declared
+:mod:`workers.store.keys` builds the keys; this module says what is inside them. Each HASH
+record names its fields once, as a StrEnum (``CallField.SUBMITTED_MS``), with the field's type,
+meaning and the decision a reader makes when the field is missing: a default, or
+:class:`~workers.errors.StoreError`. Python readers and writers use those names, never string
+literals, and read a hash by name (:class:`Row`: ``HMGET`` of a declared list zipped to names,
+or ``HGETALL``), never by position. The table of every key in docs/architecture.md is rendered
+from these declarations (:func:`schema_table`); ``tests/unit/test_records.py`` holds the page
+to the rendering and each declared key pattern to what its builder makes. The Lua scripts
+cannot import this module: that test also checks that every field a script names is declared
 here, and ``tests/test_architecture.py`` that no Python module outside this one spells a field
 name in a hash command.
 
@@ -21,14 +21,17 @@ alike.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
 from workers.core.breaker import BreakerState
-from workers.core.models import CallState
+from workers.core.models import CallState, ToolResult
 from workers.core.refusal import RefusalReason
 from workers.core.run_health import RunStatus, SessionClass
+from workers.core.waiting import OpenCall
+from workers.errors import StoreError
+from workers.store.keys import KEY_PATTERNS, RunKeys
 
 __all__ = [
     "BREAKER",
@@ -37,12 +40,14 @@ __all__ = [
     "KEY_RECORDS",
     "LANE",
     "LOOPS",
+    "OPEN_FIELDS",
     "REFUSED",
     "REQUIRED",
     "RUN",
     "WATCHDOG",
     "BreakerField",
     "CallField",
+    "CallRecord",
     "EventField",
     "FieldSpec",
     "FieldType",
@@ -50,11 +55,15 @@ __all__ = [
     "KeyRecord",
     "LaneField",
     "LoopStateField",
+    "Row",
     "RunField",
     "WatchdogField",
     "declared_field",
+    "open_call",
     "pgid_field",
     "pgid_of",
+    "reply_member",
+    "schema_table",
 ]
 
 
@@ -94,24 +103,43 @@ F = TypeVar("F", bound=enum.StrEnum)
 
 @dataclass(frozen=True)
 class HashRecord(Generic[F]):
-    """A HASH key: its fields (one StrEnum member each) and its field families (``prefix<part>``)."""
+    """A HASH key: where it lives, its TTL and why, who writes and reads it, and its fields.
+
+    ``fields`` names each field once (a StrEnum member); ``families`` the fields built from a
+    prefix (``prefix<part>``).
+    """
 
     name: str
-    builder: str  # its builder in keys.py, whose schema table lists the key
+    builder: str  # its builder in keys.py, whose KEY_PATTERNS shows the key it makes
     ttl: str
+    writers: str
+    readers: str
     fields: Mapping[F, FieldSpec]
     families: Mapping[str, FieldSpec] = field(default_factory=dict)
+    redis_type: Literal["HASH"] = "HASH"
+
+    @property
+    def key(self) -> str:
+        """The key's pattern, as the table shows it."""
+        return KEY_PATTERNS[self.builder]
 
 
 @dataclass(frozen=True)
 class KeyRecord:
-    """A key that is not a HASH: what its members, scores, entries or value mean."""
+    """A key that is not a HASH: where it lives, its TTL and why, who writes and reads it, what it holds."""
 
     name: str
     builder: str
     redis_type: Literal["ZSET", "LIST", "STREAM", "STRING"]
     ttl: str
+    writers: str
+    readers: str
     holds: str
+
+    @property
+    def key(self) -> str:
+        """The key's pattern, as the table shows it."""
+        return KEY_PATTERNS[self.builder]
 
 
 def _ms(meaning: str, default: Default = 0) -> FieldSpec:
@@ -164,9 +192,11 @@ class CallField(enum.StrEnum):
 
 CALL: Final = HashRecord[CallField](
     name="call",
+    writers="gateway (register), worker (claim, heartbeat, finish)",
+    readers="gateway, collect, watchdog, CLI",
     builder="RunKeys.call",
-    ttl="set by register to ledger.ttl_s past the deadline (+ 60 s); a finish past the deadline resets"
-    " it to ledger.ttl_s",
+    ttl="ledger.ttl_s past the call's deadline (+ 60 s for clocks that disagree), set by register, so"
+    " claim and finish need not extend it; only a finish past the deadline sets ledger.ttl_s again",
     fields={
         CallField.CALL_ID: _str("the call's id; present in every registered call", REQUIRED),
         CallField.TOOL: _str("the tool's name as the model sent it"),
@@ -263,6 +293,8 @@ class RunField(enum.StrEnum):
 
 RUN: Final = HashRecord[RunField](
     name="run",
+    writers="gateway, watchdog, worker (progress on claim, beat, finish)",
+    readers="gateway, watchdog, CLI",
     builder="RunKeys.run",
     ttl="ledger.ttl_s, set when opened or begun; the loop scripts only ever extend it",
     fields={
@@ -333,8 +365,10 @@ class LaneField(enum.StrEnum):
 
 LANE: Final = HashRecord[LaneField](
     name="lane",
+    writers="sessions (begin, end, release)",
+    readers="gateway (fence), watchdog, CLI",
     builder="SessionKeys.lane",
-    ttl="PEXPIREAT lease_until_ms: the holder's deadline + 60 s",
+    ttl="PEXPIREAT the holder's deadline + 60 s (lease_until_ms): a lane frees itself when its holder dies",
     fields={
         LaneField.RUN_ID: _str("the run holding the lane; every lane has one", REQUIRED),
         LaneField.TOKEN: _int("its fencing token (> 0, strictly increasing per session)", REQUIRED),
@@ -356,6 +390,8 @@ class WatchdogField(enum.StrEnum):
 
 WATCHDOG: Final = HashRecord[WatchdogField](
     name="watchdog",
+    writers="watchdog (each completed sweep)",
+    readers="metrics, CLI, chaos soak",
     builder="watchdog_key",
     ttl="7 days (RECORD_TTL_MS), refreshed by every completed sweep",
     fields={
@@ -380,6 +416,8 @@ class BreakerField(enum.StrEnum):
 
 BREAKER: Final = HashRecord[BreakerField](
     name="breaker",
+    writers="gateway (breaker scripts)",
+    readers="gateway, CLI, metrics",
     builder="BreakerKeys.state",
     ttl="the tool's window_s + cooldown_s, set on every write",
     fields={
@@ -409,6 +447,8 @@ _CALL_PAIR = "<call> is '<#tool>:<tool><argsHash>' (length-prefixed)"
 
 LOOPS: Final = HashRecord[LoopStateField](
     name="loops",
+    writers="loop-check script",
+    readers="loop-check script",
     builder="RunKeys.loop_state",
     ttl="loops.ttl_s, refreshed with the history when ttl_ms is a tenth of it old",
     fields={
@@ -432,6 +472,8 @@ LOOPS: Final = HashRecord[LoopStateField](
 
 REFUSED: Final = HashRecord[RefusalReason](
     name="refused",
+    writers="worker (refused task messages)",
+    readers="metrics",
     builder="refused_key",
     ttl="ledger.ttl_s, refreshed on every refusal",
     fields={reason: _int(f"task messages workers refused as {reason.value}") for reason in RefusalReason},
@@ -450,47 +492,120 @@ class EventField(enum.StrEnum):
 
 
 _LEDGER_TTL = "ledger.ttl_s"
-_RUN_KEYS_TTL = "ledger.ttl_s + 120 s, set at most once a minute by register (keys_ttl_ms)"
-_DONE_TTL = "ledger.ttl_s + 120 s, set by the push creating it, else at most once a minute by finish"
+_RUN_KEYS_TTL = (
+    "ledger.ttl_s + 120 s, set by a registration at most once a minute (the run's keys_ttl_ms): every"
+    " key written within that minute still has ledger.ttl_s ahead"
+)
+_DONE_TTL = (
+    "as calls, by a finish at most once a minute (done_ttl_ms), and by the push that creates it (a"
+    " finish or a hand-back): it empties on every wake-up"
+)
+_INDEX_TTL = (
+    "ledger.ttl_s + 60 s, reset at most once a minute per process (keys.IndexTtl): an index only has to"
+    " outlive its members"
+)
 _REFRESHED = "ledger.ttl_s, refreshed on every write"
 _ON_BEGIN = "ledger.ttl_s, refreshed on begin"
+_BREAKER_TTL = "the tool's window_s + cooldown_s, set on every write"
 
-KEY_RECORDS: Final = (
+KEY_RECORDS: Final[tuple[KeyRecord, ...]] = (
     KeyRecord("late", "RunKeys.late", "LIST", _LEDGER_TTL,
+              "finish script", "audit, CLI",
               "results (ToolResult JSON) that lost the first-writer race"),
     KeyRecord("lease", "RunKeys.lease", "STRING", "lease.ttl_s (PX), renewed",
-              "the claiming worker's id; renewed by its main process"),
+              "worker child (claim), worker main (renew)", "gateway, watchdog",
+              "the claiming worker's id"),
     KeyRecord("calls", "RunKeys.calls", "ZSET", _RUN_KEYS_TTL,
-              "member call id, score submitted ms"),
-    KeyRecord("done", "RunKeys.done", "LIST", _DONE_TTL + " (done_ttl_ms)",
-              "'<result JSON>\\x1f<call id>' per answered call (done_signals.py; a bare id from"
-              " older workers): the waiting gateway's wake-up with its answer. The result sits"
-              " here too until popped; an unpopped list expires with the done TTL"),
-    KeyRecord("history", "RunKeys.history", "ZSET", "loops.ttl_s",
-              "member '<seq>|<entry json>', score seq (see loop_history.py)"),
-    KeyRecord("due", "index_keys.due", "ZSET", _REFRESHED,
-              "member 'S/R/C' (quoted parts), score the deadline ms or the first look's"),
-    KeyRecord("leases", "index_keys.leases", "ZSET", _REFRESHED,
+              "register script (finish: calls never registered)", "collect, CLI",
+              "member call id, score submitted ms; no call leaves it"),
+    KeyRecord("done", "RunKeys.done", "LIST", _DONE_TTL,
+              "finish script, a waiter handing a signal back", "gateway (BLPOP)",
+              "'<result JSON>\\x1f<call id>' per answered call (ledger.Signal): the waiting gateway's"
+              " wake-up with its answer, so it reads no record; a waiter hands another's back behind a NUL"),
+    KeyRecord("history", "RunKeys.history", "ZSET",
+              "loops.ttl_s, refreshed when its ttl_ms is a tenth of it old", "loop-check script",
+              "loop-check script", "member '<seq>|<entry json>', score seq (see loop_history.py)"),
+    KeyRecord("due", "index_keys.due", "ZSET", _INDEX_TTL,
+              "register (hint), finish, watchdog", "watchdog",
+              "member 'S/R/C' (quoted parts), score the deadline ms or the sweep's first look's"),
+    KeyRecord("leases", "index_keys.leases", "ZSET", _INDEX_TTL,
+              "worker (a late claim, renew XX GT), finish (remove), watchdog (first look adds; re-score"
+              " or drop)", "watchdog",
               "member 'S/R/C', score the lease's expiry ms as last written"),
     KeyRecord("events", "events_stream_key", "STREAM", _REFRESHED + "; MAXLEN ~10000",
+              "finish (synthetic winners), gateway (loop verdicts), watchdog (alerts)", "unstuck up",
               "entries: kind (EventField.KIND) plus that kind's fields, str or JSON"),
-    KeyRecord("listener", "listener_poke_key", "LIST", "60 s, refreshed on every poke",
-              "pokes ('1') to one async gateway's done listener: each re-issues its BLPOP"),
     KeyRecord("fence", "SessionKeys.fence", "STRING", _LEDGER_TTL,
+              "sessions (INCR on begin)", "sessions",
               "the session's fencing counter (INCR per run begun)"),
     KeyRecord("by_deadline", "index_keys.by_deadline", "ZSET", _ON_BEGIN,
+              "sessions (begin), watchdog (members leave on run end)", "watchdog, CLI",
               "member 'S/R' of a running run, score its deadline ms"),
     KeyRecord("by_progress", "index_keys.by_progress", "ZSET", _ON_BEGIN,
+              "sessions (begin, touch), watchdog", "watchdog, CLI",
               "member 'S/R' of a running run, score its latest progress ms (raised only)"),
     KeyRecord("ended", "index_keys.ended", "ZSET", "ledger.ttl_s, refreshed on end",
+              "sessions (end; older members trimmed)", "CLI",
               "member 'S/R' of an ended run, score its end ms (older than a TTL: trimmed)"),
-    KeyRecord("failures", "BreakerKeys.failures", "ZSET", "the tool's window_s + cooldown_s",
+    KeyRecord("sweep_lock", "sweep_lock_key", "STRING",
+              "PX 3 sweep intervals: a dead sweeper's lock frees itself", "watchdog sweep (SET NX)",
+              "watchdog sweep", "the token of the sweep holding it"),
+    KeyRecord("listener", "listener_poke_key", "LIST", "60 s, refreshed on every poke",
+              "async gateway (pokes its own listener)", "the same process's done listener (BLPOP)",
+              "pokes ('1') to one async gateway's done listener: each re-issues its BLPOP"),
+    KeyRecord("failures", "BreakerKeys.failures", "ZSET", _BREAKER_TTL,
+              "gateway (breaker failure script)", "breaker script",
               "member 'S/R/C' of a failed call of the tool, score when it failed (trimmed to the window)"),
-    KeyRecord("sweep_lock", "sweep_lock_key", "STRING", "PX 3 sweep intervals",
-              "the token of the sweep holding it"),
     KeyRecord("duplicates", "duplicates_key", "STRING", _REFRESHED,
+              "worker (a call claimed again)", "metrics",
               "executions of calls claimed again after an earlier attempt (INCR per claim)"),
+    KeyRecord("queue", "broker_queue_key", "LIST", "none (kombu's; not under P)",
+              "register script (a plain Redis broker on the ledger's node), Celery", "tool workers"
+              " (Celery BRPOP)", "invoke task messages, in kombu's format"),
 )  # fmt: skip
+
+
+def _cell(text: str) -> str:
+    """``text`` in a Markdown table cell: no column break, no HTML tag."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _field_rows(record: HashRecord[Any]) -> list[str]:
+    specs = [(str(name), spec) for name, spec in record.fields.items()]
+    specs += [(prefix + "…", spec) for prefix, spec in record.families.items()]
+    rows = []
+    for name, spec in specs:
+        default = spec.default
+        missing = (
+            "required"
+            if default is REQUIRED
+            else f"'{default}'"
+            if isinstance(default, str)
+            else str(default)
+        )
+        rows.append(f"| `{name}` | {spec.kind} | {_cell(spec.meaning)} | {_cell(missing)} |")
+    return rows
+
+
+def schema_table() -> str:
+    """Every key as docs/architecture.md shows it, rendered from the declarations above.
+
+    One row per key (its pattern, type, TTL and why, writers, readers, what it holds), then
+    the fields of each HASH. ``tests/unit/test_records.py`` holds the page to this rendering.
+    """
+    declared: list[HashRecord[Any] | KeyRecord] = [*HASH_RECORDS, *KEY_RECORDS]
+    by_builder = {record.builder: record for record in declared}
+    lines = ["| key | type | TTL | written by | read by | holds |", "| --- | --- | --- | --- | --- | --- |"]
+    for builder in KEY_PATTERNS:  # in their order: a run's keys, a session's, the indexes, the rest
+        record = by_builder[builder]
+        holds = record.holds if isinstance(record, KeyRecord) else f"the {record.name} fields below"
+        cells = (record.redis_type, record.ttl, record.writers, record.readers, holds)
+        lines.append(f"| `{record.key}` | " + " | ".join(_cell(c) for c in cells) + " |")
+    for record in HASH_RECORDS:
+        lines += ["", f"**{record.name}** (`{record.key}`)", ""]
+        lines += ["| field | type | meaning | when missing |", "| --- | --- | --- | --- |"]
+        lines += _field_rows(record)
+    return "\n".join(lines) + "\n"
 
 
 def declared_field(name: str) -> bool:
@@ -498,4 +613,148 @@ def declared_field(name: str) -> bool:
     return any(
         name in record.fields or any(name.startswith(prefix) for prefix in record.families)
         for record in HASH_RECORDS
+    )
+
+
+# --- reading a hash by field name ------------------------------------------------------------
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+_Raw = str | bytes | int | float | None
+
+
+def _decode(value: _Raw) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class Row(Generic[F]):
+    """One hash as read, by field name; each typed read applies the field's declared default."""
+
+    __slots__ = ("_values", "record", "where")
+
+    def __init__(self, record: HashRecord[F], values: Mapping[Any, _Raw], *, where: str = "") -> None:
+        self.record = record
+        self.where = where or f"a {record.name} record"
+        self._values = {
+            str(_decode(k)): v for k, value in values.items() if (v := _decode(value)) is not None
+        }
+
+    @classmethod
+    def zip(
+        cls, record: HashRecord[F], names: Sequence[F], reply: Sequence[_Raw], *, where: str = ""
+    ) -> Row[F]:
+        """The row of an ``HMGET`` of ``names`` (missing fields come back as None)."""
+        return cls(record, dict(zip(names, reply, strict=True)), where=where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._values
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def raw(self, name: F) -> str | None:
+        """The stored text of a field, None when missing (no default applied)."""
+        return self._values.get(name)
+
+    def text(self, name: F) -> str:
+        """A field as text; missing: its declared default."""
+        value = self._values.get(name)
+        return value if value is not None else self._default(name, str)
+
+    def integer(self, name: F) -> int:
+        """A number field; missing or malformed: its declared default."""
+        value = self.maybe_integer(name)
+        return value if value is not None else self._default(name, int)
+
+    def maybe_integer(self, name: F) -> int | None:
+        """A number field, None when missing or malformed (for readers to whom absence is news)."""
+        try:
+            return int(self._values[name])
+        except (KeyError, ValueError):
+            return None
+
+    def flag(self, name: F) -> bool:
+        """A ``"1"``/``"0"`` field; missing: its declared default."""
+        value = self._values.get(name)
+        return value == "1" if value is not None else bool(self._default(name, int))
+
+    def member(self, name: F, values: type[E]) -> E:
+        """An enum field; missing: its declared default; a value outside ``values`` is a ``StoreError``."""
+        value = self._values.get(name)
+        try:
+            return values(value if value is not None else self._default(name, str))
+        except ValueError:
+            raise StoreError(f"{self.where}: {name} holds {value!r}, not a {values.__name__}") from None
+
+    def _default(self, name: F, kind: type[int] | type[str]) -> Any:
+        default = self.record.fields[name].default
+        if default is REQUIRED:
+            raise StoreError(f"{self.where}: the {self.record.name} record has no valid {name}")
+        if not isinstance(default, kind):
+            raise TypeError(f"{self.record.name}.{name} is not read as {kind.__name__}")
+        return default
+
+
+def reply_member(values: type[E], raw: _Raw, *, where: str) -> E:
+    """A state a script returned, as its enum; any other value is a ``StoreError``."""
+    try:
+        return values(_decode(raw) or "")
+    except ValueError:
+        raise StoreError(f"{where} returned {raw!r}, not a {values.__name__}") from None
+
+
+# --- the call record as its readers see it ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A call as the ledger holds it; ``fields`` as stored, ``row`` to read them by declared name."""
+
+    call_id: str
+    tool: str
+    state: CallState
+    result: ToolResult | None
+    fields: dict[str, str]
+
+    @property
+    def row(self) -> Row[CallField]:
+        """The stored fields with their declared types and defaults."""
+        return Row(CALL, self.fields)
+
+    @classmethod
+    def of(cls, keys: RunKeys, call_id: str, fields: dict[str, str]) -> CallRecord | None:
+        """The record a call's stored hash holds; None when it holds nothing (never written, expired)."""
+        if not fields:
+            return None
+        row = Row(CALL, fields, where=keys.call(call_id))
+        stored = row.raw(CallField.RESULT)
+        result = ToolResult.from_json(stored) if stored is not None else None
+        state = row.member(CallField.STATE, CallState)
+        return cls(call_id, row.text(CallField.TOOL), state, result, fields)
+
+
+# What the gateway and watchdog need of an unanswered call (ledger_open.lua reads these).
+OPEN_FIELDS = (
+    CallField.CALL_ID, CallField.STATE, CallField.DEADLINE_MS, CallField.ATTEMPT, CallField.IDEMPOTENT,
+    CallField.DISPATCHED, CallField.SUBMITTED_MS, CallField.TOOL, CallField.QUEUED_MS,
+    CallField.REPUBLISHES,
+)  # fmt: skip
+
+
+def open_call(row: Row[CallField], lease_alive: bool) -> OpenCall:
+    """The :class:`OpenCall` an :data:`OPEN_FIELDS` row describes."""
+    return OpenCall(
+        call_id=row.text(CallField.CALL_ID),
+        tool=row.text(CallField.TOOL),
+        state=row.member(CallField.STATE, CallState),
+        deadline_ms=row.integer(CallField.DEADLINE_MS),
+        attempt=row.integer(CallField.ATTEMPT),
+        lease_alive=lease_alive,
+        idempotent=row.flag(CallField.IDEMPOTENT),
+        dispatched=row.flag(CallField.DISPATCHED),
+        submitted_ms=row.integer(CallField.SUBMITTED_MS),
+        queued_ms=row.maybe_integer(CallField.QUEUED_MS),
+        republishes=row.integer(CallField.REPUBLISHES),
     )

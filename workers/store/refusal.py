@@ -11,8 +11,7 @@ import redis
 from workers.core.refusal import RefusalReason
 from workers.store.connection import store_errors
 from workers.store.keys import refused_key
-from workers.store.records import REFUSED
-from workers.store.rows import Row
+from workers.store.records import REFUSED, Row
 
 __all__ = ["count_refusal", "refusal_counts"]
 

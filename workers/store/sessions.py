@@ -9,38 +9,236 @@
   again: ``touch_progress`` and ``end_run`` return False once it is no longer running.
 * **Lease.** A lane expires by itself at its run's deadline plus a margin.
 * **Run record.** Start, deadline, last progress, status ``running|completed|aborted|
-  timed_out``, token and the watchdog's last class, in the run's hash (next to ``ensure_run``).
+  timed_out``, token and the watchdog's last class, in the run's hash. The gateway opens it on
+  first use (``open_run``, which reads its deadline, loop abort and guard state in the same
+  round trip); the agent's own heartbeats go there too (:class:`AgentBeats`).
 * **Indexes.** Running runs are members of two global sorted sets, by deadline and by last
   progress, so a sweep reads only the runs that are due (O(due), not O(sessions)). They are
   hints: every decision re-reads the run record. Members are removed when a run ends.
 
-The reads (lanes, run records, indexes, the activity of a run's calls) are in
-:mod:`workers.store.session_reads`; the fields of each record in :mod:`workers.store.records`.
-Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic steps; see the
-key schema for why. Times come in as arguments; nothing here reads the clock.
+The fields of each record are declared in :mod:`workers.store.records`, and read by name.
+Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic steps; see
+:mod:`workers.store.keys` for why. Times come in as arguments; nothing here reads the clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from workers.core.models import SyntheticReason
-from workers.core.run_health import RunStatus
+from workers.core.models import CallState, SyntheticReason
+from workers.core.run_health import CallActivity, RunStatus
 from workers.core.waiting import answer_open_call
 from workers.store.connection import store_errors
-from workers.store.keys import RunKeys, index_keys, member_bucket, run_member, sweep_lock_key
+from workers.store.keys import (
+    RunKeys,
+    SessionKeys,
+    all_index_keys,
+    index_keys,
+    lane_pattern,
+    member_bucket,
+    parse_lane_key,
+    parse_run_member,
+    run_member,
+    sweep_lock_key,
+)
 from workers.store.ledger import Ledger
 from workers.store.lua import load_script
-from workers.store.records import CallField, RunField
-from workers.store.session_reads import Lane, RunInfo, SessionReads
+from workers.store.records import CALL, LANE, RUN, CallField, LaneField, Row, RunField
 
-__all__ = ["Lane", "RunInfo", "SessionStore"]
+__all__ = [
+    "RECENT_CALLS",
+    "AgentBeats",
+    "Lane",
+    "RunAbort",
+    "RunInfo",
+    "RunState",
+    "SessionStore",
+    "ensure_run",
+    "mark_run_aborted",
+    "open_run",
+    "run_abort",
+]
 
 LANE_LEASE_MARGIN_MS = 60_000
 _OPEN_CALLS_PAGE = 500  # calls per ledger_open.lua script when answering a run's open calls
+RECENT_CALLS = 20
+_OLDER_PAGE = 200  # calls read per step past the recent ones, when the run counts more open
 
 
-class SessionStore(SessionReads):
+@dataclass(frozen=True)
+class Lane:
+    """Who holds a session's lane."""
+
+    session_key: str
+    run_id: str
+    token: int
+    agent_id: str
+    since_ms: int
+    lease_until_ms: int
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run record as stored."""
+
+    session_key: str
+    run_id: str
+    agent_id: str
+    status: str  # a RunStatus value, or '' for a record no gateway opened
+    started_ms: int
+    deadline_ms: int
+    progress_ms: int
+    token: int
+    klass: str
+    ended_ms: int
+    end_reason: str
+    open_calls: int = 0
+    claimed_calls: int = 0
+    agent_beat_ms: int = 0  # the agent's own last heartbeat (a model turn streaming)
+    agent_beat_what: str = ""
+    stream_idles: int = 0  # model streams that went idle past their timeout
+
+
+def _scored(member: Any, score: Any) -> tuple[str, str, int]:
+    session_key, run_id = parse_run_member(str(member))
+    return session_key, run_id, int(score)
+
+
+def _run_info(session_key: str, run_id: str, row: Row[RunField]) -> RunInfo:
+    started = row.integer(RunField.STARTED_MS)
+    return RunInfo(
+        session_key=session_key,
+        run_id=run_id,
+        agent_id=row.text(RunField.AGENT_ID),
+        status=row.text(RunField.STATUS),
+        started_ms=started,
+        deadline_ms=row.integer(RunField.DEADLINE_MS),
+        progress_ms=row.integer(RunField.PROGRESS_MS) or started,
+        token=row.integer(RunField.TOKEN),
+        klass=row.text(RunField.CLASS),
+        ended_ms=row.integer(RunField.ENDED_MS),
+        end_reason=row.text(RunField.END_REASON),
+        open_calls=max(0, row.integer(RunField.OPEN_N)),
+        claimed_calls=max(0, row.integer(RunField.CLAIMED_N)),
+        agent_beat_ms=row.integer(RunField.AGENT_BEAT_MS),
+        agent_beat_what=row.text(RunField.AGENT_BEAT_WHAT),
+        stream_idles=row.integer(RunField.STREAM_IDLE_N),
+    )
+
+
+def _lane(session_key: str, row: Row[LaneField]) -> Lane:
+    return Lane(
+        session_key=session_key,
+        run_id=row.text(LaneField.RUN_ID),
+        token=row.integer(LaneField.TOKEN),
+        agent_id=row.text(LaneField.AGENT_ID),
+        since_ms=row.integer(LaneField.SINCE_MS),
+        lease_until_ms=row.integer(LaneField.LEASE_UNTIL_MS),
+    )
+
+
+_ACTIVITY_FIELDS = (
+    CallField.STATE, CallField.TOOL, CallField.SUBMITTED_MS, CallField.STARTED_MS, CallField.HB_MS,
+    CallField.FINISHED_MS, CallField.DISPATCHED,
+)  # fmt: skip
+
+
+def _activity(call_id: str, row: Row[CallField], lease_alive: bool) -> CallActivity:
+    return CallActivity(
+        call_id=call_id,
+        tool=row.text(CallField.TOOL),
+        state=row.member(CallField.STATE, CallState),
+        submitted_ms=row.integer(CallField.SUBMITTED_MS),
+        started_ms=row.integer(CallField.STARTED_MS),
+        heartbeat_ms=row.integer(CallField.HB_MS),
+        finished_ms=row.integer(CallField.FINISHED_MS),
+        lease_alive=lease_alive,
+        dispatched=row.flag(CallField.DISPATCHED),
+    )
+
+
+# -- run records as the gateway sees them: created on first use, deadline, loop-abort state ---
+
+
+def ensure_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> int:
+    """Create the run record on first use; returns the run's deadline (ms)."""
+    return open_run(ledger, keys, now_ms=now_ms, deadline_ms=deadline_ms, agent_id=agent_id).deadline_ms
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a batch of calls needs to know about its run, read in one round trip."""
+
+    deadline_ms: int
+    abort: RunAbort | None
+    guard_armed: bool
+
+
+_ABORT_FIELDS = (RunField.STATUS, RunField.ABORT_DETECTOR, RunField.ABORT_COUNT, RunField.ABORT_MESSAGE)
+_OPEN_FIELDS = (RunField.DEADLINE_MS, RunField.GUARD_REMAINING, *_ABORT_FIELDS)
+
+
+def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> RunState:
+    """Create the run record on first use and read its deadline, abort and guard state."""
+    with store_errors():
+        pipe = ledger.client.pipeline(transaction=True)
+        pipe.hsetnx(keys.run, RunField.STARTED_MS, now_ms)
+        pipe.hsetnx(keys.run, RunField.DEADLINE_MS, deadline_ms)
+        pipe.hsetnx(keys.run, RunField.AGENT_ID, agent_id)
+        pipe.hsetnx(keys.run, RunField.STATUS, RunStatus.RUNNING)
+        pipe.expire(keys.run, ledger.ttl_s)
+        pipe.hmget(keys.run, _OPEN_FIELDS)
+        row = Row.zip(RUN, _OPEN_FIELDS, pipe.execute()[-1], where=keys.run)
+    # The deadline was set just above unless the record had one: never missing in practice.
+    stored = row.maybe_integer(RunField.DEADLINE_MS)
+    guard_armed = row.integer(RunField.GUARD_REMAINING) > 0
+    return RunState(deadline_ms if stored is None else stored, _abort(row), guard_armed)
+
+
+def _abort(row: Row[RunField]) -> RunAbort | None:
+    detector = row.text(RunField.ABORT_DETECTOR)
+    if row.text(RunField.STATUS) != RunStatus.ABORTED or not detector:
+        return None
+    return RunAbort(detector, row.integer(RunField.ABORT_COUNT), row.text(RunField.ABORT_MESSAGE))
+
+
+def run_abort(ledger: Ledger, keys: RunKeys) -> RunAbort | None:
+    """The loop detector's abort record of a run, or None."""
+    with store_errors():
+        reply = ledger.client.hmget(keys.run, _ABORT_FIELDS)
+    return _abort(Row.zip(RUN, _ABORT_FIELDS, reply, where=keys.run))
+
+
+@dataclass(frozen=True)
+class RunAbort:
+    """Why a run was aborted by the loop detector."""
+
+    detector: str
+    count: int
+    message: str
+
+
+def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: int) -> None:
+    """Mark the run aborted (later calls of the run are answered without running)."""
+    with store_errors():
+        pipe = ledger.client.pipeline(transaction=True)
+        pipe.hset(
+            keys.run,
+            mapping={
+                RunField.STATUS: RunStatus.ABORTED,
+                RunField.ABORTED_MS: now_ms,
+                RunField.ABORT_DETECTOR: abort.detector,
+                RunField.ABORT_COUNT: abort.count,
+                RunField.ABORT_MESSAGE: abort.message,
+            },
+        )
+        pipe.expire(keys.run, ledger.ttl_s)
+        pipe.execute()
+
+
+class SessionStore:
     """Redis access for lanes, run records and run indexes; raises ``StoreError`` on Redis failure."""
 
     def __init__(self, ledger: Ledger) -> None:
@@ -53,6 +251,151 @@ class SessionStore(SessionReads):
         self._touch = load_script(self.client, "session_touch.lua")
         self._end = load_script(self.client, "session_end.lua")
         self._unlock = load_script(self.client, "session_unlock.lua")
+
+    # -- reads: lanes, run records, run indexes, the activity of a run's calls ------------------
+
+    def run_keys(self, session_key: str, run_id: str) -> RunKeys:
+        """The key builder of one run."""
+        return RunKeys(self.prefix, session_key, run_id)
+
+    def session(self, session_key: str) -> SessionKeys:
+        """The key builder of one session."""
+        return SessionKeys(self.prefix, session_key)
+
+    def lane(self, session_key: str) -> Lane | None:
+        """The lane of a session, or None when free."""
+        key = self.session(session_key).lane
+        with store_errors():
+            raw = self.client.hgetall(key)
+        return _lane(session_key, Row(LANE, raw, where=key)) if raw else None
+
+    def run(self, session_key: str, run_id: str) -> RunInfo | None:
+        """One run record, or None when it does not exist (or expired)."""
+        found = self.runs([(session_key, run_id)])
+        return found[0] if found else None
+
+    def runs(self, pairs: Sequence[tuple[str, str]]) -> list[RunInfo]:
+        """Run records of (session, run) pairs, in one round trip; missing ones are skipped."""
+        keys = [RunKeys(self.prefix, session_key, run_id).run for session_key, run_id in pairs]
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            replies = pipe.execute() if pairs else []
+        return [
+            _run_info(session_key, run_id, Row(RUN, raw, where=key))
+            for (session_key, run_id), key, raw in zip(pairs, keys, replies, strict=True)
+            if raw
+        ]
+
+    def _members(
+        self, index: Literal["by_deadline", "by_progress"], low: float, high: float, limit: int
+    ) -> list[tuple[str, str, int]]:
+        """Up to ``limit`` members of a run index over all its buckets, lowest score first."""
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for keys in all_index_keys(self.prefix):
+                pipe.zrangebyscore(getattr(keys, index), low, high, start=0, num=limit, withscores=True)
+            rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
+        rows.sort(key=lambda row: row[1])
+        return [_scored(m, score) for m, score in rows[:limit]]
+
+    def past_deadline(self, now_ms: int, limit: int) -> list[tuple[str, str, int]]:
+        """Running runs whose deadline has passed: (session, run, deadline ms)."""
+        return self._members("by_deadline", float("-inf"), now_ms, limit)
+
+    def quiet_since(self, before_ms: int, limit: int) -> list[tuple[str, str, int]]:
+        """Running runs with no indexed progress after ``before_ms``: (session, run, progress ms)."""
+        return self._members("by_progress", float("-inf"), before_ms, limit)
+
+    def running(self, limit: int) -> list[tuple[str, str, int]]:
+        """Indexed running runs, oldest progress first: (session, run, progress ms)."""
+        return self._members("by_progress", float("-inf"), float("inf"), limit)
+
+    def ended(self, limit: int) -> list[tuple[str, str, int]]:
+        """Recently ended runs, newest first: (session, run, end ms)."""
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for keys in all_index_keys(self.prefix):
+                pipe.zrevrange(keys.ended, 0, limit - 1, withscores=True)
+            rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
+        rows.sort(key=lambda row: row[1], reverse=True)
+        return [_scored(m, score) for m, score in rows[:limit]]
+
+    def find_session(self, session_key: str, limit: int = 100_000) -> RunInfo | None:
+        """The session's current run (lane holder), else its latest run found in the indexes."""
+        lane = self.lane(session_key)
+        if lane is not None and (info := self.run(session_key, lane.run_id)) is not None:
+            return info
+        candidates = [(s, r) for s, r, _ in self.running(limit) + self.ended(limit) if s == session_key]
+        infos = self.runs(candidates)
+        return max(infos, key=lambda info: info.started_ms, default=None)
+
+    def activity(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[CallActivity]]:
+        """Recent and open calls of each run, with their real activity times (two round trips).
+
+        The ``RECENT_CALLS`` latest calls of each run; a run whose summary counts more open
+        calls than those show (a batch wider than that, or an old call still hanging) is read
+        further back, page by page, until they are all found.
+        """
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for session_key, run_id in pairs:
+                keys = RunKeys(self.prefix, session_key, run_id)
+                pipe.zrevrange(keys.calls, 0, RECENT_CALLS - 1)
+                pipe.hget(keys.run, RunField.OPEN_N)
+            raw = pipe.execute() if pairs else []
+        out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair in pairs}
+        out.update(self._activities([(pair, str(cid)) for n, pair in enumerate(pairs) for cid in raw[2 * n]]))
+        for n, pair in enumerate(pairs):
+            missing = int(raw[2 * n + 1] or 0) - sum(call.open for call in out[pair])
+            if missing > 0 and len(raw[2 * n]) == RECENT_CALLS:
+                out[pair].extend(self._older_open_calls(pair, missing))
+        return out
+
+    def _activities(
+        self, wanted: Sequence[tuple[tuple[str, str], str]]
+    ) -> dict[tuple[str, str], list[CallActivity]]:
+        """The activity of each (run, call id) still registered, by run (one round trip)."""
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for (session_key, run_id), call_id in wanted:
+                keys = RunKeys(self.prefix, session_key, run_id)
+                pipe.hmget(keys.call(call_id), _ACTIVITY_FIELDS)
+                pipe.exists(keys.lease(call_id))
+            replies = pipe.execute() if wanted else []
+        out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair, _ in wanted}
+        for n, (pair, call_id) in enumerate(wanted):
+            row = Row.zip(CALL, _ACTIVITY_FIELDS, replies[2 * n])
+            if CallField.STATE in row:  # still registered
+                out[pair].append(_activity(call_id, row, bool(replies[2 * n + 1])))
+        return out
+
+    def _older_open_calls(self, pair: tuple[str, str], missing: int) -> list[CallActivity]:
+        """Up to ``missing`` open calls of a run older than its ``RECENT_CALLS`` latest."""
+        keys = RunKeys(self.prefix, *pair)
+        found: list[CallActivity] = []
+        start = RECENT_CALLS
+        while len(found) < missing:
+            with store_errors():
+                ids = self.client.zrevrange(keys.calls, start, start + _OLDER_PAGE - 1)
+            if not ids:
+                break
+            page = self._activities([(pair, str(call_id)) for call_id in ids]).get(pair, [])
+            found.extend(call for call in page if call.open)
+            start += _OLDER_PAGE
+        return found[:missing]
+
+    def lanes(self, count: int = 1000) -> list[Lane]:
+        """Every lane lock (SCAN: for the operator's ``locks`` command, not for sweeps)."""
+        found: list[Lane] = []
+        with store_errors():
+            for key in self.client.scan_iter(match=lane_pattern(self.prefix), count=count):
+                raw = self.client.hgetall(key)
+                if raw:
+                    row = Row(LANE, raw, where=str(key))
+                    found.append(_lane(parse_lane_key(self.prefix, str(key)), row))
+        return found
 
     # -- the gateway's calls ------------------------------------------------------------------
 
@@ -225,3 +568,28 @@ class SessionStore(SessionReads):
         pipe.zremrangebyscore(index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
         pipe.expire(index.ended, self.ledger.ttl_s)
         pipe.execute()
+
+
+class AgentBeats:
+    """The agent's own liveness on its run record: heartbeats and streams that went idle.
+
+    A heartbeat raises the run's progress (and its place in the progress index) like tool
+    activity does, so a run whose model is thinking or streaming is never stalled or stuck.
+    """
+
+    def __init__(self, sessions: SessionStore) -> None:
+        self.sessions = sessions
+        self._beat = load_script(sessions.client, "run_agent_beat.lua")
+
+    def heartbeat(self, keys: RunKeys, *, now_ms: int, what: str) -> bool:
+        """Record that the agent is alive; False once the run ended (or never existed)."""
+        with store_errors():
+            running = bool(self._beat(keys=[keys.run], args=[now_ms, what[:64], "0"]))
+            if running:
+                self.sessions.index_progress(keys.session_key, keys.run_id, now_ms)
+        return running
+
+    def stream_idle(self, keys: RunKeys, *, now_ms: int) -> bool:
+        """Count a model stream that went idle past its timeout; False when the run is not running."""
+        with store_errors():
+            return bool(self._beat(keys=[keys.run], args=[now_ms, "", "1"]))

@@ -17,8 +17,7 @@ from workers.core.waiting import DueVerdict
 from workers.store.connection import store_errors
 from workers.store.keys import RunKeys, all_index_keys, parse_due_member
 from workers.store.ledger import Ledger
-from workers.store.records import CALL, CallField
-from workers.store.rows import Row
+from workers.store.records import CALL, CallField, Row
 
 __all__ = ["PROBED_FIELDS", "bucket_ranges", "probe_due_calls"]
 

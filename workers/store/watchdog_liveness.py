@@ -12,8 +12,7 @@ from workers.store.connection import store_errors
 from workers.store.keys import watchdog_key
 from workers.store.ledger import Ledger
 from workers.store.lua import load_script
-from workers.store.records import WATCHDOG, WatchdogField
-from workers.store.rows import Row
+from workers.store.records import WATCHDOG, Row, WatchdogField
 
 __all__ = ["SweepRecord", "WatchdogLiveness"]
 

@@ -12,8 +12,7 @@ from typing import Any, TypeVar, overload
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from workers.core.failure_policy import BRANCH_REASONS, FALLBACK_REASONS, BranchRule, check_reasons
-from workers.core.limits import RetryPolicy
-from workers.core.models import SyntheticReason
+from workers.core.models import RetryPolicy, SyntheticReason
 from workers.errors import ConfigError, InvalidArguments, ToolNotFound
 from workers.tools.context import ToolContext
 

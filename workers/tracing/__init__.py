@@ -29,9 +29,10 @@ Arguments and results are recorded only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` (they may be sensitive).
 """
 
-from workers.tracing.setup import active, preload
+from workers.tracing.setup import preload
 from workers.tracing.spans import (
     CallSpans,
+    active,
     alert,
     answer_spans,
     child_lost,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -18,15 +17,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # typing only: OpenTelemetry is imported when tracing is on, never before
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["active", "capture_content", "flush", "preload", "start_with_id", "tracer"]
+__all__ = [
+    "STATE",
+    "capture_content",
+    "configure",
+    "env_configured",
+    "flush",
+    "preload",
+    "start_with_id",
+    "tracer",
+]
 
 log = logging.getLogger(__name__)
 
-_UNKNOWN = object()
 _EXPORT_DELAY_MS = 200
 
 
-def _env_configured() -> bool:
+def env_configured() -> bool:
     """Whether the ``OTEL_*`` variables ask for traces (read once per process)."""
     env = os.environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -47,35 +54,9 @@ class _State:
         self.tracer: Tracer | None = None
 
 
-_STATE = _State()
+STATE = _State()
 # Set while a span with a chosen id is started (see _ChosenIds).
 _CHOSEN_SPAN_ID: ContextVar[int | None] = ContextVar("unstuck_chosen_span_id", default=None)
-
-
-def active() -> bool:
-    """Whether spans are recorded: ``OTEL_*`` configured, or the application's own provider set.
-
-    Costs a dictionary look-up when neither (OpenTelemetry is then never imported).
-    """
-    state = _STATE
-    if state.env is None:
-        state.env = _env_configured()
-    if state.env:
-        if not state.configured:
-            _configure()
-        return True
-    otel_trace = sys.modules.get("opentelemetry.trace")
-    if otel_trace is None:
-        return False
-    # Imported does not mean used (redis-py imports it): the API's global stays None until an
-    # application sets a provider, and reading it spares get_tracer_provider()'s environment
-    # look-up on every call.
-    provider = getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN)
-    if provider is None:
-        return False
-    if provider is _UNKNOWN:
-        provider = otel_trace.get_tracer_provider()
-    return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
 
 
 #: What configuring from ``OTEL_*`` imports (the exporter's HTTP transport imports requests
@@ -100,9 +81,9 @@ def preload() -> None:
     Imported here, before the fork, they are inherited; no provider and no export thread
     are made (a thread does not survive a fork). Nothing when ``OTEL_*`` asks for no traces.
     """
-    state = _STATE
+    state = STATE
     if state.env is None:
-        state.env = _env_configured()
+        state.env = env_configured()
     if not state.env:
         return
     import importlib
@@ -114,10 +95,10 @@ def preload() -> None:
             continue
 
 
-def _configure() -> None:
+def configure() -> None:
     """Install the SDK's tracer provider from the ``OTEL_*`` variables (unless one is installed)."""
-    with _STATE.lock:
-        if _STATE.configured:
+    with STATE.lock:
+        if STATE.configured:
             return
         from opentelemetry import trace
 
@@ -125,7 +106,7 @@ def _configure() -> None:
             provider = _sdk_provider()
             if provider is not None:
                 trace.set_tracer_provider(provider)
-        _STATE.configured = True
+        STATE.configured = True
 
 
 def _sdk_provider() -> Any:
@@ -213,7 +194,7 @@ def tracer() -> Tracer:
     :func:`start_with_id` (a span ended by another process than the one that started it has
     the same id), and otherwise draws from the provider's generator.
     """
-    tracer = _STATE.tracer
+    tracer = STATE.tracer
     if tracer is None:
         from opentelemetry import trace
 
@@ -221,7 +202,7 @@ def tracer() -> Tracer:
         fallback = getattr(tracer, "id_generator", None)
         if fallback is not None:
             tracer.id_generator = _chosen_ids(fallback)  # type: ignore[attr-defined]
-        _STATE.tracer = tracer
+        STATE.tracer = tracer
     return tracer
 
 
@@ -231,7 +212,7 @@ def capture_content() -> bool:
 
 
 def start_with_id(name: str, span_id: int, **options: Any) -> Span:
-    """Start a span whose id is ``span_id`` (with the provider :func:`active` installed)."""
+    """Start a span whose id is ``span_id`` (with the provider ``active()`` installed)."""
     token = _CHOSEN_SPAN_ID.set(span_id)
     try:
         return tracer().start_span(name, **options)

@@ -6,11 +6,13 @@ import contextlib
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
-from workers.tracing.setup import active, capture_content, flush, start_with_id, tracer
+from workers.tracing import setup
+from workers.tracing.setup import capture_content, flush, start_with_id, tracer
 
 if TYPE_CHECKING:  # typing only: this module imports OpenTelemetry when tracing is on, never before
     from opentelemetry.context import Context
@@ -18,6 +20,7 @@ if TYPE_CHECKING:  # typing only: this module imports OpenTelemetry when tracing
 
 __all__ = [
     "CallSpans",
+    "active",
     "alert",
     "answer_spans",
     "child_lost",
@@ -57,6 +60,36 @@ _REQUEUED_KEPT = 4096
 # The spans of calls this process has open (its ``execute_tool`` or ``unstuck.run``): an
 # answer this process writes for one of them is recorded on that span, not on a new one.
 _OPEN: dict[CallKey, _OpenCall] = {}
+
+
+_UNKNOWN = object()
+
+
+def active() -> bool:
+    """Whether spans are recorded: ``OTEL_*`` configured, or the application's own provider set.
+
+    Costs a dictionary look-up when neither (OpenTelemetry is then never imported), and enters
+    :mod:`workers.tracing.setup` only to decide it first, or to configure the SDK.
+    """
+    state = setup.STATE
+    if state.env is None:
+        state.env = setup.env_configured()
+    if state.env:
+        if not state.configured:
+            setup.configure()
+        return True
+    otel_trace = sys.modules.get("opentelemetry.trace")
+    if otel_trace is None:
+        return False
+    # Imported does not mean used (redis-py imports it): the API's global stays None until an
+    # application sets a provider, and reading it spares get_tracer_provider()'s environment
+    # look-up on every call.
+    provider = getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None:
+        return False
+    if provider is _UNKNOWN:
+        provider = otel_trace.get_tracer_provider()
+    return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
 
 
 # -- the caller's side: execute_tool ----------------------------------------------------------

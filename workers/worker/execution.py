@@ -10,9 +10,8 @@ from collections.abc import Callable
 
 from workers.core.cancel import cancelled_result
 from workers.core.failure_policy import NO_RULES, FailureRules, apply_fallback
-from workers.core.limits import RetryPolicy
 from workers.core.memory_limits import OomCause, out_of_memory_result
-from workers.core.models import CallJob, SyntheticReason, TextBlock, ToolResult
+from workers.core.models import CallJob, RetryPolicy, SyntheticReason, TextBlock, ToolResult
 from workers.core.redact import redact
 from workers.core.results import rejected_result, success_result, synthetic_result, tool_error_result
 from workers.errors import InvalidArguments, ToolNotFound

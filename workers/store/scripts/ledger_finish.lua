@@ -11,7 +11,7 @@
 -- (done_ttl_ms, see lib_run_summary.lua).
 -- The done signal is the result, then '\31' (U+001F, which JSON never holds raw), then the call
 -- id: the waiter it wakes has the answer without reading the record back (the result sits in
--- the list too until popped). workers/store/done_signals.py reads it; keep the two agreeing.
+-- the list too until popped). workers/store/ledger.py (Signal) reads it; keep the two agreeing.
 -- The worker's lease is not deleted: it runs out by itself within lease.ttl_s (its keeper
 -- stops renewing when the task ends), and every reader of a lease reads the call's state
 -- first, so a lease on an answered call means nothing. That saves a DEL per call; the price
