@@ -5,6 +5,8 @@
   per worker that happens to draw one of its tests.
 - ``serial`` tests (timing-sensitive fault tests that must not share the machine's cores) are
   left out of the parallel run; the Makefile runs them afterwards in a session of their own.
+- Hypothesis checks properties, never speed: no per-example deadline and no "too slow" health
+  check, which a loaded machine (the parallel tiers on two cores) trips on correct code.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("unstuck", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("unstuck")
 
 _SHARED_SCOPES = frozenset({"module", "class", "package"})
 

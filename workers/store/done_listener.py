@@ -13,8 +13,8 @@ waiter is between two waits is kept for that waiter's next wait.
 
 The signal of the winning finish carries its result (:mod:`workers.store.ledger`): a
 waiter of one call woken by that call's signal has its answer with it, and nothing is read
-for it behind the ``BLPOP``. Woken by any other signal (another call's, marked, or a bare id
-from an older worker), it reads its call itself, at once. The results of waiters of several
+for it behind the ``BLPOP``. Woken by any other signal (another call's, or a marked one), it
+reads its call itself, at once. The results of waiters of several
 calls are read in the same round trip, pipelined behind the ``BLPOP`` (as
 :meth:`workers.store.ledger.Ledger.wait_for_results` does) while few are waited on: a woken
 waiter then has its answers without another round trip.
