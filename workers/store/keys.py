@@ -60,6 +60,9 @@ key                                type    TTL              written by          
 ``P:{B}:ended``                    ZSET    ledger.ttl_s,    sessions (end;      CLI
                                            refreshed on     older members
                                            end              trimmed)
+``P:{tag}:replica_fence``          STRING  PX 60 s          a deciding write    nobody (its WAIT
+                                                            or fenced read on   covers the slot's
+                                                            Redis Cluster       writes before it)
 ``P:{runs}:sweep_lock``            STRING  PX (3 sweep      watchdog sweep      watchdog sweep
                                            intervals)       (SET NX)
 ``P:listener:<id>``                LIST    60 s, refreshed  async gateway       the same process's
@@ -197,6 +200,7 @@ __all__ = [
     "parse_run_member",
     "quote_part",
     "refused_key",
+    "replica_fence_key",
     "run_member",
     "sweep_lock_key",
     "watchdog_key",
@@ -461,6 +465,15 @@ class BreakerKeys:
     def failures(self) -> str:
         """ZSET: the tool's recent failures (member: the call, score: when it failed)."""
         return f"{self.prefix}:{{breaker:{quote_part(self.tool)}}}:failures"
+
+
+def replica_fence_key(key: str) -> str:
+    """The fence key of ``key``'s slot (``key`` is one of a run's keys: the first ``}`` ends its tag).
+
+    On Redis Cluster a deciding write or a fenced read writes it, then WAITs on the same
+    connection: the replicas holding it hold every write to the slot before it.
+    """
+    return key[: key.index("}") + 1] + ":replica_fence"
 
 
 def refused_key(prefix: str) -> str:

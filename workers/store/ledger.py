@@ -88,7 +88,7 @@ class Ledger:
         an extra round trip); after a Redis restart that lost its scripts, load and retry once.
         """
         return self.replica_acks.confirmed(
-            self.client, lambda seal: self._send(script, keys, args, then, seal)
+            self.client, lambda seal: self._send(script, keys, args, then, seal), slot_key=keys[0]
         )[0]
 
     def _send(
@@ -380,7 +380,7 @@ class Ledger:
             return pipe.execute()
 
         with store_errors():
-            raw = self.replica_acks.confirmed(self.client, read, read=True)
+            raw = self.replica_acks.confirmed(self.client, read, read=True, slot_key=keys.call(call_ids[0]))
         return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
 
     def wait_for_done(self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = ()) -> bool:

@@ -486,6 +486,8 @@ KEY_RECORDS: Final = (
               "member 'S/R' of an ended run, score its end ms (older than a TTL: trimmed)"),
     KeyRecord("failures", "BreakerKeys.failures", "ZSET", "the tool's window_s + cooldown_s",
               "member 'S/R/C' of a failed call of the tool, score when it failed (trimmed to the window)"),
+    KeyRecord("replica_fence", "replica_fence_key", "STRING", "PX 60 s",
+              "'1', written before a WAIT on Redis Cluster (replica_acks.py); never read"),
     KeyRecord("sweep_lock", "sweep_lock_key", "STRING", "PX 3 sweep intervals",
               "the token of the sweep holding it"),
     KeyRecord("duplicates", "duplicates_key", "STRING", _REFRESHED,
