@@ -30,6 +30,26 @@ from workers.store.replica_acks import AckWait, ReplicaAcks, ack_wait_of
         ),
         ({"connected_slaves": 1, "redis_version": "7.2.4", "aof_enabled": 0}, None, AckWait(1, 100)),
         ({"connected_slaves": 1, "redis_version": "7.0.15", "aof_enabled": 1}, None, AckWait(1, 100)),
+        (
+            {"connected_slaves": 1, "slave0": {"state": "wait_bgsave"}, "redis_version": "7.0.15"},
+            None,
+            AckWait(0, 100),
+        ),
+        (
+            {"connected_slaves": 1, "slave0": {"state": "send_bulk"}, "redis_version": "7.0.15"},
+            1,
+            AckWait(1, 100),
+        ),
+        (
+            {
+                "connected_slaves": 2,
+                "slave0": {"state": "send_bulk"},
+                "slave1": {"state": "online", "offset": 10},
+                "redis_version": "7.0.15",
+            },
+            None,
+            AckWait(1, 100),
+        ),
     ],
 )
 def test_the_wait_follows_the_primary_info(

@@ -19,8 +19,9 @@ A reader confirms what it read the same way (``read=True``): a ``PUBLISH``
 (replicated like a write, and nothing listens to it) and the WAIT, behind the reads, in one
 pipeline: the WAIT then covers every write the reads saw.
 
-``redis.min_replica_acks`` unset means: 1 when the primary reports a replica
-(``connected_slaves`` in ``INFO``), 0 on a lone Redis, decided at the first deciding write of
+``redis.min_replica_acks`` unset means: 1 when the primary reports a replica in sync
+(``state=online`` in ``INFO``; one still loading its first copy acknowledges nothing yet), 0
+on a lone Redis, decided at the first deciding write of
 the process, again every 5 s, and after every short WAIT or failed connection: a replica promoted while
 the old primary is down has no replica of its own and is written as a lone Redis is, until
 the old primary comes back as its replica (availability first; ``redis.min_replica_acks`` 1,
@@ -48,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -74,6 +76,8 @@ _RESEND_PAUSE_S = 0.1
 #: How often an unset redis.min_replica_acks is decided again from INFO: a primary that lost
 #: its replica, or a promoted one whose old primary came back as its replica.
 _REDECIDE_S = 5.0
+#: A replica's line in ``INFO replication`` (``slave0``, ``slave1``, ...).
+_REPLICA_FIELD = re.compile(r"slave\d+")
 #: WAITAOF came with Redis 7.2.
 _WAITAOF_SINCE = (7, 2)
 #: The errors after which a deciding write is sent again: no primary, or a demoted one.
@@ -130,9 +134,22 @@ def _version(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
+def _replicas_in_sync(info: Mapping[str, Any]) -> int:
+    """The replicas ``info`` lists as ``online``; ``connected_slaves`` where it lists none.
+
+    A replica still loading its first copy (``wait_bgsave``, ``send_bulk``) acknowledges
+    nothing until it holds all of it: counting it would make every deciding write wait for
+    the whole resync of a restarted replica, or of an old primary rejoining after a failover.
+    """
+    listed = [value for key, value in info.items() if _REPLICA_FIELD.fullmatch(str(key))]
+    if not listed:
+        return int(info.get("connected_slaves", 0) or 0)
+    return sum(1 for value in listed if isinstance(value, Mapping) and value.get("state") == "online")
+
+
 def ack_wait_of(info: Mapping[str, Any], *, wanted: int | None, timeout_ms: int) -> AckWait:
-    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, or 1 when it has a replica."""
-    acks = wanted if wanted is not None else (1 if int(info.get("connected_slaves", 0) or 0) > 0 else 0)
+    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, else 1 with a replica in sync."""
+    acks = wanted if wanted is not None else (1 if _replicas_in_sync(info) > 0 else 0)
     aof = (
         str(info.get("aof_enabled", "0")) == "1"
         and _version(str(info.get("redis_version", ""))) >= _WAITAOF_SINCE
