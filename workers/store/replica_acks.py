@@ -144,7 +144,8 @@ def _replicas_in_sync(info: Mapping[str, Any]) -> int:
     listed = [value for key, value in info.items() if _REPLICA_FIELD.fullmatch(str(key))]
     if not listed:
         return int(info.get("connected_slaves", 0) or 0)
-    return sum(1 for value in listed if isinstance(value, Mapping) and value.get("state") == "online")
+    # A replica's line is ip, port, state, offset, lag: only its state can read "online".
+    return sum(1 for value in listed if isinstance(value, Mapping) and "online" in value.values())
 
 
 def ack_wait_of(info: Mapping[str, Any], *, wanted: int | None, timeout_ms: int) -> AckWait:
