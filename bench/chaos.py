@@ -504,7 +504,7 @@ def _inject(
 
     def on_episode(episode: Episode) -> None:
         watch.episodes.append(episode)
-        if episode.hits_primary:
+        if episode.stalls_writes:
             watch.pulse.outage(episode.began_ms, episode.ended_ms)
         tally.note(f"failover episodes ({episode.kind})")
 

@@ -194,6 +194,15 @@ class Episode:
     def hits_primary(self) -> bool:
         return self.kind.startswith("primary")
 
+    @property
+    def stalls_writes(self) -> bool:
+        """Whether deciding writes may wait through it: a primary's fault, or its replica's death.
+
+        A replica gone costs each process's next deciding write one WAIT timeout
+        (``redis.replica_ack_timeout_ms``) before it reads ``INFO`` and writes as a lone Redis.
+        """
+        return self.hits_primary or self.kind.startswith("replica")
+
 
 def first_answers_ms(episodes: list[Episode], batches: list[HandedBatch]) -> list[int | None]:
     """For each primary fault: ms from the fault to the first real result of a call sent after it."""

@@ -164,8 +164,8 @@ class RedisSettings(BaseModel):
         ge=0,
         description="replicas that must hold a registration, claim or result (WAIT, WAITAOF where the "
         "server has it and keeps an AOF) before it counts and anything is handed to an agent; unset: 1 "
-        "when the primary reports a replica, 0 on a lone Redis (read from INFO at the first write); "
-        "0 turns it off; not with redis.cluster",
+        "when the primary reports a replica, 0 on a lone Redis (read from INFO at the first write; on "
+        "Redis Cluster from each primary's own INFO); 0 turns it off",
     )
     replica_ack_timeout_ms: int = Field(
         1000, ge=1, description="milliseconds one WAIT for redis.min_replica_acks replicas may block"
@@ -194,10 +194,6 @@ class RedisSettings(BaseModel):
 
     @model_validator(mode="after")
     def _sentinel_consistent(self) -> RedisSettings:
-        if self.cluster and self.min_replica_acks:
-            raise ValueError(
-                "redis.min_replica_acks is not supported with redis.cluster yet: set it to 0 or unset it"
-            )
         if not self.sentinel:
             if self.sentinel_master:
                 raise ValueError(

@@ -259,6 +259,8 @@ def sample_key(builder: str) -> str:
         made = workers.store.keys.index_keys("P", 0)
     elif owner == "broker_queue_key":
         made = workers.store.keys.broker_queue_key("Q")  # the broker's own key: no prefix
+    elif owner == "replica_fence_key":  # the fence of a run's slot, named by one of its keys
+        made = workers.store.keys.replica_fence_key(workers.store.keys.RunKeys("P", "S", "R").run)
     else:
         function = getattr(workers.store.keys, owner)
         # A key of one process (a listener's): its id is the second part, sampled ``C``.
@@ -275,8 +277,8 @@ def mismatched(patterns: Mapping[str, str]) -> list[str]:
 
 
 def test_each_key_is_declared_once_and_its_pattern_is_what_its_builder_makes() -> None:
-    # Given every declaration (one per key: 7 hashes, 17 others)
-    assert len(RECORDS) == 24
+    # Given every declaration (one per key: 7 hashes, 18 others)
+    assert len(RECORDS) == 25
     # Then each names a builder of its own, every pattern keys.py shows has its declaration,
     # and each pattern is the key its builder makes
     assert sorted(r.builder for r in RECORDS) == sorted(KEY_PATTERNS)

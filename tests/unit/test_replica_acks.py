@@ -9,6 +9,7 @@ import pytest
 import redis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from workers.errors import ReplicasBehind
@@ -29,6 +30,26 @@ from workers.store.replica_acks import AckWait, ReplicaAcks, ack_wait_of
         ),
         ({"connected_slaves": 1, "redis_version": "7.2.4", "aof_enabled": 0}, None, AckWait(1, 100)),
         ({"connected_slaves": 1, "redis_version": "7.0.15", "aof_enabled": 1}, None, AckWait(1, 100)),
+        (
+            {"connected_slaves": 1, "slave0": {"state": "wait_bgsave"}, "redis_version": "7.0.15"},
+            None,
+            AckWait(0, 100),
+        ),
+        (
+            {"connected_slaves": 1, "slave0": {"state": "send_bulk"}, "redis_version": "7.0.15"},
+            1,
+            AckWait(1, 100),
+        ),
+        (
+            {
+                "connected_slaves": 2,
+                "slave0": {"state": "send_bulk"},
+                "slave1": {"state": "online", "offset": 10},
+                "redis_version": "7.0.15",
+            },
+            None,
+            AckWait(1, 100),
+        ),
     ],
 )
 def test_the_wait_follows_the_primary_info(
@@ -269,3 +290,118 @@ def test_a_decision_reads_again_when_the_sentinels_promoted_while_its_info_waite
     assert acks.confirmed(client, send) == ["reply"]
     assert reached == ["promoted"]
     assert acks.fencing
+
+
+class _NodePipe:
+    """A node's pipeline: the fence's SET and WAIT, answered as its node would."""
+
+    def __init__(self, node: _Node) -> None:
+        self.node = node
+        self.commands: list[tuple[Any, ...]] = []
+
+    def set(self, *args: Any, **kwargs: Any) -> None:
+        self.commands.append(("SET", *args))
+
+    def execute_command(self, *args: Any) -> None:
+        self.commands.append(args)
+
+    def execute(self) -> list[Any]:
+        self.node.fences.append(self.commands)
+        if self.node.moved:
+            raise redis.exceptions.MovedError("1234 127.0.0.1:2")
+        return [True, self.node.acks]
+
+
+class _Node:
+    """A cluster node: its name, its replicas (INFO), what WAIT counts, and whether it lost the slot."""
+
+    def __init__(self, name: str, *, replicas: int = 1, acks: int = 1, moved: bool = False) -> None:
+        self.name, self.replicas, self.acks, self.moved = name, replicas, acks, moved
+        self.fences: list[list[tuple[Any, ...]]] = []
+
+    def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"connected_slaves": self.replicas, "redis_version": "7.0.15"}
+
+    def pipeline(self, transaction: bool = True) -> _NodePipe:
+        return _NodePipe(self)
+
+
+class _Slots:
+    def __init__(self, client: _ClusterClient) -> None:
+        self.client = client
+
+    def initialize(self) -> None:
+        self.client.owners.pop(0)
+
+
+class _ClusterClient(RedisCluster):
+    """A cluster client whose map names ``owners[0]`` for every slot; reading the slots again moves on."""
+
+    def __init__(self, *owners: _Node) -> None:
+        self.owners = list(owners)
+        self.nodes_manager = _Slots(self)  # type: ignore[assignment]
+
+    def get_node_from_key(self, key: str, replica: bool = False) -> Any:
+        return self.owners[0]
+
+    def get_redis_connection(self, node: Any) -> Any:
+        return node
+
+
+def test_a_cluster_write_is_fenced_on_its_slots_node() -> None:
+    node = _Node("127.0.0.1:1")
+    acks = ReplicaAcks(None, 100, 5.0)
+    seals: list[Any] = []
+
+    def send(seal: Any) -> list[Any]:
+        seals.append(seal)
+        return ["reply"]
+
+    assert acks.confirmed(_ClusterClient(node), send, slot_key="unstuck:{s/r}:call:c1") == ["reply"]
+    # The pipeline carries no WAIT of its own; the node gets the slot's fence key, then the WAIT
+    assert [seal(_NodePipe(node)) for seal in seals] == [None]
+    assert node.fences == [[("SET", "unstuck:{s/r}:replica_fence", "1"), ("WAIT", 1, 100)]]
+    assert acks.fencing
+
+
+def test_a_cluster_fence_on_a_node_that_lost_the_slot_sends_the_write_again() -> None:
+    # Given a client whose map still names the old primary, which answers MOVED
+    old, promoted = _Node("127.0.0.1:1", moved=True), _Node("127.0.0.1:2")
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 5.0, clock=clock)
+    sent: list[int] = []
+
+    def send(seal: Any) -> list[Any]:
+        sent.append(1)
+        return ["reply"]
+
+    # Then the write is sent again once the map names the promoted primary, and fenced there
+    assert acks.confirmed(_ClusterClient(old, promoted), send, slot_key="k:{t}:call:c") == ["reply"]
+    assert len(sent) == 2
+    assert len(old.fences) == len(promoted.fences) == 1
+
+
+def test_a_cluster_primary_without_a_replica_is_written_as_a_lone_redis() -> None:
+    lone = _Node("127.0.0.1:1", replicas=0)
+    acks = ReplicaAcks(None, 100, 5.0)
+    assert acks.confirmed(_ClusterClient(lone), lambda seal: ["reply"], slot_key="k:{t}:run") == ["reply"]
+    assert lone.fences == []
+    assert not acks.fencing
+
+
+def test_a_cluster_fence_short_past_the_retry_budget_is_not_decided() -> None:
+    behind = _Node("127.0.0.1:1", acks=0)
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 1.0, clock=clock)
+
+    def send(seal: Any) -> list[Any]:
+        clock.now += 0.3
+        return ["reply"]
+
+    with pytest.raises(ReplicasBehind, match="WAIT came back short"):
+        acks.confirmed(_ClusterClient(behind, behind), send, slot_key="k:{t}:run")
+
+
+def test_a_cluster_write_names_its_slot() -> None:
+    with pytest.raises(ValueError, match="names its slot's key"):
+        ReplicaAcks(None, 100, 1.0).confirmed(_ClusterClient(_Node("n")), lambda seal: ["reply"])

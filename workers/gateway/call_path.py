@@ -20,7 +20,7 @@ from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
-from workers.errors import StoreError
+from workers.errors import RedisRefused, StoreError
 from workers.gateway.breaker import BreakerGate
 from workers.gateway.dispatching import Dispatcher, Submission
 from workers.gateway.loop_abort import abort_run
@@ -233,8 +233,16 @@ class CallPath:
         call = submission.job.call
         log.warning("store unavailable while submitting %s: %s", call.id, exc)
         # Stored by the waiter as soon as Redis answers (then the ledger's answer is
-        # delivered), else handed over once the grace margin passes and stored later.
-        batch.deadlines[call.id] = submission.job.submitted_ms
+        # delivered), else handed over once the grace margin passes and stored later. A
+        # registration Redis refused was not written: its margin runs from submission. One
+        # whose reply never came (a timeout, a lost connection, too few replicas) may have
+        # been written, and its message pushed: a worker may be answering it, so its margin
+        # runs from the call's own deadline, and what is delivered is what the ledger holds
+        # once it answers (a local answer handed over sooner would differ from the ledger).
+        known_unwritten = isinstance(exc, RedisRefused)
+        batch.deadlines[call.id] = (
+            submission.job.submitted_ms if known_unwritten else submission.job.deadline_ms
+        )
         result = synthetic_result(
             call,
             SyntheticReason.DISPATCH_FAILED,

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
 
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url
@@ -26,10 +27,14 @@ __all__ = ["connect", "sentinel_client_kwargs", "sentinel_of", "store_errors"]
 
 @contextmanager
 def store_errors() -> Iterator[None]:
-    """Turn redis-py connection and protocol errors into ``StoreError`` (refusals by cause)."""
+    """Turn redis-py connection and protocol errors into ``StoreError`` (refusals by cause).
+
+    A cluster client's own failures (no node reachable, a slot no node serves) are not
+    ``RedisError``s in redis-py: they are turned too, so none escapes a caller's handling.
+    """
     try:
         yield
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         raise store_error_of(exc) from exc
 
 

@@ -80,6 +80,7 @@ __all__ = [
     "parse_run_member",
     "quote_part",
     "refused_key",
+    "replica_fence_key",
     "run_member",
     "sweep_lock_key",
     "watchdog_key",
@@ -368,6 +369,15 @@ class BreakerKeys:
         return f"{self.prefix}:{{breaker:{quote_part(self.tool)}}}:failures"
 
 
+def replica_fence_key(key: str) -> str:
+    """The fence key of ``key``'s slot (``key`` is one of a run's keys: the first ``}`` ends its tag).
+
+    On Redis Cluster a deciding write or a fenced read writes it, then WAITs on the same
+    connection: the replicas holding it hold every write to the slot before it.
+    """
+    return key[: key.index("}") + 1] + ":replica_fence"
+
+
 def refused_key(prefix: str) -> str:
     """Counters of the task messages workers refused, by reason (see :mod:`workers.core.refusal`)."""
     return f"{prefix}:refused"
@@ -390,6 +400,7 @@ KEY_PATTERNS: Final = {
     "RunKeys.history": "P:{tag}:history",
     "RunKeys.loop_state": "P:{tag}:loops",
     "RunKeys.run": "P:{tag}:run",
+    "replica_fence_key": "P:{tag}:replica_fence",
     "SessionKeys.lane": "P:{S}:lane",
     "SessionKeys.fence": "P:{S}:fence",
     "index_keys.due": "P:{B}:due",

@@ -432,7 +432,9 @@ class Ledger(_LedgerCore):
         """Send ``op``; its script's reply."""
         with store_errors():
             if op.decides:
-                return self.replica_acks.confirmed(self.client, lambda seal: self._send(op, seal))[0]
+                return self.replica_acks.confirmed(
+                    self.client, lambda seal: self._send(op, seal), slot_key=op.keys[0]
+                )[0]
             return self._send(op, no_seal)[0]
 
     def _send(self, op: _Op, seal: Seal) -> list[Any]:
@@ -642,7 +644,8 @@ class Ledger(_LedgerCore):
             return pipe.execute()
 
         with store_errors():
-            return _stored_results(call_ids, self.replica_acks.confirmed(self.client, read, read=True))
+            raw = self.replica_acks.confirmed(self.client, read, read=True, slot_key=keys.call(call_ids[0]))
+            return _stored_results(call_ids, raw)
 
     def wait_for_results(
         self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()

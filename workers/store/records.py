@@ -556,6 +556,10 @@ KEY_RECORDS: Final[tuple[KeyRecord, ...]] = (
     KeyRecord("failures", "BreakerKeys.failures", "ZSET", _BREAKER_TTL,
               "gateway (breaker failure script)", "breaker script",
               "member 'S/R/C' of a failed call of the tool, score when it failed (trimmed to the window)"),
+    KeyRecord("replica_fence", "replica_fence_key", "STRING", "PX 60 s",
+              "gateway, worker, watchdog (before a WAIT on Redis Cluster)", "none",
+              "'1': a write on the node owning the run's slot, which the WAIT after it counts on"
+              " its replicas (replica_acks.py)"),
     KeyRecord("duplicates", "duplicates_key", "STRING", _REFRESHED,
               "worker (a call claimed again)", "metrics",
               "executions of calls claimed again after an earlier attempt (INCR per claim)"),

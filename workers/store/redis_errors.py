@@ -63,7 +63,7 @@ def refusal_of(exc: BaseException) -> RedisRefused | None:
     return _BY_CODE[found.group(1)](reply) if found else None
 
 
-def store_error_of(exc: redis.RedisError) -> StoreError:
+def store_error_of(exc: Exception) -> StoreError:
     """``exc`` as the StoreError to raise: its refusal class (logged), else a plain one."""
     refused = refusal_of(exc)
     if refused is None:

@@ -19,13 +19,24 @@ A reader confirms what it read the same way (``read=True``): a ``PUBLISH``
 (replicated like a write, and nothing listens to it) and the WAIT, behind the reads, in one
 pipeline: the WAIT then covers every write the reads saw.
 
-``redis.min_replica_acks`` unset means: 1 when the primary reports a replica
-(``connected_slaves`` in ``INFO``), 0 on a lone Redis, decided at the first deciding write of
+``redis.min_replica_acks`` unset means: 1 when the primary reports a replica in sync
+(``state=online`` in ``INFO``; one still loading its first copy acknowledges nothing yet), 0
+on a lone Redis, decided at the first deciding write of
 the process, again every 5 s, and after every short WAIT or failed connection: a replica promoted while
 the old primary is down has no replica of its own and is written as a lone Redis is, until
 the old primary comes back as its replica (availability first; ``redis.min_replica_acks`` 1,
-and ``min-replicas-to-write`` on the server, refuse writes instead). On a Redis Cluster the
-store sends no WAIT (0).
+and ``min-replicas-to-write`` on the server, refuse writes instead).
+
+On a Redis Cluster each primary is decided apart (its own ``INFO``), and the WAIT cannot
+ride in the script's pipeline: redis-py's cluster pipeline sends a command that failed
+(a connection error, ``MOVED``) again on its own, on whatever connection, so a WAIT there
+may answer for another connection's writes. So the script's pipeline is sent as it is and
+followed by a fence on the node it was sent to: a ``SET`` of the slot's fence key
+(:func:`~workers.store.keys.replica_fence_key`) and the WAIT, on one connection of that
+node. The replication stream is ordered, so a replica holding the fence holds the script's
+write; and a fence sent to a node that no longer owns the slot never holds (it is dead,
+answers ``MOVED``, or, cut off from the replica promoted in its place, counts no replica),
+so a script the cluster client sent elsewhere is sent again rather than trusted.
 
 Through the Sentinels, a process whose first deciding write finds no primary to read ``INFO``
 from (the old one dead or stopped, the replica not yet promoted) sends it again like any
@@ -36,7 +47,9 @@ nothing in the ledger, a delivered result the new primary never holds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,9 +59,11 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.cluster import RedisCluster
+from redis.exceptions import AskError, ClusterError, RedisClusterException, TryAgainError
 from redis.sentinel import SentinelConnectionPool
 
 from workers.errors import ReplicasBehind
+from workers.store.keys import replica_fence_key
 
 __all__ = ["AckWait", "ReplicaAcks", "Seal", "ack_wait_of", "no_seal"]
 
@@ -61,10 +76,19 @@ _RESEND_PAUSE_S = 0.1
 #: How often an unset redis.min_replica_acks is decided again from INFO: a primary that lost
 #: its replica, or a promoted one whose old primary came back as its replica.
 _REDECIDE_S = 5.0
+#: A replica's line in ``INFO replication`` (``slave0``, ``slave1``, ...).
+_REPLICA_FIELD = re.compile(r"slave\d+")
 #: WAITAOF came with Redis 7.2.
 _WAITAOF_SINCE = (7, 2)
 #: The errors after which a deciding write is sent again: no primary, or a demoted one.
 _RESENT_AFTER = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
+#: On a cluster also: the slot moved (MOVED, ASK), is migrating (TRYAGAIN), has no primary
+#: (CLUSTERDOWN), or the client cannot reach the cluster or map the slot yet.
+_RESENT_ON_CLUSTER = (*_RESENT_AFTER, ClusterError, AskError, TryAgainError, RedisClusterException)
+#: How long a cluster's fence key lives: it only has to reach the replicas.
+_FENCE_TTL_MS = 60_000
+#: The decision of a client's one primary (every client but a cluster's, whose nodes are named).
+_ONE = ""
 
 
 class _Pipe(Protocol):
@@ -110,9 +134,23 @@ def _version(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
+def _replicas_in_sync(info: Mapping[str, Any]) -> int:
+    """The replicas ``info`` lists as ``online``; ``connected_slaves`` where it lists none.
+
+    A replica still loading its first copy (``wait_bgsave``, ``send_bulk``) acknowledges
+    nothing until it holds all of it: counting it would make every deciding write wait for
+    the whole resync of a restarted replica, or of an old primary rejoining after a failover.
+    """
+    listed = [value for key, value in info.items() if _REPLICA_FIELD.fullmatch(str(key))]
+    if not listed:
+        return int(info.get("connected_slaves", 0) or 0)
+    # A replica's line is ip, port, state, offset, lag: only its state can read "online".
+    return sum(1 for value in listed if isinstance(value, Mapping) and "online" in value.values())
+
+
 def ack_wait_of(info: Mapping[str, Any], *, wanted: int | None, timeout_ms: int) -> AckWait:
-    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, or 1 when it has a replica."""
-    acks = wanted if wanted is not None else (1 if int(info.get("connected_slaves", 0) or 0) > 0 else 0)
+    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, else 1 with a replica in sync."""
+    acks = wanted if wanted is not None else (1 if _replicas_in_sync(info) > 0 else 0)
     aof = (
         str(info.get("aof_enabled", "0")) == "1"
         and _version(str(info.get("redis_version", ""))) >= _WAITAOF_SINCE
@@ -131,28 +169,31 @@ class ReplicaAcks:
     timeout_ms: int
     retry_s: float
     clock: Callable[[], float] = time.monotonic
-    _wait: AckWait | None = field(default=None, repr=False)
-    _decided_at: float = field(default=float("-inf"), repr=False)
+    #: The WAIT each primary gets and when it was decided (``_ONE``, or a cluster node's name).
+    _waits: dict[str, tuple[AckWait, float]] = field(default_factory=dict, repr=False)
     _last_warned: float = field(default=float("-inf"), repr=False)
 
-    def _stale(self) -> bool:
+    def _stale(self, primary: str = _ONE) -> bool:
         """Whether the WAIT is to be decided (again): never yet, or unset and decided a while ago."""
-        if self._wait is None:
+        held = self._waits.get(primary)
+        if held is None:
             return True
-        return self.wanted is None and self.clock() - self._decided_at >= _REDECIDE_S
+        return self.wanted is None and self.clock() - held[1] >= _REDECIDE_S
 
-    def _decide(self, client: Any, info: Callable[[], Mapping[str, Any]]) -> AckWait:
-        before = self._wait
-        if before is not None and not self._stale():
-            return before
-        if self.wanted == 0 or isinstance(client, (RedisCluster, aredis.RedisCluster)):
+    def _decide(self, info: Callable[[], Mapping[str, Any]], primary: str = _ONE) -> AckWait:
+        held = self._waits.get(primary)
+        if held is not None and not self._stale(primary):
+            return held[0]
+        before = held[0] if held is not None else None
+        if self.wanted == 0:
             wait = AckWait(0, self.timeout_ms)
         else:
             wait = ack_wait_of(info(), wanted=self.wanted, timeout_ms=self.timeout_ms)
-        self._wait, self._decided_at = wait, self.clock()
+        self._waits[primary] = (wait, self.clock())
         if wait != before and (before is not None or wait.acks):
             aof = " (WAITAOF)" if wait.aof else ""
-            log.info("deciding writes wait for %d replica(s)%s", wait.acks, aof)
+            where = f" on {primary}" if primary else ""
+            log.info("deciding writes%s wait for %d replica(s)%s", where, wait.acks, aof)
         return wait
 
     def wait_for(self, client: redis.Redis) -> AckWait:
@@ -178,30 +219,33 @@ class ReplicaAcks:
                 found = client.info()
             return found
 
-        return self._decide(client, info)
+        return self._decide(info)
 
     async def await_for(self, client: aredis.Redis) -> AckWait:
         """:meth:`wait_for` on an asyncio client."""
-        if self._stale() and self.wanted != 0 and not isinstance(client, aredis.RedisCluster):
+        if isinstance(client, aredis.RedisCluster):  # no role uses one: no WAIT is sent there
+            return AckWait(0, self.timeout_ms)
+        if self._stale() and self.wanted != 0:
             pool = getattr(client, "connection_pool", None)
             if not isinstance(pool, AsyncSentinelPool):
                 found = await client.info()
-                return self._decide(client, lambda: found)
+                return self._decide(lambda: found)
             named = await pool.get_master_address()  # type: ignore[no-untyped-call]
             found = await client.info()
             if await pool.get_master_address() != named:  # type: ignore[no-untyped-call]
                 found = await client.info()
-            return self._decide(client, lambda: found)
-        return self._decide(client, dict)
+            return self._decide(lambda: found)
+        return self._decide(dict)
 
-    def _short(self, started: float, error: BaseException | None) -> None:
+    def _short(self, started: float, error: BaseException | None, primary: str = _ONE) -> None:
         """Raise when the retry budget is spent; else warn (at most every 5 s) and decide again.
 
         With ``redis.min_replica_acks`` unset the WAIT is decided again from the primary's
         ``INFO`` before the write is sent again: the primary may be another one by now (a
         failover), or one whose replica is gone, which is then written as a lone Redis is.
         """
-        acks = self._wait.acks if self._wait is not None else self.wanted or 1
+        held = self._waits.get(primary)
+        acks = held[0].acks if held is not None else self.wanted or 1
         now = self.clock()
         why = f"the connection failed ({error})" if error is not None else "its WAIT came back short"
         if now - started >= self.retry_s:
@@ -213,16 +257,27 @@ class ReplicaAcks:
             self._last_warned = now
             log.warning("a deciding write is sent again: %s (waiting for %d replica(s))", why, acks)
         if self.wanted is None:
-            self._wait = None
+            self._waits.pop(primary, None)
 
     def confirmed(
-        self, client: redis.Redis, send: Callable[[Seal], list[Any]], *, read: bool = False
+        self,
+        client: redis.Redis | RedisCluster,
+        send: Callable[[Seal], list[Any]],
+        *,
+        read: bool = False,
+        slot_key: str | None = None,
     ) -> list[Any]:
         """``send(seal)`` until its WAIT holds; the replies before the WAIT.
 
         ``send`` sends one pipeline, ``seal`` adding the WAIT last (so on the same connection).
         ``read``: the pipeline only reads, and ``seal`` is a fence (a ``PUBLISH``, then the WAIT).
+        ``slot_key``: a key of the slot the pipeline decides or reads, which a cluster client
+        fences after it (the module docstring); required there, unused elsewhere.
         """
+        if isinstance(client, RedisCluster):
+            if slot_key is None:
+                raise ValueError("a deciding write or a fenced read on Redis Cluster names its slot's key")
+            return self._cluster_confirmed(client, send, slot_key)
         try:
             first: AckWait | None = self.wait_for(client)
         except _RESENT_AFTER:
@@ -237,7 +292,7 @@ class ReplicaAcks:
                 wait = self.wait_for(client)  # decided again after a short WAIT (see _short)
                 if wait.acks <= 0:
                     return send(no_seal)
-                replies = send(self._fence if read else wait.seal)
+                replies = send(functools.partial(_fence, wait) if read else wait.seal)
             except _RESENT_AFTER as exc:
                 self._short(started, exc)
                 time.sleep(_RESEND_PAUSE_S)
@@ -245,6 +300,35 @@ class ReplicaAcks:
             if wait.held(replies[-1]):
                 return replies[: -2 if read else -1]
             self._short(started, None)
+
+    def _cluster_confirmed(
+        self, client: RedisCluster, send: Callable[[Seal], list[Any]], slot_key: str
+    ) -> list[Any]:
+        """:meth:`confirmed` on a cluster: the pipeline as it is, then a fence on its slot's node.
+
+        The node is the one the client maps the slot to before the pipeline is sent: a
+        pipeline the client sent elsewhere after all (the slot moved meanwhile) leaves a fence
+        that cannot hold on this node, and is sent again. A failed fence refreshes the
+        client's map of the slots, so the next sending finds the node promoted since.
+        """
+        if self.wanted == 0:
+            return send(no_seal)
+        started, primary = self.clock(), _ONE
+        while True:
+            try:
+                node = client.get_node_from_key(slot_key)  # type: ignore[no-untyped-call]
+                primary, on_node = node.name, client.get_redis_connection(node)
+                wait = self._decide(on_node.info, primary)
+                replies = send(no_seal)
+                if wait.acks <= 0 or _fence_holds(on_node, slot_key, wait):
+                    return replies
+                error: BaseException | None = None
+            except _RESENT_ON_CLUSTER as exc:
+                error = exc
+            self._short(started, error, primary)
+            if error is not None:
+                _remap(client)
+                time.sleep(_RESEND_PAUSE_S)
 
     async def aconfirmed(
         self, client: aredis.Redis, send: Callable[[Seal], Awaitable[list[Any]]], *, read: bool = False
@@ -264,7 +348,7 @@ class ReplicaAcks:
                 wait = await self.await_for(client)
                 if wait.acks <= 0:
                     return await send(no_seal)
-                replies = await send(self._fence if read else wait.seal)
+                replies = await send(functools.partial(_fence, wait) if read else wait.seal)
             except _RESENT_AFTER as exc:
                 self._short(started, exc)
                 await asyncio.sleep(_RESEND_PAUSE_S)
@@ -286,12 +370,33 @@ class ReplicaAcks:
         pool = getattr(client, "connection_pool", None)
         return bool(self.wanted) or isinstance(pool, (SentinelConnectionPool, AsyncSentinelPool))
 
-    def _fence(self, pipe: _Pipe) -> None:
-        pipe.execute_command("PUBLISH", FENCE_CHANNEL, "1")
-        if self._wait is not None:
-            self._wait.seal(pipe)
-
     @property
     def fencing(self) -> bool:
         """Whether reads are confirmed (known once the first deciding write or read decided it)."""
-        return self._wait is not None and self._wait.acks > 0
+        return any(wait.acks > 0 for wait, _ in self._waits.values())
+
+
+def _fence(wait: AckWait, pipe: _Pipe) -> None:
+    """A reader's fence: a ``PUBLISH`` (replicated, and nobody listens), then the WAIT."""
+    pipe.execute_command("PUBLISH", FENCE_CHANNEL, "1")
+    wait.seal(pipe)
+
+
+def _fence_holds(on_node: redis.Redis, slot_key: str, wait: AckWait) -> bool:
+    """Whether ``wait`` holds behind a write to ``slot_key``'s fence key, on one connection of the node.
+
+    A ``PUBLISH`` would not do here: a cluster node sends it over the cluster bus, not down
+    the replication stream, so it moves no replication offset for the WAIT to wait for.
+    """
+    pipe = on_node.pipeline(transaction=False)
+    pipe.set(replica_fence_key(slot_key), "1", px=_FENCE_TTL_MS)
+    wait.seal(pipe)
+    return wait.held(pipe.execute()[-1])
+
+
+def _remap(client: RedisCluster) -> None:
+    """Read the cluster's slots again (best effort: the next sending tries again anyway)."""
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, RedisClusterException):
+        log.debug("the cluster's slots could not be read again yet", exc_info=True)
