@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from workers.core.models import CallLimits, RetryPolicy, resolve_limits
+from workers.core.models import (
+    CallLimits,
+    RetryPolicy,
+    SyntheticReason,
+    escaped_soft_limit_reason,
+    resolve_limits,
+)
 from workers.errors import StoreError, ToolExecutionError
 
 NOW_MS = 1_700_000_000_000
@@ -159,3 +165,22 @@ def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
 def test_boundary_policies_are_accepted(kwargs: dict[str, float]) -> None:
     policy = RetryPolicy(**kwargs)  # type: ignore[arg-type]
     assert {name: getattr(policy, name) for name in kwargs} == kwargs
+
+
+@pytest.mark.parametrize(
+    ("elapsed_s", "reason"),
+    [
+        (1.0, SyntheticReason.TIMEOUT_SOFT),  # interrupted at its own soft limit
+        (1.7, SyntheticReason.TIMEOUT_SOFT),  # the pool's timer fired late under load
+        (0.995, SyntheticReason.TIMEOUT_SOFT),  # within the clocks' slack
+        (0.2, SyntheticReason.CRASHED),  # an earlier job's late interrupt, not this call's limit
+    ],
+)
+def test_an_escaped_soft_limit_interrupt_is_a_timeout_once_the_soft_limit_passed(
+    elapsed_s: float, reason: SyntheticReason
+) -> None:
+    # Given a call with a 1 s soft limit whose task started at 100 s
+    # When the soft-limit interrupt ended the task outside the tool, elapsed_s later
+    answered = escaped_soft_limit_reason(started_s=100.0, now_s=100.0 + elapsed_s, soft_s=1.0)
+    # Then
+    assert answered is reason

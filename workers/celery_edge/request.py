@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from billiard.exceptions import TimeLimitExceeded
+from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.exceptions import Ignore, Reject, Retry
 from celery.worker.request import Request
 
@@ -17,6 +17,7 @@ from workers.core.outcome import closing_event, failure_event, outcome_of
 from workers.errors import CallFailed, StoreError
 from workers.runtime import runtime
 from workers.worker.lost_calls import (
+    answer_escaped_soft_limit,
     answer_from_main_process,
     answer_lost_child,
     job_of,
@@ -55,6 +56,10 @@ class GuardedRequest(Request):
             self._failure = exc  # the task body reported the call's outcome
         elif isinstance(exc, TimeLimitExceeded):
             answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
+        elif isinstance(exc, SoftTimeLimitExceeded):
+            # The interrupt hit unstuck's code around the tool (the tool's own is answered by the
+            # task): the child lives on, so this is a time limit, not a lost child.
+            answer_escaped_soft_limit(self.kwargs, self.time_start, detail=f"{type(exc).__name__}: {exc}")
         elif exc is not None and not isinstance(exc, _NOT_A_LOSS):
             # A lost child, or the task body itself failed (e.g. the store vanished mid-call).
             detail = f"{type(exc).__name__}: {exc}"

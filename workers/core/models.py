@@ -23,6 +23,7 @@ __all__ = [
     "ToolCall",
     "ToolResult",
     "canonical_json",
+    "escaped_soft_limit_reason",
     "job_digest",
     "resolve_limits",
 ]
@@ -233,6 +234,25 @@ def resolve_limits(
         submitted_ms=now_ms,
         deadline_ms=deadline_ms,
     )
+
+
+# The task's start and the pool's soft-limit timer are read from different clocks a few
+# microseconds apart; an interrupt this close to the soft limit is still the call's own.
+_CLOCK_SLACK_S = 0.01
+
+
+def escaped_soft_limit_reason(*, started_s: float, now_s: float, soft_s: float) -> SyntheticReason:
+    """The answer for a task the soft-limit interrupt ended outside the tool's body.
+
+    The pool interrupts a task at its soft limit wherever it is: under load that can be
+    unstuck's own code around the tool (claiming the call), which then ends the task instead of
+    the tool. The call's soft limit passed: ``timeout_soft``, not a crash. An interrupt before
+    it was meant for an earlier job of the same pool process (its timer fired after that job
+    ended): the task broke, ``crashed``.
+    """
+    if now_s - started_s + _CLOCK_SLACK_S >= soft_s:
+        return SyntheticReason.TIMEOUT_SOFT
+    return SyntheticReason.CRASHED
 
 
 class CallJob(BaseModel):

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from typing import Any
 
 import psutil
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 from workers import tracing
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.memory_limits import lost_child_reason, resolve_memory_limit_mb
-from workers.core.models import CallJob, SyntheticReason, ToolResult
+from workers.core.models import CallJob, SyntheticReason, ToolResult, escaped_soft_limit_reason
 from workers.core.results import answer_by_deadline
 from workers.errors import StoreError
 from workers.runtime import Runtime, now_ms, runtime, worker_id
@@ -32,6 +33,7 @@ from workers.worker.execution import interrupted_result
 from workers.worker.memory_guard import memory_guard
 
 __all__ = [
+    "answer_escaped_soft_limit",
     "answer_from_main_process",
     "answer_if_holder_died",
     "answer_lost_child",
@@ -115,6 +117,21 @@ def answer_lost_child(kwargs: dict[str, Any], child_pid: int | None, detail: str
     """
     kills = memory_guard().lost_child_oom_kills(child_pid) if child_pid is not None else 0
     answer_from_main_process(kwargs, lost_child_reason(kills), detail=detail)
+
+
+def answer_escaped_soft_limit(kwargs: dict[str, Any], started_s: float | None, detail: str) -> None:
+    """Answer a call whose task the soft-limit interrupt ended outside the tool.
+
+    ``started_s``: when the task started, on the wall clock (None: it never started).
+    """
+    job = job_of(kwargs)
+    if job is None:
+        return
+    now_s = time.time()
+    reason = escaped_soft_limit_reason(
+        started_s=now_s if started_s is None else started_s, now_s=now_s, soft_s=job.soft_s
+    )
+    answer_from_main_process(kwargs, reason, detail=detail)
 
 
 def pid_alive(worker: str) -> bool:
