@@ -65,7 +65,13 @@ def stack() -> Iterator[Stack]:
         started = Processes()
         try:
             http_port, mcp_port = free_port(), free_port()
-            worker_env = {**env, "UNSTUCK_LIMITS__CANCEL_GRACE_S": "1"}
+            # Every worker span must arrive, also those of a pool child's healthy call that the
+            # next call (a hang, a crash) kills before its 200 ms export: the documented setting.
+            worker_env = {
+                **env,
+                "UNSTUCK_LIMITS__CANCEL_GRACE_S": "1",
+                "UNSTUCK_WORKER__FLUSH_SPANS_EACH_CALL": "true",
+            }
             worker = started.track(
                 Proc([UNSTUCK, "worker", "-c", "5", "-n", "traced@%h", "-l", "INFO"], worker_env, "worker")
             )
