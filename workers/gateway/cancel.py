@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from workers import tracing
 from workers.core.models import CallState, SyntheticReason
 from workers.core.waiting import answer_open_call
 from workers.errors import StoreError
@@ -54,6 +55,7 @@ class Canceller:
             if call.state is CallState.RUNNING:
                 continue  # claimed since the mark: its worker sees the mark and answers
             result = answer_open_call(call, SyntheticReason.CANCELLED, now_ms=now, detail=_NOT_STARTED)
+            tracing.answering_here(keys.session_key, keys.run_id, call.call_id)
             self._ledger.finish(keys, result, now_ms=now, writer=self._writer)
         return len(requests)
 

@@ -70,8 +70,11 @@ class PingProbe:
     """Repeated PINGs of a server on a loopback port over one client, until it answers."""
 
     def __init__(self, port: int, *, connect_timeout_s: float = 0.2, timeout_s: float = 0.5) -> None:
+        # RESP2: a fresh connection sends nothing before the PING. With RESP3 it sends HELLO
+        # first, and redis-py reads a reply that is not a map (whatever else answered on the
+        # port) with an AttributeError, not a RedisError, escaping the probe.
         self._client = redis.Redis(
-            port=port, socket_connect_timeout=connect_timeout_s, socket_timeout=timeout_s
+            port=port, socket_connect_timeout=connect_timeout_s, socket_timeout=timeout_s, protocol=2
         )
 
     def answers(self) -> bool:

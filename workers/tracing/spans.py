@@ -189,7 +189,7 @@ class CallSpans:
             if opened is None:
                 continue
             result = by_id.get(key[2])
-            if opened.answered_here:
+            if opened.answered_here and (result is None or result.synthetic):
                 opened.span.set_attribute("unstuck.answered_by", "gateway")
             elif result is not None and not result.synthetic:
                 opened.span.set_attribute("unstuck.answered_by", "worker")
@@ -483,6 +483,18 @@ def requeued(
 
 
 RecordReader = Callable[[str, str, str], Mapping[str, str] | None]
+
+
+def answering_here(session_key: str, run_id: str, call_id: str) -> None:
+    """Mark a call this process is about to answer, when its ``execute_tool`` span is open here.
+
+    Before the write, not after it: the call's waiter (another thread) may read the answer and
+    end the span before the writer's ``on_answered`` listener runs. A write that loses to the
+    worker's real result leaves the mark unread (:meth:`CallSpans.end` checks the result).
+    """
+    opened = _OPEN.get((session_key, run_id, call_id))
+    if opened is not None:
+        opened.answered_here = True
 
 
 def answer_spans(role: str, read: RecordReader | None) -> Callable[[Any, ToolResult], None]:
