@@ -61,6 +61,9 @@ LONGER_MODULES = {
     "workers/store/ledger.py": 880,
     # Every Redis record declared once (key, type, TTL, writers, readers, fields) and read by name.
     "workers/store/records.py": 800,
+    # Every span's life in one place: opened by its caller, ended by whoever answers the call
+    # (the caller, the worker's main process, the watchdog), ids kept across processes.
+    "workers/tracing/spans.py": 680,
 }
 
 
