@@ -796,7 +796,9 @@ def _audit_watchdog(report: Report, watch: Watch, settings: Settings) -> None:
     report.sweep_gap_limit_ms = interval_ms + 1000
     budget_ms = int(settings.lease.ttl_s * 1000) + interval_ms + 2000 + watch.allowance_ms
     report.unattended = sum(1 for run in watch.unattended if run.was_running)
-    report.watch_failures = unattended_failures(watch.ledger, watch.unattended, budget_ms)
+    report.watch_failures = unattended_failures(
+        watch.ledger, watch.unattended, budget_ms, watch.pulse.sweeps_ms
+    )
 
 
 def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
@@ -807,8 +809,9 @@ def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
         f"worst answer vs deadline: batch return {report.worst_batch_ms:+d} ms, ledger write "
         f"{report.worst_call_ms:+d} ms (limit {grace_ms} ms; {report.worst_call or 'none'})\n"
         f"stuck sessions {report.stuck_sessions}\n"
-        f"watchdog: {report.sweeps} sweeps, worst gap {report.worst_sweep_gap_ms} ms outside Redis outages "
-        f"(limit {report.sweep_gap_limit_ms} ms); unattended runs answered by it alone: {report.unattended}\n"
+        f"watchdog: {report.sweeps} sweeps, worst gap {report.worst_sweep_gap_ms} ms (counted from 2 s after "
+        f"any Redis outage; limit {report.sweep_gap_limit_ms} ms); unattended runs answered by it "
+        f"alone: {report.unattended}\n"
         f"faults: {dict(sorted(tally.events.items()))}\n"
         f"outcomes: {dict(sorted(report.reasons.items()))}",
         flush=True,

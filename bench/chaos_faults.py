@@ -1,8 +1,9 @@
 """The chaos soak's faults against the safety net itself, and the watchdog's own pulse.
 
 * :class:`SweepPulse` watches every completed sweep (``P:{runs}:watchdog``) for the whole run;
-  the gaps between sweeps must stay within the interval + 1 s, except across a Redis outage
-  (the watchdog cannot sweep a store that is not there);
+  the gaps between sweeps must stay within the interval + 1 s, a gap across a Redis outage
+  counted from the outage's end + a reconnect allowance (the watchdog cannot sweep a store
+  that is not there);
 * :func:`hog_every_slot` fills every pool slot with tools that ignore their limits;
 * :func:`kill_everything` SIGKILLs every tool worker host and the agent processes of some
   unattended runs at once: only the watchdog is left to answer those calls.
@@ -72,12 +73,18 @@ class SweepPulse:
                     self.sweeps_ms.append(record.last_sweep_ms)
 
     def worst_gap_ms(self, reconnect_ms: int) -> int:
-        """The longest gap between sweeps that no Redis outage (plus ``reconnect_ms``) overlaps."""
-        gaps = [
-            b - a
-            for a, b in itertools.pairwise(self.sweeps_ms)
-            if not any(a < end + reconnect_ms and b > start for start, end in self.outages_ms)
-        ]
+        """The longest wait for a sweep the watchdog can be blamed for.
+
+        A gap across a Redis outage counts from the outage's end + ``reconnect_ms`` (the
+        watchdog cannot sweep a store that is not there), so a watchdog slow to come back after
+        the outage is still seen.
+        """
+        gaps = []
+        for a, b in itertools.pairwise(self.sweeps_ms):
+            excused = [
+                end + reconnect_ms for start, end in self.outages_ms if a < end + reconnect_ms and b > start
+            ]
+            gaps.append(b - max([a, *excused]))
         return max(gaps, default=0)
 
 
@@ -149,8 +156,15 @@ def _running(ledger: Ledger, session: str) -> bool:
     return record is not None and record.state.value == "running"
 
 
-def unattended_failures(ledger: Ledger, runs: list[Unattended], budget_ms: int) -> list[str]:
-    """Each unattended call must be answered in the ledger, by the watchdog, within ``budget_ms``."""
+def unattended_failures(
+    ledger: Ledger, runs: list[Unattended], budget_ms: int, sweeps_ms: list[int]
+) -> list[str]:
+    """Each unattended call must be answered in the ledger, by the watchdog, within ``budget_ms``.
+
+    A late answer names its timeline relative to the kill: when its worker claimed it (its
+    lease, renewed until the kill, ran out at most one lease TTL after it) and every sweep
+    seen until the answer.
+    """
     failures = []
     for run in (r for r in runs if r.was_running):
         keys = ledger.keys(run.session, "r1")
@@ -163,5 +177,11 @@ def unattended_failures(ledger: Ledger, runs: list[Unattended], budget_ms: int) 
         writer = record.row.text(CallField.WRITER)
         took_ms = record.row.integer(CallField.FINISHED_MS) - run.killed_ms
         if not writer.endswith("/watchdog") or took_ms > budget_ms:
-            failures.append(f"unattended {run.session}: answered by {writer!r} {took_ms} ms after the kill")
+            finished_ms = record.row.integer(CallField.FINISHED_MS)
+            claimed = record.row.integer(CallField.STARTED_MS) - run.killed_ms
+            sweeps = [t - run.killed_ms for t in sweeps_ms if run.killed_ms - 2000 <= t <= finished_ms]
+            failures.append(
+                f"unattended {run.session}: answered by {writer!r} {took_ms} ms after the kill "
+                f"(claimed {claimed:+d} ms, sweeps at {sweeps} ms)"
+            )
     return failures

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,10 @@ from tests.harness import CLUSTER_LEG, is_cluster, store_client
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
+from workers.errors import StoreError
+from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.settings import Settings
-from workers.store.keys import SessionKeys, all_index_keys, run_member
+from workers.store.keys import SessionKeys, all_index_keys, run_member, sweep_lock_key
 from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore, ensure_run
 from workers.watchdog.alerts import AlertSink
@@ -145,6 +148,30 @@ def test_sweep_lock_is_exclusive_and_token_checked(store: SessionStore) -> None:
     assert not store.release_sweep_lock("b")
     assert store.release_sweep_lock("a")
     assert store.try_sweep_lock("b", 30_000)
+
+
+def test_a_sweep_that_redis_left_mid_way_does_not_lock_out_the_sweeps_after_it(tmp_path: Path) -> None:
+    # Given a watchdog on a Redis that keeps its keys through a restart (as the sweep lock is)
+    with EmbeddedRedis(port=free_port(), appendonly=True, data_dir=str(tmp_path)) as server:
+        client = store_client(server.url)
+        store = SessionStore(Ledger(client, prefix="t", ttl_s=3600, lease_ttl_ms=3000))
+        watchdog = Watchdog(store, Settings(), writer="wd", alerts=AlertSink())
+        sweep = watchdog._sweep
+
+        def redis_stops(now_ms: int) -> SweepReport:
+            server.stop()
+            return sweep(now_ms)
+
+        # When Redis stops in the middle of a sweep, so its lock is never released, and comes back
+        watchdog._sweep = redis_stops  # type: ignore[method-assign]
+        with pytest.raises(StoreError):
+            watchdog.sweep(T0)
+        server.start()
+        assert client.exists(sweep_lock_key("t")), "the restart kept the lock"
+        watchdog._sweep = sweep  # type: ignore[method-assign]
+        # Then the next sweep runs rather than waiting out the lock's TTL
+        assert not watchdog.sweep(T0 + 1000).locked_out
+        client.close()
 
 
 def _watchdog(store: SessionStore, *, recover: bool) -> tuple[Watchdog, list[dict[str, object]]]:

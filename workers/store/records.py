@@ -548,7 +548,8 @@ KEY_RECORDS: Final[tuple[KeyRecord, ...]] = (
               "sessions (end; older members trimmed)", "CLI",
               "member 'S/R' of an ended run, score its end ms (older than a TTL: trimmed)"),
     KeyRecord("sweep_lock", "sweep_lock_key", "STRING",
-              "PX 3 sweep intervals: a dead sweeper's lock frees itself", "watchdog sweep (SET NX)",
+              "PX max(30 s, 3 sweep intervals): a dead sweeper's lock frees itself; one a Redis"
+              " outage kept from release is released by its watchdog's next sweep", "watchdog sweep (SET NX)",
               "watchdog sweep", "the token of the sweep holding it"),
     KeyRecord("listener", "listener_poke_key", "LIST", "60 s, refreshed on every poke",
               "async gateway (pokes its own listener)", "the same process's done listener (BLPOP)",

@@ -48,6 +48,7 @@ from workers.core.run_health import (
     judge_all,
     needs_confirmation,
 )
+from workers.errors import StoreError
 from workers.settings import Settings
 from workers.store.sessions import Lane, RunInfo, SessionStore
 from workers.store.sweep_scripts import SweepScripts, server_side_ok
@@ -150,16 +151,32 @@ class Watchdog:
         if server_side is None:
             server_side = server_side_ok(sessions.ledger)
         self.scripts = SweepScripts(sessions.ledger) if server_side else None
+        self._unreleased: set[str] = set()  # tokens of locks a store failure kept us from releasing
 
     def sweep(self, now_ms: int) -> SweepReport:
         """One sweep; does nothing (``locked_out``) while another sweep holds the lock."""
+        self._release_kept_locks()
         token = uuid.uuid4().hex
         if not self.sessions.try_sweep_lock(token, self.lock_ttl_ms):
             return SweepReport(locked_out=True)
         try:
             return self._sweep(now_ms)
         finally:
+            self._release_lock(token)
+
+    def _release_lock(self, token: str) -> None:
+        try:
             self.sessions.release_sweep_lock(token)
+        except StoreError:
+            # A restarted Redis reloads the lock: left there, it would lock every sweep out
+            # for its whole TTL, so the next sweep releases it first.
+            self._unreleased.add(token)
+            raise
+
+    def _release_kept_locks(self) -> None:
+        for token in list(self._unreleased):
+            self.sessions.release_sweep_lock(token)
+            self._unreleased.discard(token)
 
     def _sweep(self, now_ms: int) -> SweepReport:
         report = SweepReport()
