@@ -22,6 +22,8 @@ __all__ = ["Runtime", "build_runtime", "now_ms", "open_async_ledger", "open_ledg
 # Connections of an async ledger for short commands (the waiting itself takes one more):
 # enough to keep Redis busy, few enough that connecting never dominates the event loop.
 _ASYNC_CONNECTIONS = 32
+# Its registrations' own connections: one per registration the loop submits at once.
+_REGISTERING_CONNECTIONS = 8
 
 
 def now_ms() -> int:
@@ -79,6 +81,7 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
         "socket_connect_timeout_s": redis.socket_connect_timeout_s,
     }
     quick = aconnect(redis.url, **timeouts, max_connections=_ASYNC_CONNECTIONS, sentinel=sentinel)
+    registering = aconnect(redis.url, **timeouts, max_connections=_REGISTERING_CONNECTIONS, sentinel=sentinel)
     blocking = aconnect(redis.url, **timeouts, max_connections=1, sentinel=sentinel)
     # The listener's BLPOP must return before its socket times out.
     listen_s = min(1.0, redis.socket_timeout_s / 2)
@@ -90,6 +93,7 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
         prefix=redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         listener=listener,
+        registering=registering,
         fallbacks=settings.tools.failure_rules().fallbacks,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
         replica_acks=_replica_acks(settings),

@@ -63,6 +63,27 @@ async def test_first_writer_wins_across_both_clients(ledgers: tuple[Ledger, Asyn
     assert heard == ["c1"]
 
 
+async def test_a_registration_is_written_while_every_command_connection_is_busy(
+    ledgers: tuple[Ledger, AsyncLedger],
+) -> None:
+    # Given every connection of the ledger's command pool held, as waiters' checks hold them
+    # when hundreds of batches wait on one loop
+    sync, aio = ledgers
+    pool = aio.client.connection_pool
+    held = [await pool.get_connection() for _ in range(pool.max_connections)]
+    try:
+        # When a call is registered (the pool would refuse it: "No connection available")
+        keys = sync.keys("s", "busy")
+        fields: dict[str, str] = {CallField.TOOL: "echo", CallField.DISPATCHED: "1"}
+        registration = await aio.register_call(keys, "c1", now_ms=1_000, deadline_ms=5_000, fields=fields)
+    finally:
+        for connection in held:
+            await pool.release(connection)
+    # Then it is written, on a connection of its own
+    assert registration.created
+    assert sync.record(keys, "c1") is not None
+
+
 async def test_open_calls_and_a_wake_up_match_the_sync_ledger(ledgers: tuple[Ledger, AsyncLedger]) -> None:
     sync, aio = ledgers
     keys = sync.keys("s", "r2")

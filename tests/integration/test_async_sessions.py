@@ -40,11 +40,9 @@ async def _session(gateway: ToolGateway, n: int) -> tuple[int, ToolResult, int]:
     return n, result, int(time.time() * 1000)
 
 
-# Serial: 500 sessions share one event loop and its 32 pooled connections. With other tests on
-# the same two cores the loop returns to each held connection late, and a registration queued
-# behind the waiters' checks can pass the pool's 2 s timeout and be answered dispatch_failed
-# (the code before the store merge fails the same way, 1 run in 3 at load 5). Registrations
-# have no headroom of their own in the pool yet: an open bug, not a property this test checks.
+# Serial: 500 sessions share one event loop, and what this checks is that loop's lateness;
+# beside other tests on the same two cores it would measure its neighbours as much. (Their
+# registrations have connections of their own: tests/integration/test_aledger.py.)
 @pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.timeout(120)

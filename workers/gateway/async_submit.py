@@ -30,11 +30,6 @@ from workers.store.ledger import AsyncLedger
 
 __all__ = ["AsyncSubmitter"]
 
-# Batches submitted on the loop at once; the others wait their turn before their first stage
-# (their deadlines start there). Unbounded, a burst of requests would take every connection
-# of the asyncio client and leave waiters none to read answers with.
-_AT_ONCE = 8
-
 Offload = Callable[..., Awaitable[Any]]
 
 
@@ -57,7 +52,10 @@ class AsyncSubmitter:
         self._offload = offload
         self._writer = writer
         self._now_ms = now_ms
-        self._turns = asyncio.Semaphore(_AT_ONCE)
+        # Batches submitted on the loop at once, one per connection of the ledger's registering
+        # client, so a registration never waits for a connection; the others wait their turn
+        # before their first stage (their deadlines start there).
+        self._turns = asyncio.Semaphore(ledger.registering_slots)
         self._submitting: set[asyncio.Future[Batch]] = set()
 
     async def submit_all(self, keys: RunKeys, agent_id: str, calls: Sequence[ToolCall]) -> Batch:

@@ -720,7 +720,14 @@ class Ledger(_LedgerCore):
 
 
 class AsyncLedger(_LedgerCore):
-    """The ledger on an asyncio client: what an asyncio gateway needs. All methods raise ``StoreError``."""
+    """The ledger on an asyncio client: what an asyncio gateway needs. All methods raise ``StoreError``.
+
+    Registrations have a client of their own (``registering``, default: ``client``): with
+    hundreds of batches waiting on one loop, their checks keep every connection of ``client``
+    busy, and a registration queued behind them could outwait the pool's timeout and leave
+    its call unsubmitted (``dispatch_failed``) with Redis healthy. ``registering_slots`` is how
+    many registrations its pool serves at once.
+    """
 
     def __init__(
         self,
@@ -729,6 +736,7 @@ class AsyncLedger(_LedgerCore):
         prefix: str,
         ttl_s: int,
         listener: _Listener,
+        registering: aredis.Redis | None = None,
         fallbacks: Mapping[str, FallbackRule] | None = None,
         lease_ttl_ms: int = 0,
         replica_acks: ReplicaAcks | None = None,
@@ -741,23 +749,28 @@ class AsyncLedger(_LedgerCore):
             replica_acks=replica_acks,
         )
         self.client = client
+        self.registering = registering or client
+        self.registering_slots = int(getattr(self.registering.connection_pool, "max_connections", 1))
         self._listener = listener
 
     async def aclose(self) -> None:
-        """Close the client's connections and the listener's (on the loop they belong to)."""
+        """Close the clients' connections and the listener's (on the loop they belong to)."""
         await self._listener.aclose()
+        if self.registering is not self.client:
+            await self.registering.aclose()
         await self.client.aclose()
 
-    async def _run(self, op: _Op) -> Any:
-        """Send ``op``; its script's reply (as :meth:`Ledger._run`)."""
+    async def _run(self, op: _Op, client: aredis.Redis | None = None) -> Any:
+        """Send ``op`` (on ``client``, default the ledger's); its script's reply (as :meth:`Ledger._run`)."""
+        on = client or self.client
         with store_errors():
             if op.decides:
-                return (await self.replica_acks.aconfirmed(self.client, lambda seal: self._send(op, seal)))[0]
-            return (await self._send(op, no_seal))[0]
+                return (await self.replica_acks.aconfirmed(on, lambda seal: self._send(op, seal, on)))[0]
+            return (await self._send(op, no_seal, on))[0]
 
-    async def _send(self, op: _Op, seal: Seal) -> list[Any]:
+    async def _send(self, op: _Op, seal: Seal, client: aredis.Redis) -> list[Any]:
         for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
+            pipe = client.pipeline(transaction=False)
             op.pipeline(pipe, {})
             seal(pipe)
             try:
@@ -765,7 +778,7 @@ class AsyncLedger(_LedgerCore):
             except NoScriptError:  # a Redis restart lost the scripts: load, then once more
                 if attempt == 2:
                     raise
-                await self.client.script_load(_SCRIPT_TABLE[op.script].text)
+                await client.script_load(_SCRIPT_TABLE[op.script].text)
             except BaseException:
                 self._index_ttl.forget()  # the EXPIREs it carried may not have run
                 raise
@@ -783,7 +796,7 @@ class AsyncLedger(_LedgerCore):
     ) -> Registration:
         """:meth:`Ledger.register_call`, awaited."""
         op = self._register(keys, call_id, now_ms=now_ms, deadline_ms=deadline_ms, fields=fields, push=push)
-        return Registration.of(await self._run(op))
+        return Registration.of(await self._run(op, self.registering))
 
     async def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
         """:meth:`Ledger.finish`, awaited (the writer does not know ``submitted_ms``)."""
