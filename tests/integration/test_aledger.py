@@ -70,7 +70,7 @@ async def test_a_registration_is_written_while_every_command_connection_is_busy(
     # when hundreds of batches wait on one loop
     sync, aio = ledgers
     pool = aio.client.connection_pool
-    held = [await pool.get_connection() for _ in range(pool.max_connections)]
+    held = [await pool.get_connection() for _ in range(pool.max_connections)]  # type: ignore[no-untyped-call]
     try:
         # When a call is registered (the pool would refuse it: "No connection available")
         keys = sync.keys("s", "busy")
