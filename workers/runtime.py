@@ -10,8 +10,8 @@ from functools import cache
 
 from workers.core.failure_policy import NO_RULES, FailureRules
 from workers.settings import Settings, load_settings
-from workers.store.connection import connect
-from workers.store.done_listener import DoneListener, aconnect
+from workers.store.connection import aconnect, connect
+from workers.store.done_listener import DoneListener
 from workers.store.ledger import AsyncLedger, Ledger
 from workers.store.replica_acks import ReplicaAcks
 from workers.tools.loader import load_tools

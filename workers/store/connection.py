@@ -1,8 +1,8 @@
-"""Opening a synchronous Redis client, and the one translation of its errors into ``StoreError``.
+"""Opening Redis clients (sync and asyncio), and the one translation of their errors into ``StoreError``.
 
 Every store module raises ``StoreError`` (never a redis-py exception) through
-:func:`store_errors`; :func:`connect` bounds every socket wait so no store call can hang.
-On a ``sentinel://`` URL the client asks the Sentinels for the primary and asks again when it
+:func:`store_errors`; :func:`connect` and :func:`aconnect` bound every socket wait so no store
+call can hang. On a ``sentinel://`` URL the client asks the Sentinels for the primary and asks again when it
 moves (redis-py's ``SentinelConnectionPool``): a connection error or a ``READONLY`` reply
 drops the pool's connections, and the next command goes to the primary the Sentinels name.
 """
@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
+import redis.asyncio as aredis
+from redis.asyncio.sentinel import Sentinel as ASentinel
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
@@ -22,7 +25,9 @@ from workers.core.sentinel_url import SentinelAccess, is_sentinel_url
 from workers.errors import StoreError
 from workers.store.redis_errors import store_error_of
 
-__all__ = ["connect", "sentinel_client_kwargs", "sentinel_of", "store_errors"]
+__all__ = ["aconnect", "connect", "store_errors"]
+
+_S = TypeVar("_S", Sentinel, ASentinel)
 
 
 @contextmanager
@@ -38,8 +43,10 @@ def store_errors() -> Iterator[None]:
         raise store_error_of(exc) from exc
 
 
-def sentinel_of(url: str, sentinel: SentinelAccess | None) -> SentinelAccess | None:
+def _sentinel_of(url: str, sentinel: SentinelAccess | None) -> SentinelAccess | None:
     """``sentinel`` for a ``sentinel://`` url (refused without it), None for any other url."""
+    if not url:
+        raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
     if not is_sentinel_url(url):
         return None
     if sentinel is None:
@@ -49,11 +56,9 @@ def sentinel_of(url: str, sentinel: SentinelAccess | None) -> SentinelAccess | N
     return sentinel
 
 
-def sentinel_client_kwargs(
-    sentinel: SentinelAccess, *, socket_timeout_s: float, socket_connect_timeout_s: float
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The keyword arguments of redis-py's ``Sentinel``: the Sentinels' own, then the primary's."""
-    timeouts = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_connect_timeout_s}
+def _sentinels(cls: type[_S], sentinel: SentinelAccess, timeout_s: float, connect_timeout_s: float) -> _S:
+    """redis-py's ``Sentinel`` (sync or asyncio) with the Sentinels' and the primary's options."""
+    timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": connect_timeout_s}
     to_sentinels: dict[str, Any] = dict(timeouts)
     if sentinel.sentinel_password:
         to_sentinels["password"] = sentinel.sentinel_password
@@ -65,7 +70,8 @@ def sentinel_client_kwargs(
     if sentinel.tls:
         to_sentinels["ssl"] = True
         to_primary["ssl"] = True
-    return to_sentinels, to_primary
+    found: _S = cls(list(sentinel.url.nodes), sentinel_kwargs=to_sentinels, **to_primary)
+    return found
 
 
 def connect(
@@ -84,15 +90,9 @@ def connect(
     and the one place that needs a single node, the sweep's scripts, checks the real class
     (:func:`workers.store.sweep_scripts.server_side_ok`).
     """
-    if not url:
-        raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
-    followed = sentinel_of(url, sentinel)
+    followed = _sentinel_of(url, sentinel)
     if followed is not None:
-        to_sentinels, to_primary = sentinel_client_kwargs(
-            followed, socket_timeout_s=socket_timeout_s, socket_connect_timeout_s=socket_connect_timeout_s
-        )
-        nodes = list(followed.url.nodes)
-        sentinels = Sentinel(nodes, sentinel_kwargs=to_sentinels, **to_primary)  # type: ignore[no-untyped-call]
+        sentinels = _sentinels(Sentinel, followed, socket_timeout_s, socket_connect_timeout_s)
         primary: redis.Redis = sentinels.master_for(followed.master, health_check_interval=5)  # type: ignore[no-untyped-call]
         return primary
     if cluster:
@@ -110,3 +110,44 @@ def connect(
         health_check_interval=5,
         decode_responses=True,
     )
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, aredis.BlockingConnectionPool):
+    """Sentinel's pool (it follows the primary) that waits for a free connection, as below."""
+
+
+def aconnect(
+    url: str,
+    *,
+    socket_timeout_s: float,
+    socket_connect_timeout_s: float,
+    max_connections: int,
+    sentinel: SentinelAccess | None = None,
+) -> aredis.Redis:
+    """An asyncio client for ``url`` with bounded timeouts, as :func:`connect` (no cluster).
+
+    Its pool holds at most ``max_connections``; a command finding them all busy waits for one
+    (up to the socket timeout) instead of connecting again: under load, connecting is what
+    costs the event loop most.
+    """
+    followed = _sentinel_of(url, sentinel)
+    if followed is not None:
+        found = _sentinels(ASentinel, followed, socket_timeout_s, socket_connect_timeout_s)
+        client: aredis.Redis = found.master_for(
+            followed.master,
+            connection_pool_class=_BlockingSentinelPool,
+            max_connections=max_connections,
+            timeout=socket_timeout_s,
+            health_check_interval=5,
+        )
+        return client
+    pool = aredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=socket_timeout_s,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_connect_timeout_s,
+        health_check_interval=5,
+        decode_responses=True,
+    )
+    return aredis.Redis.from_pool(pool)

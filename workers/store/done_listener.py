@@ -20,8 +20,8 @@ calls are read in the same round trip, pipelined behind the ``BLPOP`` (as
 waiter then has its answers without another round trip.
 
 Multi-key ``BLPOP`` needs the ``done`` lists on one node: a single Redis, as the ledger's
-client (``redis.Redis``) is. :func:`aconnect` opens the asyncio clients, the listener's and
-the :class:`~workers.store.ledger.AsyncLedger`'s.
+client (``redis.Redis``) is. :func:`workers.store.connection.aconnect` opens the asyncio
+clients, the listener's and the :class:`~workers.store.ledger.AsyncLedger`'s.
 """
 
 from __future__ import annotations
@@ -36,17 +36,14 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-from workers.core.sentinel_url import SentinelAccess
 from workers.errors import StoreError
-from workers.store.connection import sentinel_client_kwargs, sentinel_of
 from workers.store.keys import listener_poke_key
 from workers.store.ledger import Signal, done_expire_s
 from workers.store.records import CallField
 from workers.store.redis_errors import store_error_of
 
-__all__ = ["DoneListener", "aconnect"]
+__all__ = ["DoneListener"]
 
 log = logging.getLogger(__name__)
 
@@ -54,53 +51,6 @@ _POKE_TTL_S = 60
 _KEEP_UNCLAIMED_S = 10.0  # a signal popped between two waits of its run's waiter
 # Results read behind one BLPOP at most; past that (many waiting runs) waiters read their own.
 _MAX_READS = 32
-
-
-class _BlockingSentinelPool(SentinelConnectionPool, aredis.BlockingConnectionPool):
-    """Sentinel's pool (it follows the primary) that waits for a free connection, as below."""
-
-
-def aconnect(
-    url: str,
-    *,
-    socket_timeout_s: float,
-    socket_connect_timeout_s: float,
-    max_connections: int,
-    sentinel: SentinelAccess | None = None,
-) -> aredis.Redis:
-    """An asyncio client for ``url`` with bounded timeouts (like :func:`~workers.store.connection.connect`).
-
-    Its pool holds at most ``max_connections``; a command finding them all busy waits for one
-    (up to the socket timeout) instead of connecting again: under load, connecting is what
-    costs the event loop most.
-    """
-    if not url:
-        raise StoreError("no Redis URL configured: set UNSTUCK_REDIS__URL or start `unstuck up`")
-    followed = sentinel_of(url, sentinel)
-    if followed is not None:
-        to_sentinels, to_primary = sentinel_client_kwargs(
-            followed, socket_timeout_s=socket_timeout_s, socket_connect_timeout_s=socket_connect_timeout_s
-        )
-        nodes = list(followed.url.nodes)
-        sentinels = Sentinel(nodes, sentinel_kwargs=to_sentinels, **to_primary)  # type: ignore[no-untyped-call]
-        client: aredis.Redis = sentinels.master_for(
-            followed.master,
-            connection_pool_class=_BlockingSentinelPool,
-            max_connections=max_connections,
-            timeout=socket_timeout_s,
-            health_check_interval=5,
-        )
-        return client
-    pool = aredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=socket_timeout_s,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=socket_connect_timeout_s,
-        health_check_interval=5,
-        decode_responses=True,
-    )
-    return aredis.Redis.from_pool(pool)
 
 
 @dataclass(eq=False)  # hashed by identity: the key of its reads in ``_read_by_waiter``
