@@ -65,7 +65,6 @@ def open_ledger(settings: Settings) -> Ledger:
         prefix=settings.redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
-        fallbacks=settings.tools.failure_rules().fallbacks,
         replica_acks=_replica_acks(settings),
     )
 
@@ -90,7 +89,6 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
         prefix=redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         listener=listener,
-        fallbacks=settings.tools.failure_rules().fallbacks,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
         replica_acks=_replica_acks(settings),
     )
