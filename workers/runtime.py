@@ -67,7 +67,6 @@ def open_ledger(settings: Settings) -> Ledger:
         prefix=settings.redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
-        fallbacks=settings.tools.failure_rules().fallbacks,
         replica_acks=_replica_acks(settings),
     )
 
@@ -94,7 +93,6 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
         ttl_s=settings.ledger.ttl_s,
         listener=listener,
         registering=registering,
-        fallbacks=settings.tools.failure_rules().fallbacks,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
         replica_acks=_replica_acks(settings),
     )

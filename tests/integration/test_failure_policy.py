@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness import GatewayOn, Proc, WorkerOn, base_env
+from tests.harness import GatewayOn, Proc, WorkerOn, base_env, settings_in_env
 from workers import ToolCall, ToolGateway
-from workers.core.failure_policy import FallbackRule
 from workers.core.models import SyntheticReason, ToolResult
-from workers.core.waiting import ReapRules, reaps
-from workers.store.connection import connect
+from workers.core.results import deadline_result
+from workers.runtime import open_ledger
+from workers.servers.mcp_server import McpDoor
+from workers.servers.mcp_sessions import CallTarget
+from workers.settings import Settings
 from workers.store.ledger import Ledger
+from workers.store.records import CallField
 from workers.store.sessions import SessionStore
+from workers.watchdog.due_calls import sweep_due_calls
 
 pytestmark = pytest.mark.timeout(120)
+
+NOW_MS = 1_000_000  # the store's clock in tests that write records directly
 
 CONFIG = """
 // tools.* as an operator writes them (JSON5: comments, trailing commas, unquoted keys)
@@ -136,31 +145,92 @@ def test_decorator_fallback_does_not_reach_answers_written_outside_the_worker(
     assert result.reason == "deadline_exceeded"
 
 
-def test_watchdog_and_reaper_answers_carry_the_config_fallback(redis_url: str) -> None:
-    # Given a ledger built as every process builds it: with tools.fallbacks from settings
-    client = connect(redis_url, socket_timeout_s=2, socket_connect_timeout_s=1)
-    rule = FallbackRule({"status": "unknown"})
-    ledger = Ledger(client, prefix="fb", ttl_s=3600, lease_ttl_ms=3000, fallbacks={"echo": rule})
-    store = SessionStore(ledger)
-    now = 1_000_000
-    keys = ledger.keys("s", "r1")
-    for call_id, deadline in (("late", now - 1), ("open", now + 60_000)):
-        ledger.register(keys, call_id, now_ms=now - 5000, deadline_ms=deadline, fields={"tool": "echo"})
+@pytest.fixture
+def configured_settings(configured_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    return settings_in_env(configured_env, monkeypatch)
+
+
+@pytest.fixture
+def plain_ledger(configured_settings: Settings) -> Iterator[Ledger]:
+    ledger = open_ledger(configured_settings)
+    yield ledger
+    ledger.close()
+
+
+def _register(ledger: Ledger, session: str, call_id: str, *, tool: str, deadline_ms: int) -> None:
+    """A call submitted 5 s before NOW_MS and published (so the sweep only looks at its deadline)."""
+    keys = ledger.keys(session, "r1")
+    fields: dict[str, str] = {CallField.TOOL: tool, CallField.DISPATCHED: "1"}
+    ledger.register(keys, call_id, now_ms=NOW_MS - 5000, deadline_ms=deadline_ms, fields=fields)
+
+
+def _stored(ledger: Ledger, session: str, call_id: str) -> ToolResult:
+    return ledger.results(ledger.keys(session, "r1"), [call_id])[call_id]
+
+
+def test_the_ledger_stores_what_it_is_given_even_with_a_fallback_configured(plain_ledger: Ledger) -> None:
+    # Given tools.fallbacks.stubborn (every reason), and a ledger opened on those settings
+    _register(plain_ledger, "verbatim", "c1", tool="stubborn", deadline_ms=NOW_MS - 1)
+    failure = deadline_result(
+        ToolCall(id="c1", name="stubborn"), submitted_ms=NOW_MS - 5000, deadline_ms=NOW_MS
+    )
+    # When a failure the fallback covers is handed to it
+    assert plain_ledger.finish(plain_ledger.keys("verbatim", "r1"), failure, now_ms=NOW_MS, writer="test")
+    # Then it holds exactly that failure: applying the fallback is the writer's part
+    assert _stored(plain_ledger, "verbatim", "c1").to_json() == failure.to_json()
+
+
+def test_watchdog_answers_carry_the_config_fallback(
+    configured_settings: Settings, plain_ledger: Ledger
+) -> None:
+    # Given an overdue call and an open one of stubborn, whose tools.fallbacks covers every reason
+    _register(plain_ledger, "watched", "late", tool="stubborn", deadline_ms=NOW_MS - 1)
+    _register(plain_ledger, "watched", "open", tool="stubborn", deadline_ms=NOW_MS + 60_000)
+    # When the watchdog's sweep answers the overdue call and its run end cancels the other one
+    answered = sweep_due_calls(plain_ledger, now_ms=NOW_MS, settings=configured_settings, writer="watchdog")
+    store = SessionStore(plain_ledger, fallbacks=configured_settings.tools.failure_rules().fallbacks)
+    store.answer_open_calls("watched", "r1", SyntheticReason.CANCELLED, now_ms=NOW_MS, writer="wd", detail="")
+    # Then both hold the default value as a normal result, saying why
+    assert answered == 1
+    results = {cid: _stored(plain_ledger, "watched", cid) for cid in ("late", "open")}
+    assert {cid: (r.is_error, r.text, r.reason) for cid, r in results.items()} == {
+        "late": (False, "gave up", "deadline_exceeded"),
+        "open": (False, "gave up", "cancelled"),
+    }
+
+
+def test_a_gateway_cancel_of_a_call_no_worker_holds_carries_the_config_fallback(
+    configured_gateway: ToolGateway, plain_ledger: Ledger
+) -> None:
+    # Given a registered call of stubborn that no worker claimed
+    _register(plain_ledger, "cancelled", "c1", tool="stubborn", deadline_ms=NOW_MS + 60_000)
+    # When the agent cancels it
+    assert configured_gateway.cancel("cancelled", "r1", "c1") == 1
+    # Then the gateway stored the default, saying it was cancelled
+    result = _stored(plain_ledger, "cancelled", "c1")
+    assert (result.is_error, result.text, result.reason) == (False, "gave up", "cancelled")
+    assert result.details["fallback"] is True
+
+
+async def test_an_mcp_cancel_carries_the_config_fallback(
+    configured_settings: Settings, plain_ledger: Ledger
+) -> None:
+    # Given the MCP door on settings with tools.fallbacks.stubborn, and a registered call of stubborn
+    now_ms = int(time.time() * 1000)
+    keys = plain_ledger.keys("mcp-cancel", "r1")
+    plain_ledger.register(keys, "c1", now_ms=now_ms, deadline_ms=now_ms + 60_000, fields={"tool": "stubborn"})
+    door = McpDoor.from_settings(configured_settings)
     try:
-        # When the reaper answers the overdue call and the watchdog cancels the run's other call
-        planned = reaps(ledger.open_calls(keys, ["late"]), ReapRules(0, can_redispatch=False), now_ms=now)
-        ledger.reap(keys, planned, now_ms=now, writer="watchdog")
-        store.answer_open_calls(
-            "s", "r1", SyntheticReason.CANCELLED, now_ms=now, writer="watchdog", detail=""
-        )
-        # Then both hold the default value as a normal result, saying why
-        results = ledger.results(keys, ["late", "open"])
-        assert {cid: (r.is_error, r.text, r.reason) for cid, r in results.items()} == {
-            "late": (False, '{"status": "unknown"}', "deadline_exceeded"),
-            "open": (False, '{"status": "unknown"}', "cancelled"),
-        }
+        # When the MCP client cancels it
+        call = ToolCall(id="c1", name="stubborn", arguments={"seconds": 30})
+        target = CallTarget("mcp-cancel", "r1", "main", "c1", named_run=True)
+        answered = await asyncio.to_thread(door._cancelled_answer, target, call, now_ms)
     finally:
-        client.close()
+        await door.aclose()
+    # Then the door stored the default and answered what the ledger holds
+    stored = _stored(plain_ledger, "mcp-cancel", "c1")
+    assert (stored.is_error, stored.text, stored.reason) == (False, "gave up", "cancelled")
+    assert answered.to_json() == stored.to_json()
 
 
 def test_an_open_circuit_is_answered_at_once_with_the_fallback(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from workers.core.failure_policy import FallbackRule
 from workers.core.loops import Detector, LoopVerdict
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
@@ -84,7 +83,6 @@ class _ReadsLedger:
 
     def __init__(self) -> None:
         self.reads: list[list[str]] = []
-        self.fallbacks: dict[str, FallbackRule] = {}
 
     def results(self, keys: RunKeys, call_ids: list[str]) -> dict[str, ToolResult]:
         self.reads.append(list(call_ids))

@@ -139,13 +139,14 @@ def test_calls_the_batch_has_answers_for_are_not_waited_for() -> None:
 
 def test_a_lost_idempotent_call_is_handed_back_when_the_driver_can_send_tasks() -> None:
     lost = _open("c1")
-    assert reaps([lost], ReapRules(min_rerun_ms=3_000), now_ms=T0) == [Reap(lost, ActionKind.REQUEUE)]
+    planned = reaps([lost], ReapRules(min_rerun_ms=3_000), now_ms=T0, fallbacks={})
+    assert planned == [Reap(lost, ActionKind.REQUEUE)]
 
 
 def test_without_redispatch_a_lost_call_is_answered_worker_lost_and_nothing_is_republished() -> None:
     lost, unclaimed = _open("c1"), _open("c2", state=CallState.PENDING, submitted_ms=T0 - 10_000)
     rules = ReapRules(min_rerun_ms=3_000, can_redispatch=False, republish_after_ms=1_000)
-    [planned] = reaps([lost, unclaimed], rules, now_ms=T0)
+    [planned] = reaps([lost, unclaimed], rules, now_ms=T0, fallbacks={})
     assert planned.kind is ActionKind.ANSWER
     assert planned.answer is not None
     assert planned.answer.reason == SyntheticReason.WORKER_LOST.value
@@ -154,7 +155,7 @@ def test_without_redispatch_a_lost_call_is_answered_worker_lost_and_nothing_is_r
 def test_an_unclaimed_message_is_republished_when_the_driver_can_send_tasks() -> None:
     unclaimed = _open("c2", state=CallState.PENDING, submitted_ms=T0 - 10_000)
     rules = ReapRules(min_rerun_ms=3_000, republish_after_ms=1_000)
-    assert reaps([unclaimed], rules, now_ms=T0) == [Reap(unclaimed, ActionKind.REPUBLISH)]
+    assert reaps([unclaimed], rules, now_ms=T0, fallbacks={}) == [Reap(unclaimed, ActionKind.REPUBLISH)]
 
 
 def test_an_overdue_call_is_answered_with_the_deadline_result() -> None:
@@ -163,3 +164,21 @@ def test_an_overdue_call_is_answered_with_the_deadline_result() -> None:
     assert planned.answer == deadline_result(
         ToolCall(id="c1", name="echo"), submitted_ms=overdue.submitted_ms, deadline_ms=T0
     )
+
+
+def test_a_reaped_answer_is_delivered_with_the_tools_fallback() -> None:
+    # Given a fallback for echo's deadline and worker_lost answers
+    fallbacks = {"echo": FallbackRule("cached", reasons=(SyntheticReason.DEADLINE_EXCEEDED,))}
+    overdue = _open("c1", deadline_ms=T0, lease_alive=True)
+    lost = _open("c2")
+    rules = ReapRules(min_rerun_ms=3_000, can_redispatch=False)
+    # When the watchdog's rules reap both, and a waiting machine reaps the overdue one
+    by_watchdog = reaps([overdue, lost], rules, now_ms=T0, fallbacks=fallbacks)
+    [by_gateway] = _machine({"c1": T0}, fallbacks=fallbacks).reaps([overdue], now_ms=T0)
+    # Then the overdue call gets the default, the same bytes from both; worker_lost stays an error
+    answers = {reap.call.call_id: reap.answer for reap in by_watchdog}
+    raw = deadline_result(ToolCall(id="c1", name="echo"), submitted_ms=overdue.submitted_ms, deadline_ms=T0)
+    assert answers["c1"] == by_gateway.answer == delivered(raw, fallbacks)
+    assert (answers["c1"].is_error, answers["c1"].text) == (False, "cached")
+    assert answers["c2"] is not None
+    assert (answers["c2"].is_error, answers["c2"].reason) == (True, SyntheticReason.WORKER_LOST.value)

@@ -60,7 +60,8 @@ def _guarded(command: Callable[[argparse.Namespace, Settings, SessionStore], int
     def run(args: argparse.Namespace) -> int:
         try:
             settings = load_settings()
-            return command(args, settings, SessionStore(open_ledger(settings)))
+            fallbacks = settings.tools.failure_rules().fallbacks  # for the calls `kill` answers
+            return command(args, settings, SessionStore(open_ledger(settings), fallbacks=fallbacks))
         except (ConfigError, StoreError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -129,8 +129,10 @@ def apply_fallback(result: ToolResult, rule: FallbackRule | None) -> ToolResult:
 def delivered(result: ToolResult, fallbacks: Mapping[str, FallbackRule]) -> ToolResult:
     """What the agent is given for ``result``: the one place ``tools.fallbacks`` is applied.
 
-    Every writer stores this (the ledger applies it to what it is handed; the gateway applies
-    it to what it answers itself), so the agent is given what the ledger holds.
+    Every writer composes its answer with this before handing it to the ledger, which stores
+    what it is given: the worker, the gateway (its own answers, reaped and local ones), the
+    watchdog, a cancel and the MCP door store the same bytes for the same failure, so the
+    agent is given what the ledger holds.
     """
     return apply_fallback(result, fallbacks.get(result.tool_name))
 

@@ -197,23 +197,34 @@ def decide(
     return [action for action in actions if action is not None]
 
 
-def answer_open_call(call: OpenCall, reason: SyntheticReason, *, now_ms: int, detail: str = "") -> ToolResult:
-    """The synthetic answer to an unanswered call: the one composition every writer uses.
+def answer_open_call(
+    call: OpenCall,
+    reason: SyntheticReason,
+    *,
+    now_ms: int,
+    fallbacks: Mapping[str, FallbackRule],
+    detail: str = "",
+) -> ToolResult:
+    """The answer to an unanswered call, as delivered: the one composition every writer uses.
 
     Past-deadline answers are :func:`~workers.core.results.deadline_result` (the same bytes
     whoever writes them); the others name the time since submission and the call's budget.
+    ``fallbacks`` (``tools.fallbacks``) replace it with the tool's default where one covers
+    ``reason`` (:func:`~workers.core.failure_policy.delivered`).
     """
     answered = ToolCall(id=call.call_id, name=call.tool or "unknown")
     if reason is SyntheticReason.DEADLINE_EXCEEDED:
-        return deadline_result(answered, submitted_ms=call.submitted_ms, deadline_ms=call.deadline_ms)
-    return synthetic_result(
-        answered,
-        reason,
-        elapsed_ms=max(0, now_ms - call.submitted_ms),
-        attempt=call.attempt,
-        limit_s=max(0, call.deadline_ms - call.submitted_ms) / 1000,
-        detail=detail,
-    )
+        result = deadline_result(answered, submitted_ms=call.submitted_ms, deadline_ms=call.deadline_ms)
+    else:
+        result = synthetic_result(
+            answered,
+            reason,
+            elapsed_ms=max(0, now_ms - call.submitted_ms),
+            attempt=call.attempt,
+            limit_s=max(0, call.deadline_ms - call.submitted_ms) / 1000,
+            detail=detail,
+        )
+    return delivered(result, fallbacks)
 
 
 # -- waiting: the steps of one wait on a batch ---------------------------------------------------
@@ -303,8 +314,10 @@ class ReapRules:
     republish_after_ms: int | None = None
 
 
-def reaps(snapshot: Iterable[OpenCall], rules: ReapRules, *, now_ms: int) -> list[Reap]:
-    """What to do with the open calls of one run at ``now_ms``."""
+def reaps(
+    snapshot: Iterable[OpenCall], rules: ReapRules, *, now_ms: int, fallbacks: Mapping[str, FallbackRule]
+) -> list[Reap]:
+    """What to do with the open calls of one run at ``now_ms``; answers come as delivered (``fallbacks``)."""
     calls = list(snapshot)
     actions = decide(
         calls,
@@ -321,7 +334,8 @@ def reaps(snapshot: Iterable[OpenCall], rules: ReapRules, *, now_ms: int) -> lis
             planned.append(Reap(call, action.kind))
             continue
         reason = action.reason or SyntheticReason.WORKER_LOST
-        planned.append(Reap(call, ActionKind.ANSWER, answer_open_call(call, reason, now_ms=now_ms)))
+        answer = answer_open_call(call, reason, now_ms=now_ms, fallbacks=fallbacks)
+        planned.append(Reap(call, ActionKind.ANSWER, answer))
     return planned
 
 
@@ -341,7 +355,7 @@ class Waiting:
     batch has answers for already; ``prepared``: answers prepared while the store was
     unreachable; ``tools`` and ``submitted`` name each call's tool and submission (ms) for
     the deadline result; ``read_first``: the calls to read before the first block;
-    ``fallbacks``: ``tools.fallbacks``, applied to what is answered locally.
+    ``fallbacks``: ``tools.fallbacks``, applied to what is answered locally or reaped.
     """
 
     deadlines: Mapping[str, int]
@@ -400,7 +414,7 @@ class Waiting:
 
     def reaps(self, snapshot: Iterable[OpenCall], *, now_ms: int) -> list[Reap]:
         """What a :class:`Check` applies to the open calls read."""
-        return reaps(snapshot, self.rules, now_ms=now_ms)
+        return reaps(snapshot, self.rules, now_ms=now_ms, fallbacks=self.fallbacks)
 
     def checked(self, next_check_ms: int) -> None:
         """A :class:`Check` is done; the next one is due at ``next_check_ms``."""

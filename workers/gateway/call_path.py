@@ -79,6 +79,7 @@ class CallPath:
         self._writer = writer
         self._now_ms = now_ms
         self._run_deadlines: dict[tuple[str, str], int] = {}
+        self._fallbacks = settings.tools.failure_rules().fallbacks
         # Fixed per agent by the settings: asked once, not on every call.
         self._detects = cache(loops.detects)
         self._run_timeout_ms = cache(self._agent_run_timeout_ms)
@@ -250,13 +251,13 @@ class CallPath:
             attempt=0,
             detail=" (result store unreachable)",
         )
-        batch.fallbacks[call.id] = delivered(result, self._ledger.fallbacks)
+        batch.fallbacks[call.id] = delivered(result, self._fallbacks)
 
     # -- answering and the run ---------------------------------------------------------------
 
     def answer_now(self, batch: Batch, call: ToolCall, result: ToolResult) -> None:
         """Record a stage's answer once; the stored one wins for a resubmitted call id."""
-        result = delivered(result, self._ledger.fallbacks)  # what the ledger stores (circuit_open)
+        result = delivered(result, self._fallbacks)  # a default for circuit_open, if one is set
         batch.tools[call.id] = call.name
         batch.deadlines[call.id] = self._now_ms()
         try:

@@ -13,10 +13,11 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from workers import tracing
+from workers.core.failure_policy import FallbackRule
 from workers.core.models import CallState, SyntheticReason
 from workers.core.waiting import answer_open_call
 from workers.errors import StoreError
@@ -39,8 +40,16 @@ _NOT_STARTED = " before it started (cancel requested)"
 class Canceller:
     """Requests cancels for one gateway; every method raises ``StoreError`` when Redis fails."""
 
-    def __init__(self, ledger: Ledger, *, writer: str, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        writer: str,
+        now_ms: Callable[[], int],
+        fallbacks: Mapping[str, FallbackRule],
+    ) -> None:
         self._ledger = ledger
+        self._fallbacks = fallbacks  # tools.fallbacks: a default may answer a cancelled call
         self._marks = CancelMarks(ledger)
         self._writer = writer
         self._now_ms = now_ms
@@ -54,7 +63,9 @@ class Canceller:
         for call in self._ledger.open_calls(keys, idle):
             if call.state is CallState.RUNNING:
                 continue  # claimed since the mark: its worker sees the mark and answers
-            result = answer_open_call(call, SyntheticReason.CANCELLED, now_ms=now, detail=_NOT_STARTED)
+            result = answer_open_call(
+                call, SyntheticReason.CANCELLED, now_ms=now, fallbacks=self._fallbacks, detail=_NOT_STARTED
+            )
             tracing.answering_here(keys.session_key, keys.run_id, call.call_id)
             self._ledger.finish(keys, result, now_ms=now, writer=self._writer)
         return len(requests)

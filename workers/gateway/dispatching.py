@@ -15,6 +15,7 @@ from celery import Celery
 from workers import tracing
 from workers.celery_edge.messages import TaskMessages, fast_publish_possible
 from workers.celery_edge.names import INVOKE_TASK, INVOKE_TASK_ID, INVOKE_TASK_LABEL
+from workers.core.failure_policy import delivered
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult, job_digest, resolve_limits
 from workers.core.provider_calls import RejectedCall
 from workers.core.results import not_allowed_result, rejected_result, synthetic_result
@@ -112,6 +113,7 @@ class Dispatcher:
         # Fixed by the settings per agent (and tool): computed once, not on every call.
         self._restrictions = cache(self._agent_restrictions)
         self._soft_s = lru_cache(maxsize=4096)(settings.tool_timeout_s)
+        self._fallbacks = settings.tools.failure_rules().fallbacks
 
     def _agent_restrictions(self, agent_id: str) -> ToolPolicy | None:
         """``agent_id``'s tool policy, or None when it allows every tool."""
@@ -175,8 +177,9 @@ class Dispatcher:
     def record_immediate(self, keys: RunKeys, result: ToolResult) -> Registration:
         """Record a call answered without running (unless its id existed already).
 
-        The registration also tells whether the run's compaction guard is armed: a call
-        answered at submission counts for the guard like one that ran.
+        ``result`` is what the agent is given (the caller applied ``tools.fallbacks``). The
+        registration also tells whether the run's compaction guard is armed: a call answered at
+        submission counts for the guard like one that ran.
         """
         now = self._now_ms()
         ledger = self._ledger
@@ -298,7 +301,7 @@ class Dispatcher:
         )
 
     def dispatch_failed(self, job: CallJob, exc: Exception) -> ToolResult:
-        """The answer to a call whose message the broker did not take (the ledger delivers it)."""
+        """The answer to a call whose message the broker did not take, as delivered (``tools.fallbacks``)."""
         log.warning("dispatch of %s failed: %s", job.call.id, exc)
         result = synthetic_result(
             job.call,
@@ -307,7 +310,7 @@ class Dispatcher:
             attempt=0,
             detail=f" ({type(exc).__name__})",
         )
-        return result
+        return delivered(result, self._fallbacks)
 
     def dispatch(
         self,

@@ -193,6 +193,10 @@ class Waiter:
     redispatch: Callable[[RunKeys, str], None]
     on_check: Callable[[RunKeys], None] | None = None
     store_later: Callable[[RunKeys, ToolResult], None] | None = None
+    fallbacks: Mapping[str, FallbackRule] = field(init=False)  # tools.fallbacks, for what it answers
+
+    def __post_init__(self) -> None:
+        self.fallbacks = self.settings.tools.failure_rules().fallbacks
 
     def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> dict[str, ToolResult]:
         """The answers to ``batch.waiting``, each call's by its deadline plus grace."""
@@ -201,7 +205,7 @@ class Waiter:
         machine = _waiting(
             batch,
             self.settings,
-            self.ledger.fallbacks,
+            self.fallbacks,
             first_check_ms=first_check_ms,
             undispatched_after_ms=undispatched_after_ms,
         )
@@ -278,6 +282,10 @@ class AsyncWaiter:
     offload: Offload
     store_later: Callable[[RunKeys, ToolResult], None] | None = None
     waiting_batches: int = 0
+    fallbacks: Mapping[str, FallbackRule] = field(init=False)  # tools.fallbacks, for what it answers
+
+    def __post_init__(self) -> None:
+        self.fallbacks = self.settings.tools.failure_rules().fallbacks
 
     async def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> dict[str, ToolResult]:
         """The answers to ``batch.waiting``, each by its deadline plus grace (``batch`` is only read)."""
@@ -298,7 +306,7 @@ class AsyncWaiter:
         machine = _waiting(
             batch,
             self.settings,
-            self.ledger.fallbacks,
+            self.fallbacks,
             first_check_ms=first_check_ms,
             undispatched_after_ms=undispatched_after_ms,
         )

@@ -39,6 +39,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 
 from workers import tracing
+from workers.core.failure_policy import delivered
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, rejected_result, synthetic_result
 from workers.core.run_health import RunStatus
@@ -168,6 +169,7 @@ class McpDoor:
         self._limiter = anyio.CapacityLimiter(_MAX_WAITING)
         self.still_running = StillRunningCalls()
         self._answer_within_s = answer_within_s(settings.mcp)
+        self._fallbacks = settings.tools.failure_rules().fallbacks  # for what the door answers itself
         self._in_flight: dict[tuple[str, str], anyio.CancelScope] = {}
         self.open_calls = 0  # tools/call requests not yet answered
 
@@ -288,6 +290,7 @@ class McpDoor:
         try:
             record = self.ledger.record(keys, call.id)
             attempt = record.row.integer(CallField.ATTEMPT) if record is not None else 0
+            # Stored as it is: no fallback covers still_running (failure_policy.FALLBACK_REASONS).
             result = still_running_result(call, elapsed_ms=now - started_ms, attempt=attempt)
             if self.ledger.finish(keys, result, now_ms=now, writer=self._writer):
                 self.still_running.add(StillRunningCall(target, call.name, started_ms))
@@ -313,6 +316,7 @@ class McpDoor:
                 if late is not None
                 else not_ready_result(call, waited, now_ms=self._now_ms())
             )
+        result = delivered(result, self._fallbacks)
         await self._thread(self._record, target, result)
         return result
 
@@ -382,7 +386,7 @@ class McpDoor:
 
     def _refuse_arguments(self, target: CallTarget, call: ToolCall, json_type: str) -> ToolResult:
         error = InvalidArguments(call.name, [f"<arguments>: must be a JSON object, got {json_type}"])
-        result = rejected_result(call, error, 0)
+        result = rejected_result(call, error, 0)  # a refusal: no fallback covers it
         try:
             self.ledger.finish(self._keys(target), result, now_ms=self._now_ms(), writer=self._writer)
         except StoreError as exc:
@@ -420,7 +424,8 @@ class McpDoor:
                 result = answer_by_deadline(
                     result, call, submitted_ms=submitted_ms, deadline_ms=deadline_ms, now_ms=now
                 )
-            return self.ledger.finish(keys, result, now_ms=now, writer=self._writer)
+            given = delivered(result, self._fallbacks)
+            return self.ledger.finish(keys, given, now_ms=now, writer=self._writer)
         except StoreError as exc:
             log.warning("cancel of %s not recorded (answered at its deadline instead): %s", call.id, exc)
             return False

@@ -44,7 +44,6 @@ import redis.asyncio as aredis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from workers.core.failure_policy import FallbackRule, delivered
 from workers.core.models import CallState, ToolResult
 from workers.core.run_health import RunStatus
 from workers.core.waiting import ActionKind, OpenCall, Reap, next_look_ms, past_first_look
@@ -302,7 +301,6 @@ class _LedgerCore:
         prefix: str,
         ttl_s: int,
         lease_ttl_ms: int,
-        fallbacks: Mapping[str, FallbackRule] | None,
         replica_acks: ReplicaAcks | None,
     ) -> None:
         self.replica_acks = replica_acks or ReplicaAcks(0, 0, 0.0)  # redis.min_replica_acks
@@ -312,18 +310,11 @@ class _LedgerCore:
         # Called with every result this client stored first (best effort, never failing a
         # write): the gateway and the watchdog close the call's task in Flower from here.
         self.on_answered: list[Callable[[RunKeys, ToolResult], None]] = []
-        # tools.fallbacks: every process builds its ledger from the same Settings, so every
-        # writer (worker, gateway, watchdog, doors) stores the same bytes for the same failure.
-        self.fallbacks: Mapping[str, FallbackRule] = dict(fallbacks or {})
         self._index_ttl = IndexTtl(ttl_s)
 
     def keys(self, session_key: str, run_id: str) -> RunKeys:
         """The key builder for one run."""
         return RunKeys(self.prefix, session_key, run_id)
-
-    def with_fallback(self, result: ToolResult) -> ToolResult:
-        """What :meth:`Ledger.finish` stores: :func:`~workers.core.failure_policy.delivered`."""
-        return delivered(result, self.fallbacks)
 
     def _index_expire(self, key: str) -> tuple[_Cmd, ...]:
         # An index expires like everything else, after its last write (see IndexTtl).
@@ -412,16 +403,9 @@ class Ledger(_LedgerCore):
         prefix: str,
         ttl_s: int,
         lease_ttl_ms: int,
-        fallbacks: Mapping[str, FallbackRule] | None = None,
         replica_acks: ReplicaAcks | None = None,
     ) -> None:
-        super().__init__(
-            prefix=prefix,
-            ttl_s=ttl_s,
-            lease_ttl_ms=lease_ttl_ms,
-            fallbacks=fallbacks,
-            replica_acks=replica_acks,
-        )
+        super().__init__(prefix=prefix, ttl_s=ttl_s, lease_ttl_ms=lease_ttl_ms, replica_acks=replica_acks)
         self.client = client
 
     def close(self) -> None:
@@ -536,15 +520,14 @@ class Ledger(_LedgerCore):
     def finish(
         self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str, submitted_ms: int | None = None
     ) -> bool:
-        """Store ``result`` (or its configured fallback) if it is the first, else keep it as late.
+        """Store ``result`` as it is if it is the first, else keep it as late; True when it won.
 
-        True when it won. What is stored is :func:`~workers.core.failure_policy.delivered` of
-        ``result``, the one function that applies ``tools.fallbacks`` (idempotent: a writer that
-        computed it already, as the gateway does, stores the same bytes). ``submitted_ms``, when the
-        writer knows it (the worker, from its message), spares the lease-index removal of a
-        call answered within half a lease of submission, which was never put there.
+        ``result`` is what the agent is given: writers compose it with
+        :func:`~workers.core.failure_policy.delivered` (``tools.fallbacks``) before they call this.
+        ``submitted_ms``, when the writer knows it (the worker, from its message), spares the
+        lease-index removal of a call answered within half a lease of submission, which was
+        never put there.
         """
-        result = self.with_fallback(result)
         indexed = past_first_look(now_ms=now_ms, submitted_ms=submitted_ms, lease_ms=self.lease_ttl_ms)
         won = bool(self._run(self._finish(keys, result, now_ms=now_ms, writer=writer, lease_indexed=indexed)))
         if won and result.synthetic:
@@ -737,17 +720,10 @@ class AsyncLedger(_LedgerCore):
         ttl_s: int,
         listener: _Listener,
         registering: aredis.Redis | None = None,
-        fallbacks: Mapping[str, FallbackRule] | None = None,
         lease_ttl_ms: int = 0,
         replica_acks: ReplicaAcks | None = None,
     ) -> None:
-        super().__init__(
-            prefix=prefix,
-            ttl_s=ttl_s,
-            lease_ttl_ms=lease_ttl_ms,
-            fallbacks=fallbacks,
-            replica_acks=replica_acks,
-        )
+        super().__init__(prefix=prefix, ttl_s=ttl_s, lease_ttl_ms=lease_ttl_ms, replica_acks=replica_acks)
         self.client = client
         self.registering = registering or client
         self.registering_slots = int(getattr(self.registering.connection_pool, "max_connections", 1))
@@ -800,7 +776,6 @@ class AsyncLedger(_LedgerCore):
 
     async def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
         """:meth:`Ledger.finish`, awaited (the writer does not know ``submitted_ms``)."""
-        result = self.with_fallback(result)
         won = bool(
             await self._run(self._finish(keys, result, now_ms=now_ms, writer=writer, lease_indexed=True))
         )

@@ -23,10 +23,11 @@ Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic st
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from workers.core.failure_policy import FallbackRule
 from workers.core.models import CallState, SyntheticReason
 from workers.core.run_health import CallActivity, RunStatus
 from workers.core.waiting import answer_open_call
@@ -241,8 +242,10 @@ def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: 
 class SessionStore:
     """Redis access for lanes, run records and run indexes; raises ``StoreError`` on Redis failure."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, *, fallbacks: Mapping[str, FallbackRule] | None = None) -> None:
         self.ledger = ledger
+        # tools.fallbacks, for the calls this store answers when a run ends (none: errors stay).
+        self.fallbacks: Mapping[str, FallbackRule] = dict(fallbacks or {})
         self.client = ledger.client
         self.prefix = ledger.prefix
         self._acquire = load_script(self.client, "session_acquire.lua")
@@ -539,7 +542,7 @@ class SessionStore:
         ]
         answered: list[tuple[str, str]] = []
         for call in open_calls:
-            result = answer_open_call(call, reason, now_ms=now_ms, detail=detail)
+            result = answer_open_call(call, reason, now_ms=now_ms, fallbacks=self.fallbacks, detail=detail)
             if self.ledger.finish(keys, result, now_ms=now_ms, writer=writer):
                 record = self.ledger.record(keys, call.call_id)
                 answered.append((call.call_id, record.row.text(CallField.TASK_ID) if record else ""))

@@ -16,6 +16,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from workers import tracing
+from workers.core.failure_policy import delivered
 from workers.core.memory_limits import OomCause
 from workers.core.models import CallJob, ClaimStatus, ToolResult, job_digest
 from workers.core.refusal import RefusalReason
@@ -108,12 +109,14 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
         deadline_ms=parsed.deadline_ms,
         now_ms=finished_ms,
     )
+    # A failed tool's result has its fallback already; a cancel or the deadline gets it here.
+    given = delivered(answer, rt.rules.fallbacks)
     submitted_ms = parsed.submitted_ms
-    won = rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
+    won = rt.ledger.finish(keys, given, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
     if answer is not result:  # kept as late (audit)
-        rt.ledger.finish(keys, result, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
-    # The ledger stored the configured fallback if one covers this answer: report what it holds.
-    return rt.ledger.with_fallback(answer) if won else None
+        late = delivered(result, rt.rules.fallbacks)
+        rt.ledger.finish(keys, late, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
+    return given if won else None
 
 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:

@@ -21,6 +21,7 @@ import psutil
 from pydantic import ValidationError
 
 from workers import tracing
+from workers.core.failure_policy import delivered
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.memory_limits import lost_child_reason, resolve_memory_limit_mb
 from workers.core.models import CallJob, SyntheticReason, ToolResult, escaped_soft_limit_reason
@@ -83,6 +84,7 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
         answer = answer_by_deadline(
             result, job.call, submitted_ms=job.submitted_ms, deadline_ms=job.deadline_ms, now_ms=finished_ms
         )
+        answer = delivered(answer, rt.rules.fallbacks)  # past the deadline, its fallback comes here
         if rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=f"{worker_id()}/main") and record:
             # The child's unstuck.run span died with it: ended here, under the same id.
             tracing.child_lost(record.fields, keys.session_key, keys.run_id, job.call, answer,

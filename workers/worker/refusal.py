@@ -52,6 +52,7 @@ def refuse_claim(
         " is not the job registered",
     )
     if claim.status is ClaimStatus.MISMATCH:
+        # Stored as it is: no fallback covers a refusal (failure_policy.FALLBACK_REASONS).
         answer = mismatch_result(job.call.id, claim.registered_tool, elapsed_ms=0)
         ledger.finish(keys, answer, now_ms=now_ms, writer=writer)
     return True
