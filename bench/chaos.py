@@ -47,7 +47,14 @@ from bench.chaos_failover import (
     sentinel_episode,
     sentinel_kinds,
 )
-from bench.chaos_faults import SweepPulse, Unattended, hog_every_slot, kill_everything, unattended_failures
+from bench.chaos_faults import (
+    RECONNECT_MS,
+    SweepPulse,
+    Unattended,
+    hog_every_slot,
+    kill_everything,
+    unattended_failures,
+)
 from tests.harness import (
     LocalCluster,
     Proc,
@@ -347,6 +354,7 @@ class Report:
     reasons: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
     worst_sweep_gap_ms: int = 0
+    worst_sweep_gap_at: str = ""
     sweep_gap_limit_ms: int = 0
     sweeps: int = 0
     unattended: int = 0
@@ -361,7 +369,11 @@ class Report:
         gap_ok = self.worst_sweep_gap_ms <= self.sweep_gap_limit_ms
         checks = [
             (self.worst_call_ms <= grace_ms, f"worst ledger write {self.worst_call_ms} ms past deadline"),
-            (gap_ok, f"worst gap between sweeps {self.worst_sweep_gap_ms} ms > {self.sweep_gap_limit_ms} ms"),
+            (
+                gap_ok,
+                f"worst gap between sweeps {self.worst_sweep_gap_ms} ms > {self.sweep_gap_limit_ms} ms "
+                f"({self.worst_sweep_gap_at})",
+            ),
             (not self.watch_failures, f"watchdog: {self.watch_failures[:5]}"),
             (self.missing == 0, f"missing {self.missing}"),
             (self.duplicates == 0, f"duplicates {self.duplicates}"),
@@ -792,7 +804,7 @@ def _print_stacks(threads: list[threading.Thread], show: Callable[[str], str]) -
 def _audit_watchdog(report: Report, watch: Watch, settings: Settings) -> None:
     interval_ms = int(settings.watchdog.interval_s * 1000)
     report.sweeps = len(watch.pulse.sweeps_ms)
-    report.worst_sweep_gap_ms = watch.pulse.worst_gap_ms(reconnect_ms=2000)
+    report.worst_sweep_gap_ms, report.worst_sweep_gap_at = watch.pulse.worst_gap(reconnect_ms=RECONNECT_MS)
     report.sweep_gap_limit_ms = interval_ms + 1000
     budget_ms = int(settings.lease.ttl_s * 1000) + interval_ms + 2000 + watch.allowance_ms
     report.unattended = sum(1 for run in watch.unattended if run.was_running)
@@ -809,7 +821,8 @@ def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
         f"worst answer vs deadline: batch return {report.worst_batch_ms:+d} ms, ledger write "
         f"{report.worst_call_ms:+d} ms (limit {grace_ms} ms; {report.worst_call or 'none'})\n"
         f"stuck sessions {report.stuck_sessions}\n"
-        f"watchdog: {report.sweeps} sweeps, worst gap {report.worst_sweep_gap_ms} ms (counted from 2 s after "
+        f"watchdog: {report.sweeps} sweeps, worst gap {report.worst_sweep_gap_ms} ms (counted from "
+        f"{RECONNECT_MS // 1000} s after "
         f"any Redis outage; limit {report.sweep_gap_limit_ms} ms); unattended runs answered by it "
         f"alone: {report.unattended}\n"
         f"faults: {dict(sorted(tally.events.items()))}\n"

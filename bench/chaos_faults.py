@@ -2,7 +2,7 @@
 
 * :class:`SweepPulse` watches every completed sweep (``P:{runs}:watchdog``) for the whole run;
   the gaps between sweeps must stay within the interval + 1 s, a gap across a Redis outage
-  counted from the outage's end + a reconnect allowance (the watchdog cannot sweep a store
+  counted from the outage's end + :data:`RECONNECT_MS` (the watchdog cannot sweep a store
   that is not there);
 * :func:`hog_every_slot` fills every pool slot with tools that ignore their limits;
 * :func:`kill_everything` SIGKILLs every tool worker host and the agent processes of some
@@ -29,7 +29,14 @@ from workers.store.ledger import Ledger
 from workers.store.records import CallField
 from workers.store.watchdog_liveness import WatchdogLiveness
 
-__all__ = ["SweepPulse", "Unattended", "hog_every_slot", "kill_everything", "unattended_failures"]
+__all__ = [
+    "RECONNECT_MS",
+    "SweepPulse",
+    "Unattended",
+    "hog_every_slot",
+    "kill_everything",
+    "unattended_failures",
+]
 
 _UNATTENDED = """
 import sys
@@ -39,6 +46,13 @@ ToolGateway().call_tools(
     session_key=sys.argv[1], run_id="r1", calls=[ToolCall(id="u0", name="slow", arguments={"seconds": 30})]
 )
 """
+
+
+#: How long after a Redis outage (or a failover episode) the watchdog may take to sweep again,
+#: beyond its interval + 1 s: the restarted Redis loads its AOF, beat's publish and the watchdog's
+#: broker consumer reconnect (each within about a second), and one deciding write may wait out a
+#: WAIT timeout; 5 s leaves room for a loaded machine and still catches a watchdog locked out.
+RECONNECT_MS = 5000
 
 
 @dataclass
@@ -72,20 +86,26 @@ class SweepPulse:
                 if record is not None and (not self.sweeps_ms or record.last_sweep_ms > self.sweeps_ms[-1]):
                     self.sweeps_ms.append(record.last_sweep_ms)
 
-    def worst_gap_ms(self, reconnect_ms: int) -> int:
-        """The longest wait for a sweep the watchdog can be blamed for.
+    def worst_gap(self, reconnect_ms: int) -> tuple[int, str]:
+        """The longest wait for a sweep the watchdog can be blamed for, and where it was.
 
         A gap across a Redis outage counts from the outage's end + ``reconnect_ms`` (the
         watchdog cannot sweep a store that is not there), so a watchdog slow to come back after
         the outage is still seen.
         """
-        gaps = []
+        worst, where = 0, "no gap"
+        first = self.sweeps_ms[0] if self.sweeps_ms else 0
         for a, b in itertools.pairwise(self.sweeps_ms):
-            excused = [
-                end + reconnect_ms for start, end in self.outages_ms if a < end + reconnect_ms and b > start
+            overlapping = [
+                (start, end) for start, end in self.outages_ms if a < end + reconnect_ms and b > start
             ]
-            gaps.append(b - max([a, *excused]))
-        return max(gaps, default=0)
+            counted_from = max([a, *(end + reconnect_ms for _, end in overlapping)])
+            if b - counted_from > worst:
+                worst = b - counted_from
+                where = f"sweeps at +{a - first} and +{b - first} ms" + "".join(
+                    f", after an outage +{start - first}..+{end - first} ms" for start, end in overlapping
+                )
+        return worst, where
 
 
 def hog_every_slot(

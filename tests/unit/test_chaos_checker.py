@@ -14,6 +14,7 @@ from bench.chaos_failover import (
     first_answers_ms,
     sentinel_kinds,
 )
+from bench.chaos_faults import SweepPulse
 from workers import ToolResult
 from workers.core.models import TextBlock
 
@@ -91,3 +92,22 @@ def test_history_reads_back_what_the_agents_were_handed(tmp_path: Path) -> None:
     history.handed("s", "r0", 5, [result])
     [batch] = history.batches()
     assert (batch.session, batch.run, batch.submitted_ms, batch.results) == ("s", "r0", 5, [result])
+
+
+def test_a_sweep_gap_across_an_outage_counts_from_its_end_plus_the_reconnect_allowance() -> None:
+    # Given sweeps every second, then none from an outage (10.0-11.0 s) until 16.5 s
+    pulse = SweepPulse(ledger=None)  # type: ignore[arg-type]  # only the recorded sweeps are read
+    pulse.sweeps_ms = [*range(0, 10_001, 1000), 16_500, 17_500]
+    pulse.outage(10_000, 11_000)
+    # When the watchdog may take 2 s to reconnect
+    worst, where = pulse.worst_gap(reconnect_ms=2000)
+    # Then the 6.5 s gap counts from 13.0 s: the watchdog is blamed for 3.5 s, and told where
+    assert worst == 3500
+    assert where == "sweeps at +10000 and +16500 ms, after an outage +10000..+11000 ms"
+
+
+def test_a_sweep_gap_away_from_any_outage_counts_whole() -> None:
+    pulse = SweepPulse(ledger=None)  # type: ignore[arg-type]
+    pulse.sweeps_ms = [0, 1000, 3500, 4500]
+    pulse.outage(20_000, 21_000)
+    assert pulse.worst_gap(reconnect_ms=2000) == (2500, "sweeps at +1000 and +3500 ms")
