@@ -1,10 +1,11 @@
-"""Opening Redis clients (sync and asyncio), and the one translation of their errors into ``StoreError``.
+"""Opening Redis clients, sync and asyncio, and the one translation of their errors into ``StoreError``.
 
 Every store module raises ``StoreError`` (never a redis-py exception) through
 :func:`store_errors`; :func:`connect` and :func:`aconnect` bound every socket wait so no store
-call can hang. On a ``sentinel://`` URL the client asks the Sentinels for the primary and asks again when it
-moves (redis-py's ``SentinelConnectionPool``): a connection error or a ``READONLY`` reply
-drops the pool's connections, and the next command goes to the primary the Sentinels name.
+call can hang. On a ``sentinel://`` URL the client asks the Sentinels for the primary and
+asks again when it moves (redis-py's ``SentinelConnectionPool``): a connection error or a
+``READONLY`` reply drops the pool's connections, and the next command goes to the primary
+the Sentinels name.
 """
 
 from __future__ import annotations
