@@ -803,7 +803,7 @@ def _print_stacks(threads: list[threading.Thread], show: Callable[[str], str]) -
 
 def _audit_watchdog(report: Report, watch: Watch, settings: Settings) -> None:
     interval_ms = int(settings.watchdog.interval_s * 1000)
-    report.sweeps = len(watch.pulse.sweeps_ms)
+    report.sweeps = len(watch.pulse.sweeps_ms) + watch.pulse.missed  # the watchdog's count
     report.worst_sweep_gap_ms, report.worst_sweep_gap_at = watch.pulse.worst_gap(reconnect_ms=RECONNECT_MS)
     report.sweep_gap_limit_ms = interval_ms + 1000
     budget_ms = int(settings.lease.ttl_s * 1000) + interval_ms + 2000 + watch.allowance_ms

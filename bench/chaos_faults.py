@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import signal
 import sys
@@ -27,7 +26,7 @@ from workers.errors import LoopDetected, StoreError
 from workers.settings import Settings
 from workers.store.ledger import Ledger
 from workers.store.records import CallField
-from workers.store.watchdog_liveness import WatchdogLiveness
+from workers.store.watchdog_liveness import SweepRecord, WatchdogLiveness
 
 __all__ = [
     "RECONNECT_MS",
@@ -57,11 +56,21 @@ RECONNECT_MS = 5000
 
 @dataclass
 class SweepPulse:
-    """Every completed sweep seen during the run, and the Redis outages to excuse."""
+    """Every sweep gap of the run, as the watchdog itself recorded it, and the outages to excuse.
+
+    Each completed sweep's record names the gap before it (``last_gap_ms``), so a gap is
+    exact even when this thread, polling, saw the sweeps on either side of it late. When it
+    missed whole sweeps (the sweep counter jumped) and the watchdog's worst gap grew
+    meanwhile, that unseen gap is placed as late as it can have ended.
+    """
 
     ledger: Ledger
     sweeps_ms: list[int] = field(default_factory=list)
+    gaps_ms: list[tuple[int, int]] = field(default_factory=list)  # (previous sweep, this sweep)
     outages_ms: list[tuple[int, int]] = field(default_factory=list)
+    missed: int = 0
+    started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    _seen: SweepRecord | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -84,7 +93,19 @@ class SweepPulse:
             with contextlib.suppress(StoreError):
                 record = liveness.last()
                 if record is not None and (not self.sweeps_ms or record.last_sweep_ms > self.sweeps_ms[-1]):
-                    self.sweeps_ms.append(record.last_sweep_ms)
+                    self.note(record)
+
+    def note(self, record: SweepRecord) -> None:
+        """A sweep record newer than the last one seen."""
+        seen, self._seen = self._seen, record
+        self.sweeps_ms.append(record.last_sweep_ms)
+        previous_ms = record.last_sweep_ms - record.last_gap_ms
+        if record.last_gap_ms >= 0 and previous_ms >= self.started_ms:
+            self.gaps_ms.append((previous_ms, record.last_sweep_ms))
+        if seen is not None and record.sweeps > seen.sweeps + 1:
+            self.missed += record.sweeps - seen.sweeps - 1
+            if record.max_gap_ms > max(seen.max_gap_ms, record.last_gap_ms):
+                self.gaps_ms.append((previous_ms - record.max_gap_ms, previous_ms))
 
     def worst_gap(self, reconnect_ms: int) -> tuple[int, str]:
         """The longest wait for a sweep the watchdog can be blamed for, and where it was.
@@ -94,11 +115,9 @@ class SweepPulse:
         the outage is still seen.
         """
         worst, where = 0, "no gap"
-        first = self.sweeps_ms[0] if self.sweeps_ms else 0
-        for a, b in itertools.pairwise(self.sweeps_ms):
-            overlapping = [
-                (start, end) for start, end in self.outages_ms if a < end + reconnect_ms and b > start
-            ]
+        first = self.started_ms
+        for a, b in self.gaps_ms:
+            overlapping = [(s, e) for s, e in self.outages_ms if a < e + reconnect_ms and b > s]
             counted_from = max([a, *(end + reconnect_ms for _, end in overlapping)])
             if b - counted_from > worst:
                 worst = b - counted_from

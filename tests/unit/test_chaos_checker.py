@@ -17,6 +17,7 @@ from bench.chaos_failover import (
 from bench.chaos_faults import SweepPulse
 from workers import ToolResult
 from workers.core.models import TextBlock
+from workers.store.watchdog_liveness import SweepRecord
 
 
 def _execution(call: str, attempt: int, execution: str, *, idempotent: bool = False) -> dict[str, object]:
@@ -94,10 +95,17 @@ def test_history_reads_back_what_the_agents_were_handed(tmp_path: Path) -> None:
     assert (batch.session, batch.run, batch.submitted_ms, batch.results) == ("s", "r0", 5, [result])
 
 
+def _pulse(*sweeps: tuple[int, int, int, int]) -> SweepPulse:
+    """A pulse that saw these records: (last sweep, gap before it, worst gap, count)."""
+    pulse = SweepPulse(ledger=None, started_ms=0)  # type: ignore[arg-type]  # only records are read
+    for last, gap, worst, count in sweeps:
+        pulse.note(SweepRecord(last_sweep_ms=last, last_gap_ms=gap, max_gap_ms=worst, sweeps=count))
+    return pulse
+
+
 def test_a_sweep_gap_across_an_outage_counts_from_its_end_plus_the_reconnect_allowance() -> None:
     # Given sweeps every second, then none from an outage (10.0-11.0 s) until 16.5 s
-    pulse = SweepPulse(ledger=None)  # type: ignore[arg-type]  # only the recorded sweeps are read
-    pulse.sweeps_ms = [*range(0, 10_001, 1000), 16_500, 17_500]
+    pulse = _pulse(*[(t, 1000, 1000, t // 1000) for t in range(1000, 10_001, 1000)], (16_500, 6500, 6500, 11))
     pulse.outage(10_000, 11_000)
     # When the watchdog may take 2 s to reconnect
     worst, where = pulse.worst_gap(reconnect_ms=2000)
@@ -107,7 +115,21 @@ def test_a_sweep_gap_across_an_outage_counts_from_its_end_plus_the_reconnect_all
 
 
 def test_a_sweep_gap_away_from_any_outage_counts_whole() -> None:
-    pulse = SweepPulse(ledger=None)  # type: ignore[arg-type]
-    pulse.sweeps_ms = [0, 1000, 3500, 4500]
+    pulse = _pulse((1000, 1000, 1000, 1), (3500, 2500, 2500, 2), (4500, 1000, 2500, 3))
     pulse.outage(20_000, 21_000)
     assert pulse.worst_gap(reconnect_ms=2000) == (2500, "sweeps at +1000 and +3500 ms")
+
+
+def test_sweeps_the_pulse_saw_late_keep_their_own_gaps() -> None:
+    # Given sweeps each 1 s apart, the pulse seeing only every third (it was held up)
+    pulse = _pulse((1000, 1000, 1000, 1), (4000, 1000, 1000, 4), (7000, 1000, 1000, 7))
+    # Then no 3 s gap is made up, and the sweeps it missed are counted
+    assert pulse.worst_gap(reconnect_ms=2000)[0] == 1000
+    assert pulse.missed == 4
+
+
+def test_a_gap_among_missed_sweeps_counts_from_the_watchdogs_worst() -> None:
+    # Given the watchdog's worst gap grew to 2.6 s among sweeps the pulse did not see
+    pulse = _pulse((1000, 1000, 1000, 1), (7000, 1000, 2600, 4))
+    # Then that gap is counted, placed as late as it can have ended
+    assert pulse.worst_gap(reconnect_ms=2000) == (2600, "sweeps at +3400 and +6000 ms")
