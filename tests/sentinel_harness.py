@@ -196,6 +196,12 @@ class LocalSentinels:
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=5)
 
+    def primary_stopped(self, stopped: bool) -> None:
+        """SIGSTOP the first primary (its connections stay open and silent), or SIGCONT it."""
+        process = self.primary.process
+        assert process is not None
+        os.kill(process.pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
     def replica_stopped(self, stopped: bool) -> None:
         """SIGSTOP the replica (it falls behind: nothing reaches it), or SIGCONT it."""
         process = self.replica.process

@@ -157,7 +157,11 @@ class RedisSettings(BaseModel):
         description="url names a node of a Redis Cluster: the store uses a cluster client "
         "(Celery cannot: set broker.url to a single Redis or RabbitMQ)",
     )
-    socket_timeout_s: Seconds = Field(2.0, description="seconds one Redis command may take before it fails")
+    socket_timeout_s: Seconds = Field(
+        2.0,
+        description="seconds one Redis command may take before it fails; a worker also drops a "
+        "broker BRPOP whose reply is this much overdue (a silent primary)",
+    )
     socket_connect_timeout_s: Seconds = Field(1.0, description="seconds a connection to Redis may take")
     min_replica_acks: int | None = Field(
         None,

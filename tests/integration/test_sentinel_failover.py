@@ -67,6 +67,38 @@ def test_calls_are_answered_through_the_new_primary_after_a_failover(
     print(f"promotion {promoted_s:.1f}s after the kill; five calls answered {answered_s:.1f}s after it")
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_leaves_a_silent_primary_for_the_promoted_replica(
+    sentinels: LocalSentinels, worker_on: WorkerOn, gateway_on: GatewayOn
+) -> None:
+    # Given a worker and a gateway on the Sentinel list, answering through the first primary
+    env = base_env(sentinels.url, UNSTUCK_REDIS__SENTINEL_MASTER=sentinels.master)
+    worker_on(env)
+    gateway = gateway_on(env)
+    assert [(r.text, r.is_error) for r in _echo(gateway, "before", "one")] == [("one", False)]
+    # When the primary stops answering without closing a connection (SIGSTOP: the worker's
+    # BRPOP on it gets no reply, as behind a partition) and the Sentinels promote the replica
+    sentinels.primary_stopped(True)
+    try:
+        stopped = time.monotonic()
+        sentinels.await_promotion()
+        after = _echo(gateway, "after", "two")
+        answered_s = time.monotonic() - stopped
+        still_stopped = sentinels.primary.process is not None and _stopped(sentinels.primary.process.pid)
+    finally:
+        sentinels.primary_stopped(False)
+    # Then the worker ran the call through the new primary while the old one was still silent,
+    # well before kombu's default check (a reply 1 + 25 s overdue) would have dropped its BRPOP
+    assert [(r.text, r.is_error) for r in after] == [("two", False)]
+    assert still_stopped
+    assert answered_s < 15, f"answered {answered_s:.1f}s after the primary stopped"
+    print(f"call answered {answered_s:.1f}s after the primary stopped")
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("T")
+
+
 @dataclass
 class _Handed:
     """What one agent was handed for one call: the checker's own history, kept outside Redis."""

@@ -23,6 +23,15 @@ def test_redis_broker_keeps_visibility_timeout_and_classic_queues() -> None:
     assert "task_default_queue_type" not in config
 
 
+def test_a_redis_broker_drops_a_brpop_overdue_by_one_command_timeout() -> None:
+    # kombu drops a BRPOP connection whose reply is brpop_timeout + health_check_interval
+    # overdue: a worker leaves a silent (stopped, partitioned) primary after that, not 26 s.
+    settings = Settings(redis={"url": REDIS, "socket_timeout_s": 3.5})
+    options = celery_config(settings)["broker_transport_options"]
+    assert isinstance(options, dict)
+    assert options["health_check_interval"] == 3.5
+
+
 @pytest.mark.parametrize(
     "url", ["amqp://guest:guest@127.0.0.1:5672//", "amqps://u:p@mq.example:5671/v", "pyamqp://h//"]
 )

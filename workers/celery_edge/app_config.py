@@ -74,6 +74,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": visibility_s,
             "socket_connect_timeout": publish_s,
             "socket_timeout": max(publish_s, 2.0),
+            # A live Redis answers a worker's BRPOP within its 1 s server-side timeout; a
+            # stopped or partitioned primary never answers and no socket timeout applies to
+            # the event loop's wait, so the worker would keep waiting on it through a
+            # failover. kombu drops a BRPOP whose reply is this much overdue (checked this
+            # often): the wait one Redis command may take. 25 s by default.
+            "health_check_interval": settings.redis.socket_timeout_s,
         },
         "result_backend_transport_options": {"visibility_timeout": visibility_s},
         "visibility_timeout": visibility_s,
