@@ -31,6 +31,7 @@ from tests.harness import (
     settings_in_env,
     start_worker,
 )
+from tests.sentinel_harness import LocalSentinels
 from tests.signing import SigningFiles, kombu_registry_restored, make_signing_files
 from workers.gateway.client import ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis
@@ -61,6 +62,14 @@ def redis_cluster(redis_server: EmbeddedRedis) -> Iterator[LocalCluster | None]:
     register_cluster(cluster.url, redis_server.url)
     yield cluster
     cluster.close()
+
+
+@pytest.fixture
+def sentinels() -> Iterator[LocalSentinels]:
+    """A primary, its replica and three Sentinels of the test's own (tests/sentinel_harness.py)."""
+    topology = LocalSentinels().start()
+    yield topology
+    topology.close()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,13 +19,6 @@ from tests.harness import GatewayOn, WorkerOn, base_env, recorded_runs, wait_unt
 from tests.sentinel_harness import LocalSentinels
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.store.duplicates import duplicate_count
-
-
-@pytest.fixture
-def sentinels() -> Iterator[LocalSentinels]:
-    topology = LocalSentinels().start()
-    yield topology
-    topology.close()
 
 
 def _echo(gateway: ToolGateway, run: str, text: str) -> list[ToolResult]:

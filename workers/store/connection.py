@@ -19,8 +19,9 @@ import redis.asyncio as aredis
 from redis.asyncio.sentinel import Sentinel as ASentinel
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.cluster import RedisCluster
+from redis.connection import SSLConnection
 from redis.exceptions import RedisClusterException
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url
 from workers.errors import StoreError
@@ -75,6 +76,26 @@ def _sentinels(cls: type[_S], sentinel: SentinelAccess, timeout_s: float, connec
     return found
 
 
+class _WholeReplySentinelConnection(SentinelManagedConnection):
+    """redis-py's Sentinel connection, closed when a read is cut short, as a plain one is.
+
+    redis-py's Sentinel connection reads with ``disconnect_on_error=False``, so an interrupt
+    raised inside a read (a soft time limit, a cancel: both ``BaseException``) left it open
+    with the reply still on its way, and the pool handed it to the next command, which read
+    that reply as its own, and every command after it one reply late. A closed connection is
+    opened again by its next command.
+    """
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        """Read one reply; a read cut short closes the connection (unless a caller says not to)."""
+        kwargs.setdefault("disconnect_on_error", True)
+        return super().read_response(*args, **kwargs)
+
+
+class _WholeReplySentinelSSLConnection(_WholeReplySentinelConnection, SSLConnection):
+    """The same over TLS."""
+
+
 def connect(
     url: str,
     *,
@@ -94,7 +115,10 @@ def connect(
     followed = _sentinel_of(url, sentinel)
     if followed is not None:
         sentinels = _sentinels(Sentinel, followed, socket_timeout_s, socket_connect_timeout_s)
-        primary: redis.Redis = sentinels.master_for(followed.master, health_check_interval=5)  # type: ignore[no-untyped-call]
+        connection_class = _WholeReplySentinelSSLConnection if followed.tls else _WholeReplySentinelConnection
+        primary: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+            followed.master, health_check_interval=5, connection_class=connection_class
+        )
         return primary
     if cluster:
         client = RedisCluster.from_url(
