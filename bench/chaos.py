@@ -54,6 +54,7 @@ from bench.chaos_faults import (
     hog_every_slot,
     kill_everything,
     unattended_failures,
+    unexpected_task_errors,
 )
 from tests.harness import (
     LocalCluster,
@@ -216,6 +217,7 @@ class Cluster:
     workers: list[Proc] = field(default_factory=list)
     others: list[Proc] = field(default_factory=list)
     strays: list[int] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)  # of every worker and watchdog, killed ones too
     started: int = 0
     refused_starts: int = 0  # a worker started while no primary is named exits 2; restarted
 
@@ -234,6 +236,7 @@ class Cluster:
                 time.sleep(1.0)  # the supervisor's restart delay, not a condition to await
                 continue
             self.workers.append(proc)
+            self.logs.append(proc.log_path)
             return proc
         raise AssertionError("unreachable")
 
@@ -364,6 +367,7 @@ class Report:
     duplicate_executions: int = 0
     idempotent_reruns: int = 0  # an idempotent tool run again under a new attempt: by design
     duplicate_examples: list[str] = field(default_factory=list)
+    unexpected: Counter[str] = field(default_factory=Counter)  # task errors no task should raise
 
     def failures(self, grace_ms: int, errors: list[str]) -> list[str]:
         gap_ok = self.worst_sweep_gap_ms <= self.sweep_gap_limit_ms
@@ -384,6 +388,7 @@ class Report:
                 f"duplicate executions {self.duplicate_executions} > 1% of {self.calls} calls",
             ),
             (self.stuck_sessions == 0, f"stuck sessions {self.stuck_sessions}"),
+            (not self.unexpected, f"tasks raised unexpected errors {dict(self.unexpected)}"),
             (self.worst_batch_ms <= grace_ms, f"worst return {self.worst_batch_ms} ms past deadline"),
             (not errors, f"errors: {errors[:5]}"),
         ]
@@ -614,6 +619,7 @@ def run(options: Options) -> int:
         for _ in range(options.workers):
             cluster.add_worker()
         cluster.others.append(start_watchdog(cluster.env))
+        cluster.logs.append(cluster.others[-1].log_path)
         cluster.others.append(start_beat(cluster.env))
         tally, stop = Tally(history=history), threading.Event()
         agents = [
@@ -653,6 +659,7 @@ def run(options: Options) -> int:
             _audit_watchdog(report, watch, settings)
         finally:
             auditor.close()
+        report.unexpected = unexpected_task_errors(path.read_text(errors="replace") for path in cluster.logs)
         executions = history.executions()
         report.executions = len(executions)
         report.duplicate_executions, report.idempotent_reruns, report.duplicate_examples = (
@@ -820,7 +827,8 @@ def _print_report(report: Report, tally: Tally, grace_ms: int) -> int:
         f"late (audit only) {report.late}, messages republished {report.republished}\n"
         f"worst answer vs deadline: batch return {report.worst_batch_ms:+d} ms, ledger write "
         f"{report.worst_call_ms:+d} ms (limit {grace_ms} ms; {report.worst_call or 'none'})\n"
-        f"stuck sessions {report.stuck_sessions}\n"
+        f"stuck sessions {report.stuck_sessions}, tasks that raised unexpected errors "
+        f"{sum(report.unexpected.values())}\n"
         f"watchdog: {report.sweeps} sweeps, worst gap {report.worst_sweep_gap_ms} ms (counted from "
         f"{RECONNECT_MS // 1000} s after "
         f"any Redis outage; limit {report.sweep_gap_limit_ms} ms); unattended runs answered by it "

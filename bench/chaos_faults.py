@@ -6,18 +6,23 @@
   that is not there);
 * :func:`hog_every_slot` fills every pool slot with tools that ignore their limits;
 * :func:`kill_everything` SIGKILLs every tool worker host and the agent processes of some
-  unattended runs at once: only the watchdog is left to answer those calls.
+  unattended runs at once: only the watchdog is left to answer those calls;
+* :func:`unexpected_task_errors` reads the workers' logs for tasks that raised what no task
+  should (a ``TypeError`` in our own code answers a call ``crashed`` like a real crash does,
+  so only the logs tell them apart).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tests.harness import Proc, kill_pids, wait_until
@@ -35,6 +40,7 @@ __all__ = [
     "hog_every_slot",
     "kill_everything",
     "unattended_failures",
+    "unexpected_task_errors",
 ]
 
 _UNATTENDED = """
@@ -224,3 +230,21 @@ def unattended_failures(
                 f"(claimed {claimed:+d} ms, sweeps at {sweeps} ms)"
             )
     return failures
+
+
+_UNEXPECTED = re.compile(r"\] Task .* raised unexpected: (\w+)\(")
+
+#: A soft time limit that fires after the tool returned, while the worker writes its answer
+#: (a deciding write waits up to a second for its replica), leaves the task as Celery's
+#: "unexpected" error; the answer is delivered by whoever decides it next.
+_EXPECTED_INTERRUPTS = frozenset({"SoftTimeLimitExceeded"})
+
+
+def unexpected_task_errors(logs: Iterable[str]) -> Counter[str]:
+    """Per exception type, the tasks of the logs (worker, watchdog) that raised what none should."""
+    found: Counter[str] = Counter()
+    for log in logs:
+        for match in _UNEXPECTED.finditer(log):
+            if match.group(1) not in _EXPECTED_INTERRUPTS:
+                found[match.group(1)] += 1
+    return found

@@ -14,7 +14,7 @@ from bench.chaos_failover import (
     first_answers_ms,
     sentinel_kinds,
 )
-from bench.chaos_faults import SweepPulse
+from bench.chaos_faults import SweepPulse, unexpected_task_errors
 from workers import ToolResult
 from workers.core.models import TextBlock
 from workers.store.watchdog_liveness import SweepRecord
@@ -133,3 +133,25 @@ def test_a_gap_among_missed_sweeps_counts_from_the_watchdogs_worst() -> None:
     pulse = _pulse((1000, 1000, 1000, 1), (7000, 1000, 2600, 4))
     # Then that gap is counted, placed as late as it can have ended
     assert pulse.worst_gap(reconnect_ms=2000) == (2600, "sweeps at +3400 and +6000 ms")
+
+
+def test_only_errors_no_task_should_raise_are_counted_from_the_workers_logs() -> None:
+    # Lines as Celery logs them (the soak's worker and watchdog logs), from chaos seed 567986103
+    worker = "\n".join(
+        [
+            "[2026-12-02 15:31:20,834: ERROR/ForkPoolWorker-17] Task sleepy [chaos-6/r0][chaos-6/r0/c175#0] "
+            "raised unexpected: SoftTimeLimitExceeded()",
+            "[2026-12-02 15:31:20,865: ERROR/ForkPoolWorker-17] Task echo [chaos-3/r0][chaos-3/r0/c177#0] "
+            "raised unexpected: TypeError(\"'int' object is not subscriptable\")",
+            "[2026-12-02 15:31:21,205: ERROR/ForkPoolWorker-17] Task sleepy [chaos-4/r0][chaos-4/r0/c169#0] "
+            'raised unexpected: TypeError("int() argument must be a string")',
+            "[2026-12-02 15:31:17,410: INFO/ForkPoolWorker-16] Task boom [chaos-3/r0][chaos-3/r0/c172#0] "
+            "raised expected: ToolFailed(\"tool_error: Tool 'boom' failed\")",
+        ]
+    )
+    watchdog = (
+        "[2026-12-02 15:31:22,000: ERROR/ForkPoolWorker-1] Task unstuck.watchdog.sweep[48f1] "
+        "raised unexpected: AttributeError('x')"
+    )
+    assert unexpected_task_errors([worker, watchdog]) == {"TypeError": 2, "AttributeError": 1}
+    assert unexpected_task_errors([worker.splitlines()[0]]) == {}
