@@ -12,12 +12,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import kombu
 import pytest
 import redis
+from redis.sentinel import SentinelConnectionPool
 
 from tests.harness import GatewayOn, WorkerOn, base_env, recorded_runs, wait_until
 from tests.sentinel_harness import LocalSentinels
 from workers import ToolCall, ToolGateway, ToolResult
+from workers.celery_edge.app_config import celery_config
+from workers.settings import Settings
+from workers.store.connection import connect
 from workers.store.duplicates import duplicate_count
 
 
@@ -89,6 +94,33 @@ def test_a_worker_leaves_a_silent_primary_for_the_promoted_replica(
 
 def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("T")
+
+
+def test_a_dead_sentinel_first_in_the_list_costs_no_wait(sentinels: LocalSentinels) -> None:
+    # Given the store's client and a broker connection, both through the Sentinel list
+    settings = Settings(redis={"url": sentinels.url, "sentinel_master": sentinels.master})
+    access = settings.redis.sentinel_access()
+    client = connect(sentinels.url, socket_timeout_s=2.0, socket_connect_timeout_s=1.0, sentinel=access)
+    pool = client.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    pool.get_master_address()  # type: ignore[no-untyped-call]
+    options = celery_config(settings)["broker_transport_options"]
+    broker = kombu.Connection(settings.broker_url, transport_options=options)
+    # When the Sentinel each asks first is SIGKILLed (it answered last, so it leads the list)
+    first = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs["port"]
+    next(s for s in sentinels.sentinels if s.port == first).kill()
+    # Then both find the primary through the next Sentinel at once, where redis-py's default
+    # retry spent 3 s of backoff on the dead one first
+    started = time.monotonic()
+    assert pool.get_master_address()[1] == sentinels.primary.port  # type: ignore[no-untyped-call]
+    store_s = time.monotonic() - started
+    started = time.monotonic()
+    broker.ensure_connection(max_retries=1)
+    broker_s = time.monotonic() - started
+    broker.release()
+    client.close()
+    assert store_s < 1.0, f"store: {store_s:.2f}s"
+    assert broker_s < 1.0, f"broker: {broker_s:.2f}s"
 
 
 @dataclass

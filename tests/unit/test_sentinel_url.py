@@ -95,6 +95,8 @@ def test_celery_is_told_the_master_name_for_broker_and_result_backend() -> None:
     assert config["broker_url"] == THREE
     assert config["broker_transport_options"]["master_name"] == "m"
     assert config["broker_transport_options"]["sentinel_kwargs"]["password"] == "pw"
+    # one attempt per Sentinel: redis-py asks the next itself (its default retry backs off 3 s)
+    assert config["broker_transport_options"]["sentinel_kwargs"]["retry"] is None
     assert config["broker_transport_options"]["visibility_timeout"] >= 3600  # kept beside it
     assert config["result_backend_transport_options"]["master_name"] == "m"
     assert "broker_use_ssl" not in config

@@ -122,7 +122,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def _sentinel_options(settings: Settings) -> dict[str, Any]:
     """The Sentinel options of kombu and Celery: the primary's name and the Sentinels' own auth."""
     options: dict[str, Any] = {"master_name": settings.redis.sentinel_master}
-    sentinel_kwargs: dict[str, Any] = {"socket_timeout": settings.redis.socket_timeout_s}
+    # One attempt per Sentinel (as the store's clients): redis-py asks the next one itself.
+    sentinel_kwargs: dict[str, Any] = {"socket_timeout": settings.redis.socket_timeout_s, "retry": None}
     if settings.redis.sentinel_password.get_secret_value():
         sentinel_kwargs["password"] = settings.redis.sentinel_password.get_secret_value()
     if settings.redis.sentinel_tls:
