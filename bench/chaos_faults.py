@@ -234,10 +234,16 @@ def unattended_failures(
 
 _UNEXPECTED = re.compile(r"\] Task .* raised unexpected: (\w+)\(")
 
-#: A soft time limit that fires after the tool returned, while the worker writes its answer
-#: (a deciding write waits up to a second for its replica), leaves the task as Celery's
-#: "unexpected" error; the answer is delivered by whoever decides it next.
-_EXPECTED_INTERRUPTS = frozenset({"SoftTimeLimitExceeded"})
+
+def _store_errors(cls: type[BaseException] = StoreError) -> frozenset[str]:
+    return frozenset({cls.__name__}).union(*(_store_errors(sub) for sub in cls.__subclasses__()))
+
+
+#: What a task may raise under the soak's faults, its answer then delivered by whoever decides
+#: it next: Redis gone or refusing (``StoreError`` and below), and a soft time limit that fires
+#: after the tool returned, while the worker writes its answer (a deciding write waits up to a
+#: second for its replica).
+_EXPECTED_INTERRUPTS = frozenset({"SoftTimeLimitExceeded"}) | _store_errors()
 
 
 def unexpected_task_errors(logs: Iterable[str]) -> Counter[str]:

@@ -155,3 +155,6 @@ def test_only_errors_no_task_should_raise_are_counted_from_the_workers_logs() ->
     )
     assert unexpected_task_errors([worker, watchdog]) == {"TypeError": 2, "AttributeError": 1}
     assert unexpected_task_errors([worker.splitlines()[0]]) == {}
+    # Redis gone or refusing under the soak's faults: expected, as the soft limit is
+    outage = "[t: ERROR/ForkPoolWorker-2] Task echo [s/r0][s/r0/c1#0] raised unexpected: ReadOnlyRedis('x')"
+    assert unexpected_task_errors([outage]) == {}
