@@ -428,3 +428,38 @@ def test_a_primary_that_lists_no_replica_keeps_its_wait_while_the_sentinels_know
     assert ack_wait_of(info, wanted=None, timeout_ms=100, known_alive=known_alive) == expected
     # a configured redis.min_replica_acks is what it says, whatever the Sentinels know
     assert ack_wait_of(info, wanted=0, timeout_ms=100, known_alive=known_alive) == AckWait(0, 100)
+
+
+class _Stopped(_Client):
+    """A primary named by the Sentinels that stopped answering: its INFO times out."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__(1)
+        self.clock = clock
+        self.connection_pool = _Named()
+
+    def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.clock.now += 0.1
+        raise redis.TimeoutError("Timeout reading from socket")
+
+
+def test_reads_stay_confirmed_while_the_wait_cannot_be_decided_again() -> None:
+    # Given a process whose deciding writes wait for a replica
+    clock = _Clock()
+    acks = ReplicaAcks(None, 100, 0.5, clock=clock)
+    assert acks.confirmed(_Client(1), lambda seal: ["reply", 1]) == ["reply"]
+    # When its primary stops answering, so that a write's WAIT cannot be decided again
+    # before its retry budget is spent (a failover under way)
+    clock.now += 6.0  # the decision is due again
+
+    def unsent(seal: Any) -> list[Any]:
+        raise AssertionError("not sent without a decided WAIT")
+
+    with pytest.raises(ReplicasBehind):
+        acks.confirmed(_Stopped(clock), unsent)
+    # Then reads are still confirmed: what a done signal carried is re-read behind a WAIT,
+    # never handed on as read from a primary that may be about to lose it
+    assert acks.fencing
+    # and the WAIT is decided again from the INFO of the primary that answers next
+    assert acks.wait_for(_Client(0)).acks == 0
+    assert not acks.fencing

@@ -291,8 +291,11 @@ class ReplicaAcks:
         if now - self._last_warned >= 5.0:
             self._last_warned = now
             log.warning("a deciding write is sent again: %s (waiting for %d replica(s))", why, acks)
-        if self.wanted is None:
-            self._waits.pop(primary, None)
+        if self.wanted is None and held is not None:
+            # Decided again at the next sending, and meanwhile still known: a reader asks
+            # ``fencing`` between sendings, and "never decided" would hand on what a
+            # signal carried unconfirmed (chaos seed 31: read from a resumed old primary).
+            self._waits[primary] = (held[0], float("-inf"))
 
     def confirmed(
         self,
