@@ -7,13 +7,10 @@ being answered, now through the new primary, without restarting anything.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import kombu
 import pytest
@@ -24,11 +21,9 @@ from tests.harness import GatewayOn, WorkerOn, base_env, recorded_runs, wait_unt
 from tests.sentinel_harness import LocalSentinels
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.celery_edge.app_config import celery_config
-from workers.errors import ReplicasBehind
 from workers.settings import Settings
 from workers.store.connection import connect
 from workers.store.duplicates import duplicate_count
-from workers.store.replica_acks import ReplicaAcks, Seal
 
 
 def _echo(gateway: ToolGateway, run: str, text: str) -> list[ToolResult]:
@@ -212,58 +207,3 @@ def test_agents_under_load_lose_no_delivered_result_when_the_primary_dies(
         f" {again} duplicate executions, error reasons {failed}, slowest call {slowest:.1f}s,"
         f" first call submitted after the kill answered {first_new:.1f}s after it"
     )
-
-
-def _replicas_listed_by(port: int) -> int:
-    client = redis.Redis(port=port, socket_timeout=1)
-    try:
-        return int(client.info("replication")["connected_slaves"])
-    finally:
-        client.close()
-
-
-def test_a_primary_cut_off_from_a_replica_the_sentinels_know_alive_is_no_lone_redis(
-    sentinels: LocalSentinels,
-) -> None:
-    # Given the store's client through the Sentinels; its deciding writes wait for the replica
-    settings = Settings(redis={"url": sentinels.url, "sentinel_master": sentinels.master})
-    access = settings.redis.sentinel_access()
-    client = connect(sentinels.url, socket_timeout_s=2.0, socket_connect_timeout_s=1.0, sentinel=access)
-    assert ReplicaAcks(wanted=None, timeout_ms=200, retry_s=1.0).wait_for(client).acks == 1
-    # When the replica leaves the primary while the Sentinels still know it alive (as when they
-    # promote it while the primary is stopped, and the primary resumes before being demoted)
-    replica = redis.Redis(port=sentinels.replica.port, socket_timeout=2)
-    replica.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
-    wait_until(lambda: _replicas_listed_by(sentinels.primary.port) == 0, timeout_s=10, what="replica gone")
-    # Then the primary is not taken for a lone Redis: a deciding write keeps its WAIT, which
-    # no replica answers now, and is not treated as decided
-    acks = ReplicaAcks(wanted=None, timeout_ms=200, retry_s=1.0)
-    assert acks.wait_for(client).acks == 1
-
-    def write(seal: Seal) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        pipe.set("decided", "on the old primary only")
-        seal(pipe)
-        return pipe.execute()
-
-    with pytest.raises(ReplicasBehind):
-        acks.confirmed(client, write)
-    # and once that replica is dead (s_down), the primary is written as a lone Redis is
-    os.kill(sentinels.replica.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
-    wait_until(lambda: not _known_alive(sentinels), timeout_s=15, interval_s=0.1, what="replica s_down")
-    assert ReplicaAcks(wanted=None, timeout_ms=200, retry_s=1.0).wait_for(client).acks == 0
-    replica.close()
-    client.close()
-
-
-def _known_alive(sentinels: LocalSentinels) -> bool:
-    """Whether a Sentinel lists a replica of the primary that it does not hold down."""
-    for sentinel in sentinels.sentinels:
-        client = redis.Redis(port=sentinel.port, socket_timeout=1, decode_responses=True)
-        try:
-            replicas = client.sentinel_slaves(sentinels.master)
-        finally:
-            client.close()
-        if any(not (r["is_sdown"] or r["is_odown"]) for r in replicas):
-            return True
-    return False

@@ -407,29 +407,6 @@ def test_a_cluster_write_names_its_slot() -> None:
         ReplicaAcks(None, 100, 1.0).confirmed(_ClusterClient(_Node("n")), lambda seal: ["reply"])
 
 
-@pytest.mark.parametrize(
-    ("info", "known_alive", "expected"),
-    [
-        # cut off from a replica the Sentinels know alive: not a lone Redis, the WAIT stays
-        ({"connected_slaves": 0, "redis_version": "7.0.15"}, 1, AckWait(1, 100)),
-        # no replica anywhere, or only a dead one (s_down, not counted): a lone Redis
-        ({"connected_slaves": 0, "redis_version": "7.0.15"}, 0, AckWait(0, 100)),
-        # a replica listed while it loads its first copy: it decides, not the Sentinels
-        (
-            {"connected_slaves": 1, "slave0": {"state": "send_bulk"}, "redis_version": "7.0.15"},
-            1,
-            AckWait(0, 100),
-        ),
-    ],
-)
-def test_a_primary_that_lists_no_replica_keeps_its_wait_while_the_sentinels_know_one_alive(
-    info: dict[str, Any], known_alive: int, expected: AckWait
-) -> None:
-    assert ack_wait_of(info, wanted=None, timeout_ms=100, known_alive=known_alive) == expected
-    # a configured redis.min_replica_acks is what it says, whatever the Sentinels know
-    assert ack_wait_of(info, wanted=0, timeout_ms=100, known_alive=known_alive) == AckWait(0, 100)
-
-
 class _Stopped(_Client):
     """A primary named by the Sentinels that stopped answering: its INFO times out."""
 

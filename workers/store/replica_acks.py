@@ -38,15 +38,6 @@ write; and a fence sent to a node that no longer owns the slot never holds (it i
 answers ``MOVED``, or, cut off from the replica promoted in its place, counts no replica),
 so a script the cluster client sent elsewhere is sent again rather than trusted.
 
-Through the Sentinels a primary whose ``INFO`` lists no replica at all is not taken for a lone
-Redis while the Sentinels know a live replica of it (not ``s_down``): that is a primary cut
-off from its replica, a stopped one resumed while the Sentinels promote that replica (its
-writes are discarded when it is demoted) or a promoted one whose old primary is back but not
-yet its replica. Its deciding writes keep their WAIT, so they are sent again until the
-Sentinels name a primary with a replica, or one whose replica is dead (``s_down``: then
-availability first, as above). Deciding from ``INFO`` alone delivered a result read from a
-resumed old primary that the promoted one never held (chaos seed 31).
-
 Through the Sentinels, a process whose first deciding write finds no primary to read ``INFO``
 from (the old one dead or stopped, the replica not yet promoted) sends it again like any
 other until a primary answers: failing it would answer the call ``dispatch_failed`` with
@@ -143,12 +134,6 @@ def _version(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def _replicas_listed(info: Mapping[str, Any]) -> int:
-    """The replicas ``info`` lists, in sync or not."""
-    listed = sum(1 for key in info if _REPLICA_FIELD.fullmatch(str(key)))
-    return listed or int(info.get("connected_slaves", 0) or 0)
-
-
 def _replicas_in_sync(info: Mapping[str, Any]) -> int:
     """The replicas ``info`` lists as ``online``; ``connected_slaves`` where it lists none.
 
@@ -163,16 +148,9 @@ def _replicas_in_sync(info: Mapping[str, Any]) -> int:
     return sum(1 for value in listed if isinstance(value, Mapping) and "online" in value.values())
 
 
-def ack_wait_of(
-    info: Mapping[str, Any], *, wanted: int | None, timeout_ms: int, known_alive: int = 0
-) -> AckWait:
-    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, else 1 with a replica in sync.
-
-    ``known_alive``: the live replicas the Sentinels know of, which count when ``info`` lists
-    no replica at all (see the module docstring).
-    """
-    expected = _replicas_in_sync(info) or (known_alive if _replicas_listed(info) == 0 else 0)
-    acks = wanted if wanted is not None else (1 if expected > 0 else 0)
+def ack_wait_of(info: Mapping[str, Any], *, wanted: int | None, timeout_ms: int) -> AckWait:
+    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, else 1 with a replica in sync."""
+    acks = wanted if wanted is not None else (1 if _replicas_in_sync(info) > 0 else 0)
     aof = (
         str(info.get("aof_enabled", "0")) == "1"
         and _version(str(info.get("redis_version", ""))) >= _WAITAOF_SINCE
@@ -202,9 +180,7 @@ class ReplicaAcks:
             return True
         return self.wanted is None and self.clock() - held[1] >= _REDECIDE_S
 
-    def _decide(
-        self, info: Callable[[], Mapping[str, Any]], primary: str = _ONE, known_alive: Callable[[], int] = int
-    ) -> AckWait:
+    def _decide(self, info: Callable[[], Mapping[str, Any]], primary: str = _ONE) -> AckWait:
         held = self._waits.get(primary)
         if held is not None and not self._stale(primary):
             return held[0]
@@ -212,9 +188,7 @@ class ReplicaAcks:
         if self.wanted == 0:
             wait = AckWait(0, self.timeout_ms)
         else:
-            found = info()
-            alive = known_alive() if self.wanted is None and _replicas_listed(found) == 0 else 0
-            wait = ack_wait_of(found, wanted=self.wanted, timeout_ms=self.timeout_ms, known_alive=alive)
+            wait = ack_wait_of(info(), wanted=self.wanted, timeout_ms=self.timeout_ms)
         self._waits[primary] = (wait, self.clock())
         if wait != before and (before is not None or wait.acks):
             aof = " (WAITAOF)" if wait.aof else ""
@@ -232,12 +206,11 @@ class ReplicaAcks:
         then takes is discarded when it resyncs from the promoted one. Asking drops the
         pool's idle connections to a primary the Sentinels no longer name; asking again
         after the reply catches an INFO that waited in a stopped primary while they
-        promoted another, and reads the INFO of that one instead. An INFO that lists no
-        replica at all is set against the live replicas the Sentinels know (module docstring).
+        promoted another, and reads the INFO of that one instead.
         """
-        pool = getattr(client, "connection_pool", None)
 
         def info() -> Mapping[str, Any]:
+            pool = getattr(client, "connection_pool", None)
             if not isinstance(pool, SentinelConnectionPool):
                 return client.info()
             named = pool.get_master_address()  # type: ignore[no-untyped-call]
@@ -246,12 +219,7 @@ class ReplicaAcks:
                 found = client.info()
             return found
 
-        def known_alive() -> int:
-            if not isinstance(pool, SentinelConnectionPool):
-                return 0
-            return len(pool.sentinel_manager.discover_slaves(pool.service_name))
-
-        return self._decide(info, known_alive=known_alive)
+        return self._decide(info)
 
     async def await_for(self, client: aredis.Redis) -> AckWait:
         """:meth:`wait_for` on an asyncio client."""
@@ -266,10 +234,7 @@ class ReplicaAcks:
             found = await client.info()
             if await pool.get_master_address() != named:  # type: ignore[no-untyped-call]
                 found = await client.info()
-            alive = 0
-            if self.wanted is None and _replicas_listed(found) == 0:
-                alive = len(await pool.sentinel_manager.discover_slaves(pool.service_name))
-            return self._decide(lambda: found, known_alive=lambda: alive)
+            return self._decide(lambda: found)
         return self._decide(dict)
 
     def _short(self, started: float, error: BaseException | None, primary: str = _ONE) -> None:
