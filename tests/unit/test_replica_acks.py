@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from workers.errors import ReplicasBehind
-from workers.store.replica_acks import AckWait, ReplicaAcks, ack_wait_of
+from workers.store.replica_acks import AckWait, ReplicaAcks, ack_wait_of, settled_primary
 
 
 @pytest.mark.parametrize(
@@ -228,13 +228,25 @@ def test_an_async_first_write_through_the_sentinels_waits_for_the_new_primary() 
 class _NamingPool(SentinelConnectionPool):
     """Sentinels naming ``named``; asking them moves the client off a primary they no longer name."""
 
-    def __init__(self, client: _FailedOverClient, named: str) -> None:
+    def __init__(self, client: _FailedOverClient, named: str, flags: str = "master") -> None:
         super().__init__("mymaster", Sentinel([("127.0.0.1", 1)]))  # type: ignore[no-untyped-call]
-        self.client, self.named = client, named
+        self.client, self.named, self.flags = client, named, flags
+        self.sentinel_manager.sentinels = [_AskedSentinel(self)]
 
     def get_master_address(self) -> tuple[str, int]:
         self.client.server = self.named  # the idle connections to another primary are dropped
         return ("127.0.0.1", {"old": 1, "promoted": 2}[self.named])
+
+
+class _AskedSentinel:
+    """A Sentinel answering ``SENTINEL MASTER`` with its pool's primary and flags."""
+
+    def __init__(self, pool: _NamingPool) -> None:
+        self.pool = pool
+
+    def sentinel_master(self, service_name: str) -> dict[str, Any]:
+        port = {"old": 1, "promoted": 2}[self.pool.named]
+        return {"ip": "127.0.0.1", "port": port, "flags": self.pool.flags}
 
 
 class _FailedOverClient(_Client):
@@ -440,3 +452,39 @@ def test_reads_stay_confirmed_while_the_wait_cannot_be_decided_again() -> None:
     # and the WAIT is decided again from the INFO of the primary that answers next
     assert acks.wait_for(_Client(0)).acks == 0
     assert not acks.fencing
+
+
+def test_a_resumed_primary_the_sentinels_are_failing_over_is_no_lone_redis() -> None:
+    # Given a primary stopped and resumed while the Sentinels promote its replica: it lists no
+    # replica, and they still name it, with their failover of it under way
+    client = _FailedOverClient("old", {"old": 0, "promoted": 0})
+    client.connection_pool = _NamingPool(client, "old", flags="master,failover_in_progress")
+    # Then its deciding writes keep their WAIT (which no replica answers: sent again until the
+    # Sentinels name the promoted one), not written as on a lone Redis and then discarded
+    assert ReplicaAcks(None, 100, 5.0).wait_for(client).acks == 1
+    # and once they hold it settled (say, its replica died), it is a lone Redis
+    client.connection_pool = _NamingPool(client, "old")
+    assert ReplicaAcks(None, 100, 5.0).wait_for(client).acks == 0
+
+
+@pytest.mark.parametrize(
+    ("states", "settled"),
+    [
+        ([{"ip": "10.0.0.1", "port": 6379, "flags": "master"}] * 3, True),
+        ([{"ip": "10.0.0.1", "port": 6379, "flags": {"master"}}], True),  # RESP3 parses a set
+        ([{"ip": "10.0.0.1", "port": 6379, "flags": "master,failover_in_progress"}], False),
+        ([{"ip": "10.0.0.1", "port": 6379, "flags": "master,s_down,o_down"}], False),
+        (
+            [
+                {"ip": "10.0.0.1", "port": 6379, "flags": "master"},
+                {"ip": "10.0.0.2", "port": 6379, "flags": "master"},
+            ],
+            False,
+        ),
+        ([], False),  # no Sentinel answered: nothing holds it
+    ],
+)
+def test_a_primary_is_settled_when_every_sentinel_that_answers_holds_it(
+    states: list[dict[str, Any]], settled: bool
+) -> None:
+    assert settled_primary(states, ("10.0.0.1", 6379)) is settled

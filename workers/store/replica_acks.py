@@ -38,6 +38,15 @@ write; and a fence sent to a node that no longer owns the slot never holds (it i
 answers ``MOVED``, or, cut off from the replica promoted in its place, counts no replica),
 so a script the cluster client sent elsewhere is sent again rather than trusted.
 
+Through the Sentinels a primary whose ``INFO`` lists no replica at all is taken for a lone
+Redis only while it is settled as the primary: every Sentinel that answers names it, none
+holds it down and none runs a failover of it. A primary stopped and resumed while the
+Sentinels promote its replica is not settled (its writes are discarded when it is demoted):
+its deciding writes keep their WAIT, which no replica answers, and are sent again until the
+Sentinels name the promoted one. Deciding from ``INFO`` alone there delivered
+``worker_lost`` where the ledger kept the tool's result (chaos seed 31). A promoted primary
+whose old one is not back as its replica yet is settled: written as a lone Redis, as above.
+
 Through the Sentinels, a process whose first deciding write finds no primary to read ``INFO``
 from (the old one dead or stopped, the replica not yet promoted) sends it again like any
 other until a primary answers: failing it would answer the call ``dispatch_failed`` with
@@ -47,11 +56,12 @@ nothing in the ledger, a delivered result the new primary never holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -134,6 +144,33 @@ def _version(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
+def _replicas_listed(info: Mapping[str, Any]) -> int:
+    """The replicas ``info`` lists, in sync or not."""
+    listed = sum(1 for key in info if _REPLICA_FIELD.fullmatch(str(key)))
+    return listed or int(info.get("connected_slaves", 0) or 0)
+
+
+#: A Sentinel's flags on a primary that is not settled as the primary.
+_UNSETTLED_FLAGS = frozenset({"s_down", "o_down", "failover_in_progress"})
+
+
+def settled_primary(states: Iterable[Mapping[str, Any]], node: tuple[str, int]) -> bool:
+    """Whether the Sentinels hold ``node`` as the primary: each names it, none holds it down or fails it over.
+
+    ``states``: ``SENTINEL MASTER`` of each Sentinel that answered (none answering: not held).
+    """
+    answered = False
+    for state in states:
+        answered = True
+        flags = state.get("flags", "")
+        names = set(flags.split(",")) if isinstance(flags, str) else set(flags or ())
+        if (str(state.get("ip")), int(state.get("port", 0))) != (str(node[0]), int(node[1])):
+            return False
+        if names & _UNSETTLED_FLAGS:
+            return False
+    return answered
+
+
 def _replicas_in_sync(info: Mapping[str, Any]) -> int:
     """The replicas ``info`` lists as ``online``; ``connected_slaves`` where it lists none.
 
@@ -148,9 +185,16 @@ def _replicas_in_sync(info: Mapping[str, Any]) -> int:
     return sum(1 for value in listed if isinstance(value, Mapping) and "online" in value.values())
 
 
-def ack_wait_of(info: Mapping[str, Any], *, wanted: int | None, timeout_ms: int) -> AckWait:
-    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, else 1 with a replica in sync."""
-    acks = wanted if wanted is not None else (1 if _replicas_in_sync(info) > 0 else 0)
+def ack_wait_of(
+    info: Mapping[str, Any], *, wanted: int | None, timeout_ms: int, settled: bool = True
+) -> AckWait:
+    """The WAIT for a primary whose ``INFO`` is ``info``: ``wanted`` acks, else 1 with a replica in sync.
+
+    ``settled``: whether the Sentinels hold it the primary; one that is not and lists no
+    replica at all is no lone Redis (see the module docstring).
+    """
+    expected = _replicas_in_sync(info) or (0 if settled or _replicas_listed(info) else 1)
+    acks = wanted if wanted is not None else (1 if expected > 0 else 0)
     aof = (
         str(info.get("aof_enabled", "0")) == "1"
         and _version(str(info.get("redis_version", ""))) >= _WAITAOF_SINCE
@@ -180,7 +224,12 @@ class ReplicaAcks:
             return True
         return self.wanted is None and self.clock() - held[1] >= _REDECIDE_S
 
-    def _decide(self, info: Callable[[], Mapping[str, Any]], primary: str = _ONE) -> AckWait:
+    def _decide(
+        self,
+        info: Callable[[], Mapping[str, Any]],
+        primary: str = _ONE,
+        settled: Callable[[], bool] = lambda: True,
+    ) -> AckWait:
         held = self._waits.get(primary)
         if held is not None and not self._stale(primary):
             return held[0]
@@ -188,7 +237,10 @@ class ReplicaAcks:
         if self.wanted == 0:
             wait = AckWait(0, self.timeout_ms)
         else:
-            wait = ack_wait_of(info(), wanted=self.wanted, timeout_ms=self.timeout_ms)
+            found = info()
+            lone = self.wanted is None and _replicas_listed(found) == 0
+            held_primary = settled() if lone else True
+            wait = ack_wait_of(found, wanted=self.wanted, timeout_ms=self.timeout_ms, settled=held_primary)
         self._waits[primary] = (wait, self.clock())
         if wait != before and (before is not None or wait.acks):
             aof = " (WAITAOF)" if wait.aof else ""
@@ -208,18 +260,30 @@ class ReplicaAcks:
         after the reply catches an INFO that waited in a stopped primary while they
         promoted another, and reads the INFO of that one instead.
         """
+        pool = getattr(client, "connection_pool", None)
+        read_from: list[tuple[str, int]] = []
 
         def info() -> Mapping[str, Any]:
-            pool = getattr(client, "connection_pool", None)
             if not isinstance(pool, SentinelConnectionPool):
                 return client.info()
             named = pool.get_master_address()  # type: ignore[no-untyped-call]
             found = client.info()
-            if pool.get_master_address() != named:  # type: ignore[no-untyped-call]
+            now_named = pool.get_master_address()  # type: ignore[no-untyped-call]
+            if now_named != named:
                 found = client.info()
+            read_from.append(now_named)
             return found
 
-        return self._decide(info)
+        def settled() -> bool:
+            if not isinstance(pool, SentinelConnectionPool) or not read_from:
+                return True
+            states = []
+            for sentinel in pool.sentinel_manager.sentinels:
+                with contextlib.suppress(redis.RedisError):
+                    states.append(sentinel.sentinel_master(pool.service_name))
+            return settled_primary(states, read_from[-1])
+
+        return self._decide(info, settled=settled)
 
     async def await_for(self, client: aredis.Redis) -> AckWait:
         """:meth:`wait_for` on an asyncio client."""
@@ -232,9 +296,17 @@ class ReplicaAcks:
                 return self._decide(lambda: found)
             named = await pool.get_master_address()  # type: ignore[no-untyped-call]
             found = await client.info()
-            if await pool.get_master_address() != named:  # type: ignore[no-untyped-call]
+            now_named = await pool.get_master_address()  # type: ignore[no-untyped-call]
+            if now_named != named:
                 found = await client.info()
-            return self._decide(lambda: found)
+            held_primary = True
+            if self.wanted is None and _replicas_listed(found) == 0:
+                states = []
+                for sentinel in pool.sentinel_manager.sentinels:
+                    with contextlib.suppress(aredis.RedisError):
+                        states.append(await sentinel.sentinel_master(pool.service_name))
+                held_primary = settled_primary(states, now_named)
+            return self._decide(lambda: found, settled=lambda: held_primary)
         return self._decide(dict)
 
     def _short(self, started: float, error: BaseException | None, primary: str = _ONE) -> None:
