@@ -39,16 +39,21 @@ def _keys_on(port: int) -> int:
         client.close()
 
 
+def _answering(sentinels: LocalSentinels, worker_on: WorkerOn, gateway_on: GatewayOn) -> ToolGateway:
+    """A worker and a gateway on the Sentinel list; one call answered through the first primary."""
+    env = base_env(sentinels.url, UNSTUCK_REDIS__SENTINEL_MASTER=sentinels.master)
+    worker_on(env)
+    gateway = gateway_on(env)
+    assert [(r.text, r.is_error) for r in _echo(gateway, "before", "one")] == [("one", False)]
+    return gateway
+
+
 @pytest.mark.timeout(120)
 def test_calls_are_answered_through_the_new_primary_after_a_failover(
     sentinels: LocalSentinels, worker_on: WorkerOn, gateway_on: GatewayOn
 ) -> None:
     # Given a worker and a gateway on the Sentinel list, answering through the first primary
-    env = base_env(sentinels.url, UNSTUCK_REDIS__SENTINEL_MASTER=sentinels.master)
-    worker_on(env)
-    gateway = gateway_on(env)
-    before = _echo(gateway, "before", "one")
-    assert [(r.text, r.is_error) for r in before] == [("one", False)]
+    gateway = _answering(sentinels, worker_on, gateway_on)
     # When the primary dies and the Sentinels promote its replica
     sentinels.kill_primary()
     killed = time.monotonic()
@@ -69,10 +74,7 @@ def test_a_worker_leaves_a_silent_primary_for_the_promoted_replica(
     sentinels: LocalSentinels, worker_on: WorkerOn, gateway_on: GatewayOn
 ) -> None:
     # Given a worker and a gateway on the Sentinel list, answering through the first primary
-    env = base_env(sentinels.url, UNSTUCK_REDIS__SENTINEL_MASTER=sentinels.master)
-    worker_on(env)
-    gateway = gateway_on(env)
-    assert [(r.text, r.is_error) for r in _echo(gateway, "before", "one")] == [("one", False)]
+    gateway = _answering(sentinels, worker_on, gateway_on)
     # When the primary stops answering without closing a connection (SIGSTOP: the worker's
     # BRPOP on it gets no reply, as behind a partition) and the Sentinels promote the replica
     sentinels.primary_stopped(True)
