@@ -258,7 +258,9 @@ class ReplicaAcks:
         then takes is discarded when it resyncs from the promoted one. Asking drops the
         pool's idle connections to a primary the Sentinels no longer name; asking again
         after the reply catches an INFO that waited in a stopped primary while they
-        promoted another, and reads the INFO of that one instead.
+        promoted another, and reads the INFO of that one instead. An INFO that lists no
+        replica at all is trusted only while the Sentinels hold that primary settled
+        (:func:`settled_primary`, module docstring).
         """
         pool = getattr(client, "connection_pool", None)
         read_from: list[tuple[str, int]] = []
