@@ -238,8 +238,7 @@ class ReplicaAcks:
             wait = AckWait(0, self.timeout_ms)
         else:
             found = info()
-            lone = self.wanted is None and _replicas_listed(found) == 0
-            held_primary = settled() if lone else True
+            held_primary = settled() if self._asks_sentinels(found) else True
             wait = ack_wait_of(found, wanted=self.wanted, timeout_ms=self.timeout_ms, settled=held_primary)
         self._waits[primary] = (wait, self.clock())
         if wait != before and (before is not None or wait.acks):
@@ -247,6 +246,10 @@ class ReplicaAcks:
             where = f" on {primary}" if primary else ""
             log.info("deciding writes%s wait for %d replica(s)%s", where, wait.acks, aof)
         return wait
+
+    def _asks_sentinels(self, info: Mapping[str, Any]) -> bool:
+        """Whether a decision from ``info`` needs the Sentinels' word: unset, and no replica listed."""
+        return self.wanted is None and _replicas_listed(info) == 0
 
     def wait_for(self, client: redis.Redis) -> AckWait:
         """The WAIT this client's primary gets (``INFO`` read once, at the first call).
@@ -302,7 +305,7 @@ class ReplicaAcks:
             if now_named != named:
                 found = await client.info()
             held_primary = True
-            if self.wanted is None and _replicas_listed(found) == 0:
+            if self._asks_sentinels(found):
                 states = []
                 for sentinel in pool.sentinel_manager.sentinels:
                     with contextlib.suppress(aredis.RedisError):
