@@ -410,7 +410,10 @@ def test_unknown_builtin_is_a_config_error() -> None:
 
 
 def test_disabling_a_builtin_keeps_a_user_tool_of_the_same_name() -> None:
-    # Given a user tool named like a built-in
+    # Given no built-in registered (an in-process gateway of an earlier test may have enabled
+    # them) and a user tool named like a built-in
+    loader.load_tools([], use_entry_points=False)
+
     @tool(name="http_fetch")
     def my_fetch(url: str) -> str:
         return url
