@@ -277,6 +277,9 @@ def sentinel_episode(topology: LocalSentinels, kind: str, rng: Random) -> Episod
         os.kill(_alive(primary), signal.SIGSTOP)
         try:
             episode.promoted_ms = _await_moved(topology, primary, stopped_s)
+            # Stopped for the whole draw, promoted or not: it resumes still a primary, and the
+            # Sentinels demote it only seconds later.
+            time.sleep(max(0.0, episode.began_ms / 1000 + stopped_s - time.time()))
         finally:
             os.kill(_alive(primary), signal.SIGCONT)
         episode.failover = episode.promoted_ms is not None

@@ -146,6 +146,15 @@ class RedisSettings(BaseModel):
     sentinel_tls: bool = Field(
         False, description="talk TLS to the Sentinels and to the primary they name (rediss:// for both)"
     )
+    primary_check_interval_ms: int = Field(
+        500,
+        ge=50,
+        le=60_000,
+        description="with a sentinel:// url: milliseconds between two questions each process asks the "
+        "Sentinels about where the primary is; a connection to a node they no longer name is closed "
+        "and opened again on the new primary (a stopped primary that resumes after its replica was "
+        "promoted answers as a primary until the Sentinels demote it, 8-10 s later)",
+    )
     key_prefix: str = Field(
         "unstuck",
         min_length=1,
@@ -194,6 +203,7 @@ class RedisSettings(BaseModel):
             master=self.sentinel_master,
             sentinel_password=self.sentinel_password.get_secret_value() or None,
             tls=self.sentinel_tls,
+            primary_check_interval_s=self.primary_check_interval_ms / 1000,
         )
 
     @model_validator(mode="after")

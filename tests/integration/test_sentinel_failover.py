@@ -94,6 +94,41 @@ def test_a_worker_leaves_a_silent_primary_for_the_promoted_replica(
     print(f"call answered {answered_s:.1f}s after the primary stopped")
 
 
+def _role(port: int) -> str:
+    client = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+    try:
+        return str(client.info("replication")["role"])
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_primary_resumed_after_its_replica_was_promoted_is_left_before_it_is_demoted(
+    sentinels: LocalSentinels, worker_on: WorkerOn, gateway_on: GatewayOn
+) -> None:
+    calls = 5
+    # Given a worker and a gateway on the Sentinel list, answering through the first primary
+    gateway = _answering(sentinels, worker_on, gateway_on)
+    # When the primary stops, its replica is promoted and the old primary resumes: it answers
+    # as a primary (BRPOPs, writes) until the Sentinels demote it, seconds later
+    sentinels.primary_stopped(True)
+    try:
+        sentinels.await_promotion()
+    finally:
+        sentinels.primary_stopped(False)
+    resumed = time.monotonic()
+    # Then calls are answered through the new primary while the old one is still a primary: no
+    # worker waits on its empty queue, and no call is published to it to be lost at the demotion
+    after = [_echo(gateway, f"after{i}", f"t{i}") for i in range(calls)]
+    answered_s = time.monotonic() - resumed
+    old_role = _role(sentinels.primary.port)
+    assert [[(r.text, r.is_error) for r in results] for results in after] == [
+        [(f"t{i}", False)] for i in range(calls)
+    ]
+    assert old_role == "master", f"answered only after the old primary was demoted ({answered_s:.1f}s)"
+    print(f"{calls} calls answered {answered_s:.1f}s after the old primary resumed, before its demotion")
+
+
 def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("T")
 

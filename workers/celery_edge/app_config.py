@@ -16,6 +16,7 @@ from beat_schedule import build_beat_schedule
 from workers.celery_edge.amqp import LedgerAckedAMQP
 from workers.celery_edge.message_signing import apply_signing, signing_config
 from workers.celery_edge.names import HOUSEKEEPING_TASK, SWEEP_TASK
+from workers.celery_edge.sentinel_transport import PRIMARY_CHECK_OPTION, serve_sentinel_urls
 from workers.core.sentinel_url import is_sentinel_url
 from workers.settings import Settings
 
@@ -137,7 +138,11 @@ def _sentinel_config(settings: Settings, config: dict[str, Any]) -> dict[str, An
     found: dict[str, Any] = {}
     if is_sentinel_url(settings.broker_url):
         transport = config["broker_transport_options"]
-        found["broker_transport_options"] = {**transport, **_sentinel_options(settings)}
+        found["broker_transport_options"] = {
+            **transport,
+            **_sentinel_options(settings),
+            PRIMARY_CHECK_OPTION: settings.redis.primary_check_interval_ms / 1000,
+        }
         if settings.redis.sentinel_tls:
             found["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     if is_sentinel_url(str(config["result_backend"] or "")):
@@ -152,6 +157,8 @@ def _sentinel_config(settings: Settings, config: dict[str, Any]) -> dict[str, An
 
 def configured_app(settings: Settings, *, include: list[str], set_as_current: bool) -> Celery:
     """A Celery app with :func:`celery_config` and the beat schedule, registering ``include``."""
+    if is_sentinel_url(settings.broker_url):
+        serve_sentinel_urls()
     celery = Celery("unstuck", include=include, set_as_current=set_as_current, amqp=LedgerAckedAMQP)
     celery.conf.update(celery_config(settings))
     celery.conf.beat_schedule = build_beat_schedule(settings)

@@ -40,6 +40,8 @@ class SentinelAccess:
     #: The Sentinels' own password (``requirepass`` in sentinel.conf); None when they have none.
     sentinel_password: str | None = None
     tls: bool = False
+    #: How often a process asks the Sentinels whether the primary moved (redis.primary_check_interval_ms).
+    primary_check_interval_s: float = 0.5
 
 
 def is_sentinel_url(url: str) -> bool:

@@ -22,9 +22,11 @@ from redis.cluster import RedisCluster
 from redis.connection import SSLConnection
 from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel, SentinelManagedConnection
+from redis.sentinel import SentinelConnectionPool as SyncSentinelPool
 
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url
 from workers.errors import StoreError
+from workers.store.primary_watch import follow_primary
 from workers.store.redis_errors import store_error_of
 
 __all__ = ["aconnect", "connect", "store_errors"]
@@ -121,6 +123,7 @@ def connect(
         primary: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
             followed.master, health_check_interval=5, connection_class=connection_class
         )
+        follow_primary(cast(SyncSentinelPool, primary.connection_pool), followed.primary_check_interval_s)
         return primary
     if cluster:
         client = RedisCluster.from_url(
