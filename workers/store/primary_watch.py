@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -50,7 +51,6 @@ class _PrimaryWatch:
         self._lock = threading.Lock()
         self._interval_s: float | None = None
         self._thread_pid: int | None = None
-        self._stop = threading.Event()
 
     def follow(self, pool: SentinelConnectionPool, interval_s: float) -> None:
         with self._lock:
@@ -71,7 +71,8 @@ class _PrimaryWatch:
             self._start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s or 0.5):
+        while True:  # a daemon thread: it ends with its process
+            time.sleep(self._interval_s or 0.5)
             self.check()
 
     def check(self) -> None:
