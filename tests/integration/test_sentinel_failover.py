@@ -26,9 +26,12 @@ from workers.store.connection import connect
 from workers.store.duplicates import duplicate_count
 
 
+def _call(run: str, text: str) -> ToolCall:
+    return ToolCall(id=f"{run}-c", name="echo", arguments={"text": text})
+
+
 def _echo(gateway: ToolGateway, run: str, text: str) -> list[ToolResult]:
-    call = ToolCall(id=f"{run}-c", name="echo", arguments={"text": text})
-    return gateway.call_tools(session_key="s1", run_id=run, calls=[call])
+    return gateway.call_tools(session_key="s1", run_id=run, calls=[_call(run, text)])
 
 
 def _keys_on(port: int) -> int:
@@ -111,11 +114,7 @@ def test_a_primary_resumed_after_its_replica_was_promoted_is_left_before_it_is_d
     gateway = _answering(sentinels, worker_on, gateway_on)
     # When the primary stops, its replica is promoted and the old primary resumes: it answers
     # as a primary (BRPOPs, writes) until the Sentinels demote it, seconds later
-    sentinels.primary_stopped(True)
-    try:
-        sentinels.await_promotion()
-    finally:
-        sentinels.primary_stopped(False)
+    _resume_after_promotion(sentinels)
     resumed = time.monotonic()
     # Then calls are answered through the new primary while the old one is still a primary: no
     # worker waits on its empty queue, and no call is published to it to be lost at the demotion
@@ -127,6 +126,15 @@ def test_a_primary_resumed_after_its_replica_was_promoted_is_left_before_it_is_d
     ]
     assert old_role == "master", f"answered only after the old primary was demoted ({answered_s:.1f}s)"
     print(f"{calls} calls answered {answered_s:.1f}s after the old primary resumed, before its demotion")
+
+
+def _resume_after_promotion(sentinels: LocalSentinels) -> None:
+    """Stop the primary until the Sentinels promote its replica, then resume it (still a primary)."""
+    sentinels.primary_stopped(True)
+    try:
+        sentinels.await_promotion()
+    finally:
+        sentinels.primary_stopped(False)
 
 
 def _stopped(pid: int) -> bool:

@@ -34,7 +34,7 @@ import weakref
 from typing import Any
 
 import redis
-from redis.sentinel import SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 __all__ = ["Address", "follow_primary", "primary_moved"]
 
@@ -51,6 +51,9 @@ class _PrimaryWatch:
         self._lock = threading.Lock()
         self._interval_s: float | None = None
         self._thread_pid: int | None = None
+        # The watch asks through Sentinel clients of its own: the pools' may be closed by their
+        # owner (kombu closes a channel's), and asking through one opened sockets nobody closed.
+        self._askers: dict[tuple[object, ...], Sentinel] = {}
 
     def follow(self, pool: SentinelConnectionPool, interval_s: float) -> None:
         with self._lock:
@@ -82,9 +85,14 @@ class _PrimaryWatch:
         groups: dict[tuple[object, ...], list[SentinelConnectionPool]] = {}
         for pool in pools:
             groups.setdefault(_followed(pool), []).append(pool)
-        for group in groups.values():
-            named = _named_primary(group)
-            if named is None:
+        for key in set(self._askers) - set(groups):  # no pool follows those Sentinels any more
+            for client in self._askers.pop(key).sentinels:
+                client.close()
+        for key, group in groups.items():
+            asker = self._askers.get(key) or self._askers.setdefault(key, _asker(group[0]))
+            try:
+                named = _address(asker.discover_master(group[0].service_name))  # type: ignore[no-untyped-call]
+            except redis.RedisError:
                 continue  # no Sentinel answers, or none names a primary: nothing to move to yet
             for pool in group:
                 if pool.master_address is not None and _address(pool.master_address) != named:
@@ -103,14 +111,13 @@ def _followed(pool: SentinelConnectionPool) -> tuple[object, ...]:
     return (pool.service_name, *sentinels)
 
 
-def _named_primary(group: list[SentinelConnectionPool]) -> Address | None:
-    """The primary the group's Sentinels name now, asked through the first pool whose Sentinels answer."""
-    for pool in group:
-        try:
-            return _address(pool.sentinel_manager.discover_master(pool.service_name))
-        except redis.RedisError:
-            continue
-    return None
+def _asker(pool: SentinelConnectionPool) -> Sentinel:
+    """A Sentinel client of the watch's own, asking the Sentinels ``pool`` asks, as it asks them."""
+    manager = pool.sentinel_manager
+    nodes = list(_followed(pool)[1:])
+    return Sentinel(  # type: ignore[no-untyped-call]
+        nodes, min_other_sentinels=manager.min_other_sentinels, sentinel_kwargs=manager.sentinel_kwargs
+    )
 
 
 def _address(address: Any) -> Address:
