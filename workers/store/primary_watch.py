@@ -51,8 +51,9 @@ class _PrimaryWatch:
         self._lock = threading.Lock()
         self._interval_s: float | None = None
         self._thread_pid: int | None = None
-        # The watch asks through Sentinel clients of its own: the pools' may be closed by their
-        # owner (kombu closes a channel's), and asking through one opened sockets nobody closed.
+        # The watch asks through Sentinel clients of its own: a pool's may have been closed by
+        # its owner (kombu closes a channel's), and asking through it would open sockets again
+        # that nobody closes. These close when no followed pool asks those Sentinels any more.
         self._askers: dict[tuple[object, ...], Sentinel] = {}
 
     def follow(self, pool: SentinelConnectionPool, interval_s: float) -> None:
