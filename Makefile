@@ -15,17 +15,44 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install format lint typecheck check docs test test-unit test-integration test-e2e test-cluster test-failover test-openclaw test-repair-deep all demo bench chaos clean
+.PHONY: install lock test-latest format lint typecheck check docs test test-unit test-integration test-e2e test-cluster test-failover test-openclaw test-repair-deep all demo bench chaos clean
 
-$(STAMP): pyproject.toml
+# Installs are locked: uv.lock holds the exact versions `make test` passed with, and every
+# target installs exactly those (uv sync --locked fails when pyproject.toml changed and the
+# lock was not refreshed with `make lock`). uv itself is pinned here; pip only bootstraps it.
+# docs/development.md says why uv.
+UV_VERSION := 0.13.8
+UV_SYNC := --locked --inexact --extra dev
+
+define BOOTSTRAP_VENV
 	@test -n "$(PY)" || { echo "need Python >= 3.11: none of $(PY_CANDIDATES) on PATH qualifies (or run make PY=/path/to/python)"; exit 1; }
 	@$(PY) $(PY_OK) >/dev/null 2>&1 || { echo "need Python >= 3.11: $(PY) is missing or older"; exit 1; }
-	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	@test -x $(1)/bin/python || $(PY) -m venv $(1)
+	$(1)/bin/python -m pip install -q uv==$(UV_VERSION)
+endef
+
+$(STAMP): pyproject.toml uv.lock
+	$(call BOOTSTRAP_VENV,$(VENV))
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv sync -q $(UV_SYNC)
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# Refreshes uv.lock to the newest versions pyproject.toml's ranges allow. Commit it after
+# `make check test` passed on it.
+lock: $(STAMP)
+	$(BIN)/uv lock --upgrade
+
+# Drift check: `make check` on the newest versions the ranges allow today, in a venv of its
+# own (.venv-latest), so a new release that breaks unstuck fails this target, not CI.
+LATEST_VENV := .venv-latest
+test-latest:
+	$(call BOOTSTRAP_VENV,$(LATEST_VENV))
+	$(LATEST_VENV)/bin/uv pip install -q --python $(LATEST_VENV)/bin/python --upgrade --refresh -e '.[dev]'
+	$(LATEST_VENV)/bin/uv pip list --python $(LATEST_VENV)/bin/python 2>/dev/null \
+		| grep -iE '^(celery|kombu|redis|mypy|pydantic|mcp) '
+	@touch $(LATEST_VENV)/.installed
+	$(MAKE) check VENV=$(LATEST_VENV)
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -155,4 +182,4 @@ chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos --minutes $(MINUTES) --faults $(FAULTS) $(if $(SEED),--seed $(SEED))
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(LATEST_VENV) .mypy_cache .ruff_cache .pytest_cache

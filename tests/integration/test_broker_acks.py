@@ -23,7 +23,7 @@ def broker_key_events(settings: Settings) -> Iterator[Callable[[], list[str]]]:
     client = redis.Redis.from_url(settings.broker_url, decode_responses=True)
     previous = str(client.config_get("notify-keyspace-events")["notify-keyspace-events"])
     client.config_set("notify-keyspace-events", "KA")
-    pubsub = client.pubsub()  # type: ignore[no-untyped-call]  # redis-py's own stub gap
+    pubsub = client.pubsub()
     pubsub.psubscribe("__keyspace@*__:unacked*")
     assert pubsub.get_message(timeout=5.0)["type"] == "psubscribe"  # listening from here on
 

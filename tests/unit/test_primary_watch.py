@@ -16,7 +16,7 @@ class _Naming(Sentinel):
     """Sentinels that name ``master`` without being asked over the network."""
 
     def __init__(self, master: tuple[str, int]) -> None:
-        super().__init__([("127.0.0.1", 1)])  # type: ignore[no-untyped-call]
+        super().__init__([("127.0.0.1", 1)])
         self.master = master
 
     def discover_master(self, service_name: str) -> tuple[str, int]:

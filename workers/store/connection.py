@@ -120,7 +120,7 @@ def connect(
     if followed is not None:
         sentinels = _sentinels(Sentinel, followed, socket_timeout_s, socket_connect_timeout_s)
         connection_class = _WholeReplySentinelSSLConnection if followed.tls else _WholeReplySentinelConnection
-        primary: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+        primary: redis.Redis = sentinels.master_for(
             followed.master, health_check_interval=5, connection_class=connection_class
         )
         follow_primary(cast(SyncSentinelPool, primary.connection_pool), followed.primary_check_interval_s)

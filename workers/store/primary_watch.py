@@ -31,7 +31,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.sentinel import Sentinel, SentinelConnectionPool
@@ -92,7 +92,7 @@ class _PrimaryWatch:
         for key, group in groups.items():
             asker = self._askers.get(key) or self._askers.setdefault(key, _asker(group[0]))
             try:
-                named = _address(asker.discover_master(group[0].service_name))  # type: ignore[no-untyped-call]
+                named = _address(asker.discover_master(group[0].service_name))
             except redis.RedisError:
                 continue  # no Sentinel answers, or none names a primary: nothing to move to yet
             for pool in group:
@@ -115,8 +115,8 @@ def _followed(pool: SentinelConnectionPool) -> tuple[object, ...]:
 def _asker(pool: SentinelConnectionPool) -> Sentinel:
     """A Sentinel client of the watch's own, asking the Sentinels ``pool`` asks, as it asks them."""
     manager = pool.sentinel_manager
-    nodes = list(_followed(pool)[1:])
-    return Sentinel(  # type: ignore[no-untyped-call]
+    nodes = cast(list[tuple[str, int]], list(_followed(pool)[1:]))
+    return Sentinel(
         nodes, min_other_sentinels=manager.min_other_sentinels, sentinel_kwargs=manager.sentinel_kwargs
     )
 
