@@ -120,10 +120,18 @@ def install_worker_steps(celery: Celery) -> None:
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)
     signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
     signals.worker_process_init.connect(_start_tracing, weak=False)
+    signals.worker_process_shutdown.connect(_flush_spans, weak=False)
 
 
 def _start_tracing(**_: Any) -> None:
     tracing.active()  # a pool child sets its tracer provider up before its first call, if traced
+
+
+def _flush_spans(**_: Any) -> None:
+    # A pool child leaves through os._exit (recycled, or the pool shut down): the SDK's atexit
+    # shutdown never runs there, and what its batch still held would go with the child.
+    if tracing.active():
+        tracing.flush()
 
 
 def _remove_memory_cgroups(**_: Any) -> None:
