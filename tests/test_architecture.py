@@ -20,7 +20,16 @@ import workers.errors
 from workers.store.records import declared_field
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".venv", ".venv-latest", ".git", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"}
+SKIP_DIRS = {
+    ".venv",
+    ".venv-latest",
+    ".git",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+}
 
 
 def _python_files(*roots: str) -> list[Path]:
