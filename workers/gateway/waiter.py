@@ -22,17 +22,8 @@ from typing import Any
 from workers.core.failure_policy import FallbackRule
 from workers.core.loops import LoopVerdict, PendingCall
 from workers.core.models import ToolCall, ToolResult
-from workers.core.waiting import (
-    AnswerLocally,
-    Block,
-    Check,
-    Finish,
-    OpenCall,
-    Read,
-    ReapRules,
-    Store,
-    Waiting,
-)
+from workers.core.reaping import OpenCall, ReapRules
+from workers.core.waiting import AnswerLocally, Block, Check, Finish, Read, Store, Waiting
 from workers.errors import StoreError
 from workers.settings import Settings
 from workers.store.keys import RunKeys

@@ -45,8 +45,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from workers.core.models import CallState, ToolResult
+from workers.core.reaping import ActionKind, OpenCall, Reap, next_look_ms, past_first_look
 from workers.core.run_health import RunStatus
-from workers.core.waiting import ActionKind, OpenCall, Reap, next_look_ms, past_first_look
 from workers.store.claims import Claim, claim_of
 from workers.store.connection import store_errors
 from workers.store.keys import (

@@ -27,9 +27,9 @@ from typing import Any, Final, Generic, Literal, TypeVar
 
 from workers.core.breaker import BreakerState
 from workers.core.models import CallState, ToolResult
+from workers.core.reaping import OpenCall
 from workers.core.refusal import RefusalReason
 from workers.core.run_health import RunStatus, SessionClass
-from workers.core.waiting import OpenCall
 from workers.errors import StoreError
 from workers.store.keys import KEY_PATTERNS, RunKeys
 
