@@ -1,0 +1,146 @@
+"""The watchdog's guard over OpenClaw's own calls and sessions (reported by its plugin).
+
+* A call past its budget (``openclaw.budgets_s``): an ``exec`` has its process tree killed —
+  found by the ``UNSTUCK_CALL_ID`` marker the plugin put in its environment — so OpenClaw's
+  own exec path writes the call's one result (the command's exit) and the model goes on. The
+  call is never re-run. Another tool cannot be ended from outside without the gateway's
+  ``sessions.abort``; it is alerted (``openclaw_call_overdue``).
+* The tier-2 scan: a session with a call open and no reported activity for longer than
+  ``openclaw.stuck_after_s`` is alerted (``openclaw_session_stuck``): log, events stream,
+  metric, webhook (``alerts.webhook_url``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from workers.core.openclaw_calls import (
+    CALL_ID_ENV,
+    OpenClawCall,
+    OpenClawCallState,
+    overdue_note,
+    silent_sessions,
+)
+from workers.settings import Settings
+from workers.store.openclaw_calls import OpenClawCalls
+
+__all__ = ["OpenClawSweep", "OpenClawSweepReport", "kill_marked_tree", "marked_processes"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OpenClawSweepReport:
+    """What one sweep did."""
+
+    killed: list[str] = field(default_factory=list)
+    overdue: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
+
+def marked_processes(call_id: str) -> list[psutil.Process]:
+    """Every process whose environment says it runs ``call_id`` (its exec's whole tree)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(CALL_ID_ENV) == call_id:
+                found.append(proc)
+        except psutil.Error:  # gone, or not ours to read
+            continue
+    return found
+
+
+def kill_marked_tree(call_id: str) -> int:
+    """SIGKILL the call's marked processes and their children; how many were signalled."""
+    targets: dict[int, psutil.Process] = {}
+    for proc in marked_processes(call_id):
+        targets[proc.pid] = proc
+        try:
+            for child in proc.children(recursive=True):  # a child may have dropped the env
+                targets[child.pid] = child
+        except psutil.Error:
+            continue
+    for proc in targets.values():
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            continue
+    return len(targets)
+
+
+class OpenClawSweep:
+    """One watchdog's guard over the OpenClaw calls in the store."""
+
+    def __init__(
+        self,
+        calls: OpenClawCalls,
+        settings: Settings,
+        *,
+        alert: Callable[[dict[str, Any]], None],
+        kill: Callable[[str], int] = kill_marked_tree,
+    ) -> None:
+        self._calls = calls
+        self._settings = settings
+        self._alert = alert
+        self._kill = kill
+        self._alerted: set[str] = set()  # overdue calls already alerted (not ended by us)
+
+    def sweep(self, now_ms: int) -> OpenClawSweepReport:
+        """End or alert every overdue call, then alert the silent sessions."""
+        report = OpenClawSweepReport()
+        for call in self._calls.due(now_ms):
+            self._overdue(call, now_ms, report)
+        activity = self._calls.activity()
+        open_calls = self._calls.open_calls()
+        open_sessions = {c.session_key for c in open_calls}
+        for session, silent_s in silent_sessions(
+            activity, open_sessions, now_ms, self._settings.openclaw.stuck_after_s
+        ):
+            report.stuck.append(session)
+            if self._settings.openclaw.recover:
+                for call in (c for c in open_calls if c.session_key == session and c.tool == "exec"):
+                    self._end_exec(call, now_ms, report)
+            self._alert(
+                {"kind": "openclaw_session_stuck", "session_key": session, "silent_s": round(silent_s, 1)}
+            )
+        return report
+
+    def _overdue(self, call: OpenClawCall, now_ms: int, report: OpenClawSweepReport) -> None:
+        if call.tool == "exec" and self._end_exec(call, now_ms, report):
+            return
+        report.overdue.append(call.call_id)
+        if call.call_id not in self._alerted:
+            self._alerted.add(call.call_id)
+            self._alert(_fields("openclaw_call_overdue", call, now_ms, None))
+
+    def _end_exec(self, call: OpenClawCall, now_ms: int, report: OpenClawSweepReport) -> bool:
+        """Kill the call's marked tree; False when no process carried its marker."""
+        if self._kill(call.call_id) == 0:
+            return False
+        if self._calls.end(call.session_key, call.call_id, OpenClawCallState.KILLED, now_ms):
+            report.killed.append(call.call_id)
+            note = overdue_note(call, OpenClawCallState.KILLED)
+            self._alert(_fields("openclaw_call_killed", call, now_ms, note))
+        return True
+
+
+def _fields(kind: str, call: OpenClawCall, now_ms: int, note: str | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "kind": kind,
+        "session_key": call.session_key,
+        "run_id": call.run_id,
+        "call_id": call.call_id,
+        "tool": call.tool,
+        "age_s": round(call.age_s(now_ms), 1),
+        "budget_s": call.budget_s,
+    }
+    if note is not None:
+        fields["note"] = note
+    return fields
