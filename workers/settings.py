@@ -630,10 +630,10 @@ class OpenClawSettings(BaseModel):
 
     model_config = _FROZEN
 
-    # OpenClaw's own limits plus a grace: tools.exec.timeoutSeconds (1800 s) and the agent
-    # turn's default timeout (600 s), so unstuck acts only where OpenClaw would not.
+    # OpenClaw's own limits plus a grace: tools.exec.timeoutSeconds (1800 s) and the run timeout
+    # `doctor` advises (1800 s, not the 48 h default), so unstuck acts only where OpenClaw would not.
     budgets_s: Annotated[dict[str, PositiveFloat], AfterValidator(_has_default_budget)] = Field(
-        default_factory=lambda: {"exec": 1830.0, "*": 630.0},
+        default_factory=lambda: {"exec": 1830.0, "*": 1830.0},
         description='seconds a call of each OpenClaw tool may run before the watchdog ends it ("*": '
         'every other tool), e.g. {"exec": 5, "*": 120}',
     )
@@ -641,8 +641,15 @@ class OpenClawSettings(BaseModel):
         300.0, description="seconds a running OpenClaw session may show no activity before it is alerted"
     )
     recover: bool = Field(
-        False, description="after alerting a stuck OpenClaw session, end its open exec calls' process trees"
+        False,
+        description="after alerting a stuck OpenClaw session, end its open exec calls' process trees "
+        "(and abort its run through the gateway when openclaw.cli is set)",
     )
+    cli: str = Field(
+        "", description="the openclaw command, for gateway RPC (sessions.abort, sessions.send); empty: none"
+    )
+    gateway_url: str = Field("", description="the OpenClaw gateway's WebSocket URL; empty: the CLI's default")
+    gateway_token: SecretStr = Field(SecretStr(""), description="the OpenClaw gateway's token; empty: none")
 
     def budget_s(self, tool: str) -> float:
         """The budget of one call of ``tool``."""

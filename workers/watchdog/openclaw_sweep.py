@@ -2,9 +2,10 @@
 
 * A call past its budget (``openclaw.budgets_s``): an ``exec`` has its process tree killed —
   found by the ``UNSTUCK_CALL_ID`` marker the plugin put in its environment — so OpenClaw's
-  own exec path writes the call's one result (the command's exit) and the model goes on. The
-  call is never re-run. Another tool cannot be ended from outside without the gateway's
-  ``sessions.abort``; it is alerted (``openclaw_call_overdue``).
+  own exec path writes the call's one result (the command's exit) and the model goes on.
+  Another tool's run is aborted through the gateway (``sessions.abort``, when ``openclaw.cli``
+  is set; OpenClaw's transcript repair writes the result); else it is alerted
+  (``openclaw_call_overdue``). Then the session is told (``sessions.send``). Never re-run.
 * The tier-2 scan: a session with a call open and no reported activity for longer than
   ``openclaw.stuck_after_s`` is alerted (``openclaw_session_stuck``): log, events stream,
   metric, webhook (``alerts.webhook_url``).
@@ -30,6 +31,7 @@ from workers.core.openclaw_calls import (
 )
 from workers.settings import Settings
 from workers.store.openclaw_calls import OpenClawCalls
+from workers.watchdog.openclaw_rpc import GatewayRpc
 
 __all__ = ["OpenClawSweep", "OpenClawSweepReport", "kill_marked_tree", "marked_processes"]
 
@@ -85,8 +87,10 @@ class OpenClawSweep:
         *,
         alert: Callable[[dict[str, Any]], None],
         kill: Callable[[str], int] = kill_marked_tree,
+        rpc: GatewayRpc | None = None,
     ) -> None:
         self._calls = calls
+        self._rpc = rpc or GatewayRpc(settings)
         self._settings = settings
         self._alert = alert
         self._kill = kill
@@ -105,29 +109,38 @@ class OpenClawSweep:
         ):
             report.stuck.append(session)
             if self._settings.openclaw.recover:
-                for call in (c for c in open_calls if c.session_key == session and c.tool == "exec"):
-                    self._end_exec(call, now_ms, report)
+                for call in (c for c in open_calls if c.session_key == session):
+                    self.end_call(call, now_ms, report)
             self._alert(
                 {"kind": "openclaw_session_stuck", "session_key": session, "silent_s": round(silent_s, 1)}
             )
         return report
 
     def _overdue(self, call: OpenClawCall, now_ms: int, report: OpenClawSweepReport) -> None:
-        if call.tool == "exec" and self._end_exec(call, now_ms, report):
+        if self.end_call(call, now_ms, report):
             return
         report.overdue.append(call.call_id)
         if call.call_id not in self._alerted:
             self._alerted.add(call.call_id)
             self._alert(_fields("openclaw_call_overdue", call, now_ms, None))
 
-    def _end_exec(self, call: OpenClawCall, now_ms: int, report: OpenClawSweepReport) -> bool:
-        """Kill the call's marked tree; False when no process carried its marker."""
-        if self._kill(call.call_id) == 0:
+    def end_call(self, call: OpenClawCall, now_ms: int, report: OpenClawSweepReport) -> bool:
+        """Kill an exec's marked tree, else abort the run; False when neither was possible.
+
+        Either way OpenClaw itself writes the call's one result (the command's exit, or its
+        abort repair); unstuck never re-runs the call.
+        """
+        if call.tool == "exec" and self._kill(call.call_id) > 0:
+            how = OpenClawCallState.KILLED
+        elif self._rpc.abort(call.session_key, call.run_id):
+            how = OpenClawCallState.ABORTED
+        else:
             return False
-        if self._calls.end(call.session_key, call.call_id, OpenClawCallState.KILLED, now_ms):
+        if self._calls.end(call.session_key, call.call_id, how, now_ms):
             report.killed.append(call.call_id)
-            note = overdue_note(call, OpenClawCallState.KILLED)
-            self._alert(_fields("openclaw_call_killed", call, now_ms, note))
+            note = overdue_note(call, how)
+            told = self._rpc.tell(call.session_key, note)
+            self._alert({**_fields(f"openclaw_call_{how.value}", call, now_ms, note), "told": told})
         return True
 
 
