@@ -136,6 +136,23 @@ function register(api) {
     },
     { timeoutMs: cfg.timeoutMs + 1000 },
   );
+
+  // A model call started and not ended is a stream in flight: unstuck's tier-2 scan alerts
+  // a session whose stream stays silent longer than openclaw.stuck_after_s.
+  for (const [hook, started] of [["model_call_started", true], ["model_call_ended", false]]) {
+    api.on(
+      hook,
+      async (event, ctx) => {
+        try {
+          await post(cfg, "/v1/openclaw/model-calls", { ...scope(event, ctx), started });
+          reachable(logger);
+        } catch (error) {
+          unreachable(logger, cfg, error);
+        }
+      },
+      { timeoutMs: cfg.timeoutMs + 1000 },
+    );
+  }
 }
 
 export default {

@@ -6,6 +6,7 @@
          -> 200 {"block": bool, "message": str|null, "warning": str|null, "deadline_ms": int}
     POST /v1/openclaw/calls/end   {session_key, call_id, is_error, text}
          -> 200 {"ended": bool, "abort": str|null}
+    POST /v1/openclaw/model-calls {session_key, run_id, started}      -> 200 {"ok": true}
     GET  /v1/openclaw/sessions    what ``unstuck openclaw sessions --json`` prints
 """
 
@@ -47,6 +48,14 @@ class CallEndBody(BaseModel):
     text: str = Field("", max_length=65536)
 
 
+class ModelCallBody(BaseModel):
+    """A model call of an OpenClaw run started or ended (the tier-2 scan's activity)."""
+
+    session_key: str = Field(min_length=1, max_length=256)
+    run_id: str = Field(min_length=1, max_length=256)
+    started: bool
+
+
 def openclaw_routes(api: FastAPI, settings: Settings, blocking: Callable[..., Awaitable[Any]]) -> None:
     """Add the plugin's routes to ``api``."""
     guard = OpenClawGuard(settings, open_ledger(settings))
@@ -73,6 +82,14 @@ def openclaw_routes(api: FastAPI, settings: Settings, blocking: Callable[..., Aw
             guard.end, body.session_key, body.call_id, is_error=body.is_error, text=body.text, now_ms=now_ms()
         )
         return ended
+
+    @api.post("/v1/openclaw/model-calls")
+    async def model_call(body: ModelCallBody) -> dict[str, Any]:
+        """Note a model call's start or end: a start with no end is a stream in flight."""
+        await blocking(
+            guard.calls.model_call, body.session_key, body.run_id, started=body.started, now_ms=now_ms()
+        )
+        return {"ok": True}
 
     @api.get("/v1/openclaw/sessions")
     async def sessions() -> list[dict[str, Any]]:

@@ -413,6 +413,11 @@ class OpenClawKeys:
         """Sessions: member the quoted session key, score its latest reported activity ms."""
         return f"{self.prefix}:{{openclaw}}:activity"
 
+    @property
+    def streams(self) -> str:
+        """Model calls in flight: member ``S/R`` (session, run), score when the model call started ms."""
+        return f"{self.prefix}:{{openclaw}}:streams"
+
     @staticmethod
     def member(session_key: str, call_id: str) -> str:
         """The open-calls member of a call: ``S/C``, both quoted."""
@@ -456,5 +461,6 @@ KEY_PATTERNS: Final = {
     "OpenClawKeys.call": "P:{openclaw}:call:<session>/<call>",
     "OpenClawKeys.open": "P:{openclaw}:open",
     "OpenClawKeys.activity": "P:{openclaw}:activity",
+    "OpenClawKeys.streams": "P:{openclaw}:streams",
     "broker_queue_key": "<queue>",
 }

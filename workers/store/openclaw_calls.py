@@ -106,6 +106,27 @@ class OpenClawCalls:
         pairs: list[Any] = list(rows)
         return {unquote(_text(m)): int(score) for m, score in pairs}
 
+    def model_call(self, session_key: str, run_id: str, *, started: bool, now_ms: int) -> None:
+        """A model call of the run started (in flight) or ended; both are the session's activity."""
+        member = OpenClawKeys.member(session_key, run_id)
+        with store_errors():
+            pipe = self._client.pipeline(transaction=True)
+            if started:
+                pipe.zadd(self._keys.streams, {member: now_ms})
+            else:
+                pipe.zrem(self._keys.streams, member)
+            pipe.zadd(self._keys.activity, {quote_part(session_key): now_ms}, gt=True)
+            pipe.expire(self._keys.streams, self._ttl_s)
+            pipe.expire(self._keys.activity, self._ttl_s)
+            pipe.execute()
+
+    def streams(self) -> list[tuple[str, str, int]]:
+        """(session, run, started ms) of every model call in flight."""
+        with store_errors():
+            rows = self._client.zrange(self._keys.streams, 0, -1, withscores=True)
+        pairs: list[Any] = list(rows)
+        return [(*OpenClawKeys.parse_member(_text(m)), int(score)) for m, score in pairs]
+
     def _calls(self, members: list[Any]) -> list[StartedCall]:
         calls = []
         for member in members:

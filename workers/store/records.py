@@ -621,6 +621,10 @@ KEY_RECORDS: Final[tuple[KeyRecord, ...]] = (
     KeyRecord("openclaw_activity", "OpenClawKeys.activity", "ZSET", "ledger.ttl_s, refreshed on start",
               "HTTP door (every report)", "watchdog (tier-2 scan), CLI",
               "member the OpenClaw session key (quoted), score its latest reported activity ms"),
+    KeyRecord("openclaw_streams", "OpenClawKeys.streams", "ZSET", "ledger.ttl_s, refreshed on a model call",
+              "HTTP door (model call started adds, ended removes), watchdog (recovered)",
+              "watchdog (tier-2 scan), CLI",
+              "member 'S/R' of a run whose model call is in flight, score its start ms"),
     KeyRecord("queue", "broker_queue_key", "LIST", "none (kombu's; not under P)",
               "register script (a plain Redis broker on the ledger's node), Celery", "tool workers"
               " (Celery BRPOP)", "invoke task messages, in kombu's format"),

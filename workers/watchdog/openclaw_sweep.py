@@ -101,20 +101,45 @@ class OpenClawSweep:
         report = OpenClawSweepReport()
         for call in self._calls.due(now_ms):
             self._overdue(call, now_ms, report)
-        activity = self._calls.activity()
-        open_calls = self._calls.open_calls()
-        open_sessions = {c.session_key for c in open_calls}
-        for session, silent_s in silent_sessions(
-            activity, open_sessions, now_ms, self._settings.openclaw.stuck_after_s
-        ):
-            report.stuck.append(session)
-            if self._settings.openclaw.recover:
-                for call in (c for c in open_calls if c.session_key == session):
-                    self.end_call(call, now_ms, report)
-            self._alert(
-                {"kind": "openclaw_session_stuck", "session_key": session, "silent_s": round(silent_s, 1)}
-            )
+        self._scan(now_ms, report)
         return report
+
+    def _scan(self, now_ms: int, report: OpenClawSweepReport) -> None:
+        """Tier 2: alert sessions silent with a call or a model stream open; recover them if asked."""
+        open_calls = self._calls.open_calls()
+        streams = self._calls.streams()
+        busy = {c.session_key for c in open_calls} | {session for session, _, _ in streams}
+        stuck_after_s = self._settings.openclaw.stuck_after_s
+        for session, silent_s in silent_sessions(self._calls.activity(), busy, now_ms, stuck_after_s):
+            report.stuck.append(session)
+            runs = sorted({run for s, run, _ in streams if s == session})
+            self._alert(
+                {
+                    "kind": "openclaw_session_stuck",
+                    "session_key": session,
+                    "silent_s": round(silent_s, 1),
+                    "runs": runs,
+                }
+            )
+            if self._settings.openclaw.recover:
+                self._recover(
+                    session, runs, [c for c in open_calls if c.session_key == session], now_ms, report
+                )
+
+    def _recover(
+        self,
+        session: str,
+        runs: list[str],
+        calls: list[OpenClawCall],
+        now_ms: int,
+        report: OpenClawSweepReport,
+    ) -> None:
+        for call in calls:
+            self.end_call(call, now_ms, report)
+        for run in runs:
+            if self._rpc.abort(session, run):
+                self._calls.model_call(session, run, started=False, now_ms=now_ms)
+                self._alert({"kind": "openclaw_session_recovered", "session_key": session, "run_id": run})
 
     def _overdue(self, call: OpenClawCall, now_ms: int, report: OpenClawSweepReport) -> None:
         if self.end_call(call, now_ms, report):
