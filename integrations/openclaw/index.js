@@ -127,6 +127,8 @@ function register(api) {
           call_id: event.toolCallId,
           tool: event.toolName,
           is_error: Boolean(event.error),
+          // exec moved to the background (after yieldMs): its process still runs, under its budget.
+          running: event.toolName === "exec" && event.result?.details?.status === "running",
           text: event.error ? String(event.error).slice(0, RESULT_CHARS) : resultText(event),
         });
         reachable(logger);

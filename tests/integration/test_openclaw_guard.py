@@ -114,3 +114,26 @@ def test_a_silent_session_with_an_open_call_is_alerted(guard: OpenClawGuard, set
     stuck_ms = int(settings.openclaw.stuck_after_s * 1000)
     assert sweep.sweep(stuck_ms).stuck == []
     assert sweep.sweep(stuck_ms + 1_000).stuck == ["s4"]
+
+
+def test_a_background_exec_stays_open_until_its_process_is_gone(
+    guard: OpenClawGuard, settings: Settings
+) -> None:
+    guard.start("s5", "r", "main", "exec", "b1", EXEC, now_ms=0)
+    # exec moved to the background after yieldMs: its tool call returned, its process runs on
+    assert (
+        guard.end("s5", "b1", is_error=False, text="Command still running", now_ms=1_000, running=True)[
+            "ended"
+        ]
+        is False
+    )
+    running = guard.calls.get("s5", "b1")
+    assert running is not None
+    assert running.state is OpenClawCallState.OPEN
+    alerts: list[dict[str, object]] = []
+    sweep = OpenClawSweep(guard.calls, settings, alert=alerts.append, kill=lambda _c: 0)
+    sweep.sweep(6_000)  # past the budget, no marked process left: it ended by itself
+    gone = guard.calls.get("s5", "b1")
+    assert gone is not None
+    assert gone.state is OpenClawCallState.DONE
+    assert alerts == []

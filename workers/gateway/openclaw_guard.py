@@ -52,11 +52,17 @@ class OpenClawGuard:
         }
 
     def end(
-        self, session_key: str, call_id: str, *, is_error: bool, text: str, now_ms: int
+        self, session_key: str, call_id: str, *, is_error: bool, text: str, now_ms: int, running: bool = False
     ) -> dict[str, Any]:
-        """Record the call's end and its outcome; ``{"ended", "abort"}`` (abort: the guard's message)."""
-        state = OpenClawCallState.FAILED if is_error else OpenClawCallState.DONE
-        won = self.calls.end(session_key, call_id, state, now_ms)
+        """Record the call's end and its outcome; ``{"ended", "abort"}`` (abort: the guard's message).
+
+        A ``running`` exec went to the background: its process still runs, so the call stays
+        open under its budget (the watchdog ends its tree, or finds it gone).
+        """
+        won = False
+        if not running:
+            state = OpenClawCallState.FAILED if is_error else OpenClawCallState.DONE
+            won = self.calls.end(session_key, call_id, state, now_ms)
         call = self.calls.get(session_key, call_id)
         if call is None or call.state is OpenClawCallState.BLOCKED:
             return {"ended": won, "abort": None}

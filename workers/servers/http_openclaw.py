@@ -4,7 +4,7 @@
 
     POST /v1/openclaw/calls       {session_key, run_id, agent_id, call_id, tool, params}
          -> 200 {"block": bool, "message": str|null, "warning": str|null, "deadline_ms": int}
-    POST /v1/openclaw/calls/end   {session_key, call_id, is_error, text}
+    POST /v1/openclaw/calls/end   {session_key, call_id, is_error, text, running}
          -> 200 {"ended": bool, "abort": str|null}
     POST /v1/openclaw/model-calls {session_key, run_id, started}      -> 200 {"ok": true}
     GET  /v1/openclaw/sessions    what ``unstuck openclaw sessions --json`` prints
@@ -45,6 +45,7 @@ class CallEndBody(BaseModel):
     call_id: str = Field(min_length=1, max_length=256)
     tool: str = Field("", max_length=256)
     is_error: bool = False
+    running: bool = False
     text: str = Field("", max_length=65536)
 
 
@@ -79,7 +80,13 @@ def openclaw_routes(api: FastAPI, settings: Settings, blocking: Callable[..., Aw
     async def call_end(body: CallEndBody) -> dict[str, Any]:
         """Record an OpenClaw call's end and its outcome for the loop detector."""
         ended: dict[str, Any] = await blocking(
-            guard.end, body.session_key, body.call_id, is_error=body.is_error, text=body.text, now_ms=now_ms()
+            guard.end,
+            body.session_key,
+            body.call_id,
+            is_error=body.is_error,
+            text=body.text,
+            running=body.running,
+            now_ms=now_ms(),
         )
         return ended
 

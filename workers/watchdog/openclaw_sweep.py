@@ -95,6 +95,7 @@ class OpenClawSweep:
         self._alert = alert
         self._kill = kill
         self._alerted: set[str] = set()  # overdue calls already alerted (not ended by us)
+        self._stuck_alerted: dict[str, int | None] = {}  # session -> its activity when alerted
 
     def sweep(self, now_ms: int) -> OpenClawSweepReport:
         """End or alert every overdue call, then alert the silent sessions."""
@@ -110,9 +111,13 @@ class OpenClawSweep:
         streams = self._calls.streams()
         busy = {c.session_key for c in open_calls} | {session for session, _, _ in streams}
         stuck_after_s = self._settings.openclaw.stuck_after_s
-        for session, silent_s in silent_sessions(self._calls.activity(), busy, now_ms, stuck_after_s):
+        activity = self._calls.activity()
+        for session, silent_s in silent_sessions(activity, busy, now_ms, stuck_after_s):
             report.stuck.append(session)
             runs = sorted({run for s, run, _ in streams if s == session})
+            if self._stuck_alerted.get(session) == activity.get(session):
+                continue  # alerted already, and nothing happened since
+            self._stuck_alerted[session] = activity.get(session)
             self._alert(
                 {
                     "kind": "openclaw_session_stuck",
@@ -155,7 +160,10 @@ class OpenClawSweep:
         Either way OpenClaw itself writes the call's one result (the command's exit, or its
         abort repair); unstuck never re-runs the call.
         """
-        if call.tool == "exec" and self._kill(call.call_id) > 0:
+        if call.tool == "exec":
+            if self._kill(call.call_id) == 0:  # a background exec whose process ended by itself
+                self._calls.end(call.session_key, call.call_id, OpenClawCallState.DONE, now_ms)
+                return True
             how = OpenClawCallState.KILLED
         elif self._rpc.abort(call.session_key, call.run_id):
             how = OpenClawCallState.ABORTED
