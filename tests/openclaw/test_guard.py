@@ -41,6 +41,7 @@ EXEC_BUDGET_S = 5.0
 SWEEP_S = 1.0
 OPENCLAW_REACTION_S = 6.0
 STUCK_AFTER_S = 8.0
+ALONE_TURN_S = 20
 GATEWAY_TOKEN = "guard-gateway-token"
 TURN_TIMEOUT_S = 120
 MARKER = "UNSTUCK_CALL_ID"
@@ -178,9 +179,19 @@ def _argv(session: str, message: str, *, local: bool = True) -> list[str]:
     return [*argv, "--json", "--timeout", str(TURN_TIMEOUT_S)]
 
 
-def _turn(home: Path, model: MockModel, session: str, message: str, *, local: bool = True) -> Turn:
+def _turn(
+    home: Path,
+    model: MockModel,
+    session: str,
+    message: str,
+    *,
+    local: bool = True,
+    timeout_s: int = TURN_TIMEOUT_S,
+) -> Turn:
+    argv = _argv(session, message, local=local)
+    argv[-1] = str(timeout_s)
     done = subprocess.run(
-        _argv(session, message, local=local),
+        argv,
         env={"PATH": _path(), "HOME": str(home), "NO_COLOR": "1"},
         cwd=home,
         capture_output=True,
@@ -292,6 +303,17 @@ def _marked_leftovers() -> list[str]:
     return left
 
 
+def _leftovers_of(home: Path) -> list[str]:
+    """Processes OpenClaw started with ``home`` as HOME that still run (killed here)."""
+    left = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("HOME") == str(home):
+                left.append(" ".join(proc.cmdline())[:100])
+                proc.kill()
+    return left
+
+
 def _report(scenario: str, ok: bool, seconds: float | None) -> None:
     shown = "-" if seconds is None else f"{seconds:.1f}"
     line = f"GUARD {scenario} {'PASS' if ok else 'FAIL'} {shown}"
@@ -335,6 +357,26 @@ def test_exec_hang(stack: Stack) -> None:
     assert len(killed) == 1, stack.alerts
     assert answered, second.stderr[-2000:]
     assert in_time, seconds
+
+
+def test_exec_hang_without_the_plugin(stack: Stack) -> None:
+    """OpenClaw alone, for the README's comparison: no result before the turn's own deadline."""
+    model = MockModel(plan=[[("exec", {"command": "sleep 600", "timeoutSeconds": 0})]]).start()
+    config = _config(model, stack.door_url)
+    del config["plugins"]
+    home = _home(config)
+    try:
+        turn = _turn(home, model, "alone", "Run the plan.", timeout_s=ALONE_TURN_S)
+    finally:
+        model.stop()
+    seconds = _answer_seconds(model, 0)
+    results = _results(turn.transcript())
+    left = _leftovers_of(home)
+    LINES.append(
+        f"ALONE exec_hang {'-' if seconds is None else f'{seconds:.1f}'} (turn deadline {ALONE_TURN_S} s)"
+    )
+    print(f"exec_hang alone: the model had a result after {seconds}; results {results}; left running {left}")
+    assert seconds is None or seconds >= ALONE_TURN_S - 1  # nothing answered it before the deadline
 
 
 def test_exec_loop(stack: Stack) -> None:
@@ -465,3 +507,18 @@ def _marked_count() -> int:
         with contextlib.suppress(psutil.Error):
             count += MARKER in proc.environ()
     return count
+
+
+def test_unstuck_down_with_fail_closed_blocks_the_tools(stack: Stack) -> None:
+    model = MockModel(plan=[[("exec", {"command": "echo must-not-run"})]]).start()
+    dead = f"http://127.0.0.1:{free_port()}"
+    home = _home(_config(model, dead, fail_closed=True))
+    try:
+        turn = _turn(home, model, "closed", "Run the plan.")
+    finally:
+        model.stop()
+    results = _results(turn.transcript())
+    texts = [t for texts in results.values() for t in texts]
+    assert _one_each(results), results
+    assert all("must-not-run" not in t for t in texts), texts  # the command never ran
+    assert any("failClosed" in t for t in texts), texts
