@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -9,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.harness import wait_until
+from tests.harness import UNSTUCK, wait_until
 from workers.core.openclaw_calls import OpenClawCallState
 from workers.gateway.openclaw_guard import OpenClawGuard
 from workers.runtime import open_ledger
@@ -137,3 +138,19 @@ def test_a_background_exec_stays_open_until_its_process_is_gone(
     assert gone is not None
     assert gone.state is OpenClawCallState.DONE
     assert alerts == []
+
+
+def test_the_operator_sees_and_aborts_a_session(guard: OpenClawGuard, env: dict[str, str]) -> None:
+    now = int(time.time() * 1000)
+    guard.start("ops", "r", "main", "web_fetch", "w9", {"url": "http://x"}, now_ms=now)
+    listed = subprocess.run(
+        [UNSTUCK, "openclaw", "sessions", "--json"], env=env, capture_output=True, text=True
+    )
+    rows = json.loads(listed.stdout)
+    assert [(r["session_key"], r["state"], [c["call_id"] for c in r["open_calls"]]) for r in rows] == [
+        ("ops", "running", ["w9"])
+    ]
+    # Without openclaw.cli no run can be aborted from here: the operator is told which call is left
+    aborted = subprocess.run([UNSTUCK, "openclaw", "abort", "ops"], env=env, capture_output=True, text=True)
+    assert aborted.returncode == 1
+    assert "w9" in aborted.stdout

@@ -303,6 +303,11 @@ def _marked_leftovers() -> list[str]:
     return left
 
 
+def _wall(monotonic_at: float) -> float:
+    """The wall-clock time of a ``time.monotonic()`` reading (the ledger's clock is the wall's)."""
+    return time.time() - (time.monotonic() - monotonic_at)
+
+
 def _leftovers_of(home: Path) -> list[str]:
     """Processes OpenClaw started with ``home`` as HOME that still run (killed here)."""
     left = []
@@ -342,7 +347,7 @@ def test_exec_hang(stack: Stack) -> None:
     # unstuck's part (the kill) within the budget plus one sweep, from the model's call (the
     # plugin hears of it a few hundred ms later); OpenClaw's own part after the kill (reaping,
     # its result, the next model request) measured 1.9-4 s on the shared 2-core machine.
-    kill_s = killed[0]["arrived_at"] - model.sent[0].at if killed and model.sent else None
+    kill_s = killed[0]["ended_ms"] / 1000 - _wall(model.sent[0].at) if killed and model.sent else None
     in_time = (
         kill_s is not None
         and kill_s <= EXEC_BUDGET_S + SWEEP_S + 1
@@ -360,7 +365,7 @@ def test_exec_hang(stack: Stack) -> None:
 
 
 def test_exec_hang_without_the_plugin(stack: Stack) -> None:
-    """OpenClaw alone, for the README's comparison: no result before the turn's own deadline."""
+    """OpenClaw alone, for the README's comparison (no assertion on its timing: it is OpenClaw's)."""
     model = MockModel(plan=[[("exec", {"command": "sleep 600", "timeoutSeconds": 0})]]).start()
     config = _config(model, stack.door_url)
     del config["plugins"]
@@ -372,11 +377,11 @@ def test_exec_hang_without_the_plugin(stack: Stack) -> None:
     seconds = _answer_seconds(model, 0)
     results = _results(turn.transcript())
     left = _leftovers_of(home)
-    LINES.append(
-        f"ALONE exec_hang {'-' if seconds is None else f'{seconds:.1f}'} (turn deadline {ALONE_TURN_S} s)"
-    )
+    first = next((texts[0] for texts in results.values() if texts), "no result")
+    shown = "-" if seconds is None else f"{seconds:.1f}"
+    LINES.append(f"ALONE exec_hang {shown} {first.splitlines()[0][:80]!r}")
     print(f"exec_hang alone: the model had a result after {seconds}; results {results}; left running {left}")
-    assert seconds is None or seconds >= ALONE_TURN_S - 1  # nothing answered it before the deadline
+    assert _one_each(results), results
 
 
 def test_exec_loop(stack: Stack) -> None:

@@ -172,8 +172,11 @@ class OpenClawSweep:
         if self._calls.end(call.session_key, call.call_id, how, now_ms):
             report.killed.append(call.call_id)
             note = overdue_note(call, how)
-            told = self._rpc.tell(call.session_key, note)
-            self._alert({**_fields(f"openclaw_call_{how.value}", call, now_ms, note), "told": told})
+            self._alert({**_fields(f"openclaw_call_{how.value}", call, now_ms, note), "ended_ms": now_ms})
+            if self._rpc.configured and not self._rpc.tell(call.session_key, note):
+                log.warning(
+                    "openclaw: could not tell session %s that %s was stopped", call.session_key, call.call_id
+                )
         return True
 
 

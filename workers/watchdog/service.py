@@ -71,12 +71,13 @@ class WatchdogService:
     def sweep(self) -> int:
         """One watchdog sweep; returns how many calls it answered (0 when another sweep held the lock)."""
         with tracing.span("unstuck.watchdog.sweep") as note:
-            report = self.watchdog.sweep(now_ms())
+            started_ms = now_ms()
+            report = self.watchdog.sweep(started_ms)
             note("unstuck.sweep.calls_answered", report.calls_answered)
         if report.locked_out:
             log.info("watchdog sweep skipped: another sweep holds the lock")
             return 0
-        guarded = self.openclaw.sweep(now_ms())
+        guarded = self.openclaw.sweep(started_ms)  # the sweep's own clock reading: one per sweep
         if guarded.killed or guarded.overdue or guarded.stuck:
             log.warning("watchdog openclaw sweep: %s", guarded)
         if report.calls_answered or report.timed_out or report.recovered or report.alerts:
