@@ -17,6 +17,7 @@ from celery import Celery
 from workers import tracing
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.run_health import watchdog_late
+from workers.errors import StoreError
 from workers.runtime import Runtime, now_ms, worker_id
 from workers.store.openclaw_calls import OpenClawCalls
 from workers.store.sessions import SessionStore
@@ -77,14 +78,23 @@ class WatchdogService:
         if report.locked_out:
             log.info("watchdog sweep skipped: another sweep holds the lock")
             return 0
-        guarded = self.openclaw.sweep(started_ms)  # the sweep's own clock reading: one per sweep
-        if guarded.killed or guarded.overdue or guarded.stuck:
-            log.warning("watchdog openclaw sweep: %s", guarded)
+        self._guard_openclaw(started_ms)
         if report.calls_answered or report.timed_out or report.recovered or report.alerts:
             log.warning("watchdog sweep: %s", report)
             self.events.flush(timeout_s=2.0)
         self._note_completed()
         return report.calls_answered
+
+    def _guard_openclaw(self, started_ms: int) -> None:
+        # OpenClaw's calls are a guard beside the sweep: a store error there is logged and the
+        # sweep still counts as done, so the watchdog's own liveness never depends on it.
+        try:
+            guarded = self.openclaw.sweep(started_ms)  # the sweep's own clock reading: one per sweep
+        except StoreError as exc:
+            log.warning("watchdog openclaw sweep failed: %s", exc)
+            return
+        if guarded.killed or guarded.overdue or guarded.stuck:
+            log.warning("watchdog openclaw sweep: %s", guarded)
 
     def _note_completed(self) -> None:
         """Record the sweep; alert when the gap since the previous one shows the watchdog fell behind."""
