@@ -33,6 +33,7 @@ import argparse
 import functools
 import http.client
 import json
+import logging
 import os
 import random
 import signal
@@ -51,6 +52,7 @@ from tests.sentinel_harness import LocalSentinels
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.settings import Settings
+from workers.store.kept_answers import kept_counts
 from workers.store.records import CallField
 
 __all__ = ["Handed", "Options", "Outcome", "main", "run"]
@@ -105,6 +107,8 @@ class Outcome:
     limit_ms: int = 0
     examples: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    restored: int = 0
+    conflicts: int = 0
 
     @property
     def passed(self) -> bool:
@@ -124,7 +128,8 @@ class Outcome:
             f" calls {self.calls}, missing {self.missing}, differing {self.differing}, late {self.late},"
             f" unanswered {self.unanswered}, duplicates {self.duplicates} ({share:.2f}%, +{self.reruns}"
             f" idempotent re-runs), worst answer {self.worst_ms} ms (limit {self.limit_ms} ms),"
-            f" first ok answer {first} after the kill, {self.elapsed_s:.0f} s"
+            f" first ok answer {first} after the kill, answers written back {self.restored}"
+            f" (conflicts {self.conflicts}), {self.elapsed_s:.0f} s"
         )
 
 
@@ -241,7 +246,8 @@ def _faults(topology: LocalSentinels, options: Options, started: float, log: lis
     log.append(f"{time.monotonic() - started:5.1f} s old primary {first.port} restarted")
     at(options.stop_at)
     promoted = topology.current_primary()
-    assert promoted is not None and promoted is not first, "the Sentinels name no promoted primary"
+    assert promoted is not None, "the Sentinels name no primary at the stop"
+    assert promoted is not first, "the Sentinels name the old primary again"
     _stop(promoted, True)
     log.append(f"{time.monotonic() - started:5.1f} s promoted primary {promoted.port} SIGSTOPped")
     try:
@@ -336,6 +342,8 @@ def run(options: Options) -> Outcome:
         auditor = ToolGateway(settings)
         try:
             _audit(auditor, handed, outcome, kill_ms)
+            counts = kept_counts(auditor._rt.ledger.client, settings.redis.key_prefix)
+            outcome.restored, outcome.conflicts = counts.get("restored", 0), counts.get("conflict", 0)
         finally:
             auditor.close()
         dups, reruns, examples = duplicate_executions(_executions(executions))
@@ -357,7 +365,7 @@ def _budget_ms(settings: Settings, first: Handed) -> int:
     """
     gateway = ToolGateway(settings)
     try:
-        ledger = gateway._rt.ledger  # noqa: SLF001 - the bench reads the record the gateway wrote
+        ledger = gateway._rt.ledger
         record = ledger.record(ledger.keys(first.session, first.run), first.call_id)
         assert record is not None, "the first call has no record"
         return record.row.integer(CallField.DEADLINE_MS) - first.submitted_ms
@@ -373,6 +381,7 @@ def _executions(path: Path) -> list[dict[str, object]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = _parse(argv)
+    logging.basicConfig(level=logging.ERROR)  # failovers are the plan: their warnings would drown the figures
     print(
         f"failover-sequence: seed {options.seed} replicas {options.replicas} door {options.door}"
         f" (replay: --seed {options.seed})",

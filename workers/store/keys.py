@@ -68,6 +68,7 @@ __all__ = [
     "duplicates_key",
     "events_stream_key",
     "index_keys",
+    "kept_answers_key",
     "key_slot",
     "lane_pattern",
     "ledger_key_kind",
@@ -383,6 +384,11 @@ def refused_key(prefix: str) -> str:
     return f"{prefix}:refused"
 
 
+def kept_answers_key(prefix: str, outcome: str) -> str:
+    """Counter of delivered answers a failover lost, by ``outcome``: ``restored`` or ``conflict``."""
+    return f"{prefix}:kept_answers:{outcome}"
+
+
 def duplicates_key(prefix: str) -> str:
     """Counter of second executions: calls a worker claimed again after an earlier attempt."""
     return f"{prefix}:duplicates"
@@ -416,5 +422,6 @@ KEY_PATTERNS: Final = {
     "BreakerKeys.failures": "P:{breaker:<tool>}:failures",
     "refused_key": "P:refused",
     "duplicates_key": "P:duplicates",
+    "kept_answers_key": "P:kept_answers:<outcome>",
     "broker_queue_key": "<queue>",
 }
