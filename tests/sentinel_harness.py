@@ -95,7 +95,7 @@ class _Sentinel:
 
 
 class LocalSentinels:
-    """A primary, ``replicas`` replicas of it (``--replicaof``, one by default) and three Sentinels (quorum 2)."""
+    """A primary, ``replicas`` replicas of it (``--replicaof``, default one), three Sentinels (quorum 2)."""
 
     def __init__(self, master: str = MASTER_NAME, *, appendonly: bool = False, replicas: int = 1) -> None:
         self.master = master

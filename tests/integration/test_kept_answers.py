@@ -63,7 +63,9 @@ def test_an_answer_decided_after_the_delivery_is_replaced(plain: redis.Redis) ->
     keeper.keep(keys, {"c": _ok("c", "real")}, primary=("127.0.0.1", 1))
     call = ToolCall(id="c", name="echo", arguments={})
     late = deadline_result(call, submitted_ms=_now_ms() - 20_000, deadline_ms=_now_ms() - 9_000)
-    plain.hset(keys.call("c"), mapping={"state": "done", "result": late.to_json(), "finished_ms": _now_ms() + 5})
+    plain.hset(
+        keys.call("c"), mapping={"state": "done", "result": late.to_json(), "finished_ms": _now_ms() + 5}
+    )
     # When the keeper settles
     keeper.settle()
     # Then the ledger holds what the agent was handed

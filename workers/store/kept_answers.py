@@ -28,7 +28,6 @@ it keeps an answer no replica holds, and the primary fails over before the repli
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -40,6 +39,7 @@ import redis
 from redis.sentinel import SentinelConnectionPool
 
 from workers.core.models import ToolResult
+from workers.store.connection import store_errors
 from workers.store.keys import RunKeys, kept_answers_key
 from workers.store.lua import script_source
 
@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 #: How long a fence may wait for a replica: short, the next tick asks again.
 _FENCE_WAIT_MS = 100
+#: What the counters count: answers written back, and answers that met another one decided first.
+_OUTCOMES = ("restored", "conflict")
 #: Who a written-back answer names as its writer (the record's ``writer``).
 _WRITER = "kept-answer"
 
@@ -202,8 +204,9 @@ def _fence_holds(client: redis.Redis) -> bool:
 
 def kept_counts(client: redis.Redis, prefix: str) -> dict[str, int]:
     """Answers written back after a failover lost them, and conflicts (0 when none, or expired)."""
-    counts = {}
-    for outcome in ("restored", "conflict"):
-        with contextlib.suppress(ValueError, TypeError):
-            counts[outcome] = int(client.get(kept_answers_key(prefix, outcome)) or 0)
-    return counts
+    with store_errors():
+        pipe = client.pipeline(transaction=False)
+        for outcome in _OUTCOMES:
+            pipe.get(kept_answers_key(prefix, outcome))
+        replies = pipe.execute()
+    return {outcome: int(reply or 0) for outcome, reply in zip(_OUTCOMES, replies, strict=True)}
