@@ -12,10 +12,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import kombu
 import pytest
 import redis
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.sentinel import SentinelConnectionPool
 
 from tests.harness import GatewayOn, WorkerOn, base_env, recorded_runs, settings_of, wait_until
@@ -265,7 +267,7 @@ def test_an_asyncio_pool_follows_a_resumed_old_primary_before_any_connection_bre
                 base_env(sentinels.url, UNSTUCK_REDIS__SENTINEL_MASTER=sentinels.master)
             ).redis.sentinel_access(),
         )
-        pool = client.connection_pool
+        pool = cast(AsyncSentinelPool, client.connection_pool)
         try:
             await client.set("k", "1")
             before = _address(pool.master_address)

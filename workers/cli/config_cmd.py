@@ -177,13 +177,11 @@ def _failure_tool_warnings(settings: Settings) -> list[ConfigWarning]:
     )
 
 
-def redis_warnings(settings: Settings) -> list[ConfigWarning]:
-    """What the configured Redis itself lacks (replica, AOF, noeviction); nothing without a URL."""
-    return _redis_check(settings)[0]
+def redis_report(settings: Settings) -> tuple[list[ConfigWarning], str | None]:
+    """The configured Redis's warnings (replicas, AOF, noeviction) and what its replicas mean.
 
-
-def _redis_check(settings: Settings) -> tuple[list[ConfigWarning], str | None]:
-    """The Redis's warnings, and what its replicas mean for the promise (None: not read)."""
+    The meaning is None when Redis was not read; nothing at all without a URL.
+    """
     from workers.core.durability_checks import check_durability, replicas_meaning
     from workers.runtime import open_ledger
     from workers.store.server import durability_of
@@ -208,7 +206,7 @@ def _redis_check(settings: Settings) -> tuple[list[ConfigWarning], str | None]:
 def _check(args: argparse.Namespace) -> int:
     try:
         settings = load_settings()
-        found, replicas = _redis_check(settings)
+        found, replicas = redis_report(settings)
         warnings = collect_warnings(settings) + found
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

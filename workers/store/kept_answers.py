@@ -163,7 +163,7 @@ class KeptAnswers:
             result = item.result
             keys = [item.keys.call(result.tool_call_id), item.keys.calls, restored, conflict]
             args = [result.tool_call_id, result.to_json(), result.reason or "", item.delivered_ms, self.ttl_s]
-            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, _WRITER)
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, _WRITER)  # type: ignore[no-untyped-call]
         for item, outcome in zip(items, pipe.execute(), strict=True):
             where = f"call {item.result.tool_call_id!r} of {item.keys.session_key}/{item.keys.run_id}"
             if int(outcome) == 1:
@@ -198,7 +198,7 @@ def _fence_holds(client: redis.Redis) -> bool:
     """Whether a replica holds everything the primary took so far (a fence and ``WAIT 1``)."""
     pipe = client.pipeline(transaction=False)
     pipe.publish("unstuck:replica-fence", "1")
-    pipe.execute_command("WAIT", 1, _FENCE_WAIT_MS)
+    pipe.execute_command("WAIT", 1, _FENCE_WAIT_MS)  # type: ignore[no-untyped-call]
     return int(pipe.execute()[-1]) >= 1
 
 
