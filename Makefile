@@ -151,7 +151,7 @@ test-failover: $(STAMP)
 
 # UNSTUCK_FAILOVER_SEED=N replays a seed; each run prints the seed it picked.
 test-failover-ci: $(STAMP)
-	$(BIN)/pytest -q -rsx -s -n 2 --durations=5 $(FAILOVER_CI)
+	$(BIN)/pytest -q -rsxP -n 2 --durations=5 $(FAILOVER_CI)
 
 # The same sequence, longer and one leg at a time: RUNS rounds of every topology and door.
 RUNS ?= 3
