@@ -316,9 +316,14 @@ class _LedgerCore:
         # until one holds them (workers.store.kept_answers); None elsewhere.
         self.kept: KeptAnswers | None = None
 
-    def _handed(self, keys: RunKeys, answers: dict[str, ToolResult], pool: object) -> dict[str, ToolResult]:
-        """``answers``, kept first when they were read while the primary had no replica in sync."""
+    def handed(self, keys: RunKeys, answers: dict[str, ToolResult]) -> dict[str, ToolResult]:
+        """``answers``, handed on now: kept first when the primary had no replica in sync.
+
+        Every read of results does it; a writer that hands on what it just stored (a
+        gateway's own answer) calls it itself.
+        """
         if self.kept is not None and answers and self.replica_acks.unacknowledged:
+            pool = getattr(getattr(self, "client", None), "connection_pool", None)
             address = getattr(pool, "master_address", None)
             self.kept.keep(keys, answers, (str(address[0]), int(address[1])) if address else None)
         return answers
@@ -639,7 +644,7 @@ class Ledger(_LedgerCore):
 
         with store_errors():
             raw = self.replica_acks.confirmed(self.client, read, read=True, slot_key=keys.call(call_ids[0]))
-            return self._handed(keys, _stored_results(call_ids, raw), self.client.connection_pool)
+            return self.handed(keys, _stored_results(call_ids, raw))
 
     def wait_for_results(
         self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()
@@ -671,7 +676,7 @@ class Ledger(_LedgerCore):
         # What the signal carried may not be on a replica yet: re-read it, confirmed.
         if read and self.replica_acks.fencing:
             return self.results(keys, read)
-        return self._handed(keys, answers, self.client.connection_pool)
+        return self.handed(keys, answers)
 
     def _after_signal(
         self, keys: RunKeys, signal: Signal, mine: Collection[str], follow: Sequence[str]
@@ -836,7 +841,7 @@ class AsyncLedger(_LedgerCore):
             answers = _stored_results(
                 call_ids, await self.replica_acks.aconfirmed(self.client, read, read=True)
             )
-        return self._handed(keys, answers, self.client.connection_pool)
+        return self.handed(keys, answers)
 
     async def wait_for_results(
         self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()
@@ -856,7 +861,7 @@ class AsyncLedger(_LedgerCore):
         # not be on a replica yet: re-read them (confirmed).
         if learned is None or self.replica_acks.fencing:
             return await self.results(keys, read)
-        return self._handed(keys, learned, self.client.connection_pool)
+        return self.handed(keys, learned)
 
     async def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""
