@@ -127,3 +127,18 @@ def _written(ledger: Ledger, keys: RunKeys) -> bool:
     except Exception:  # noqa: BLE001 - the promotion may still be under way: try again
         return False
     return True
+
+
+def test_an_open_call_written_back_leaves_the_run_summary_and_the_due_index(plain: redis.Redis) -> None:
+    # Given a call whose registration and claim survived the failover but not its answer
+    keeper, keys = _keeper(plain), RunKeys("t", "s1", "r1")
+    plain.hset(keys.call("c"), mapping={"call_id": "c", "state": "running", "deadline_ms": _now_ms() + 9_000})
+    plain.hset(keys.run, mapping={"open_n": 1, "claimed_n": 1, "progress_ms": 1})
+    plain.zadd(keys.index.due, {keys.due_member("c"): _now_ms() + 9_000})
+    keeper.keep(keys, {"c": _ok("c", "real")}, primary=("127.0.0.1", 1))
+    # When the keeper writes it back
+    keeper.settle()
+    # Then the run counts it answered, as a finish would, and the sweep no longer looks at it
+    assert plain.hmget(keys.run, ["open_n", "claimed_n"]) == ["0", "0"]
+    assert plain.zscore(keys.index.due, keys.due_member("c")) is None
+    assert _stored(plain, keys, "c") == _ok("c", "real").to_json()

@@ -152,7 +152,7 @@ class KeptAnswers:
 
     def _restore(self, client: redis.Redis, items: list[_Kept]) -> None:
         """``answer_restore.lua`` for each of ``items``, in one round trip."""
-        script = script_source("answer_restore.lua")
+        script = script_source("answer_restore.lua", with_summary=True)
         sha = client.script_load(script)
         pipe = client.pipeline(transaction=False)
         restored, conflict = (
@@ -161,10 +161,16 @@ class KeptAnswers:
         )
         for item in items:
             result = item.result
-            keys = [item.keys.call(result.tool_call_id), item.keys.calls, restored, conflict]
-            args = [result.tool_call_id, result.to_json(), result.reason or "", item.delivered_ms, self.ttl_s]
+            call_id = result.tool_call_id
+            keys = [item.keys.call(call_id), item.keys.calls, restored, conflict, item.keys.run]
+            args = [call_id, result.to_json(), result.reason or "", item.delivered_ms, self.ttl_s]
             pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, _WRITER)  # type: ignore[no-untyped-call]
-        for item, outcome in zip(items, pipe.execute(), strict=True):
+        # An open call answered now leaves the due and lease indexes, as after a finish.
+        for item in items:
+            member = item.keys.due_member(item.result.tool_call_id)
+            pipe.zrem(item.keys.index.due, member)
+            pipe.zrem(item.keys.index.leases, member)
+        for item, outcome in zip(items, pipe.execute()[: len(items)], strict=True):
             where = f"call {item.result.tool_call_id!r} of {item.keys.session_key}/{item.keys.run_id}"
             if int(outcome) == 1:
                 log.warning(

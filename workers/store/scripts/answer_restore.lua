@@ -1,5 +1,5 @@
 -- Write back an answer that was handed on while no replica held it, after a failover lost it.
--- KEYS: call, calls, restored counter, conflict counter.
+-- KEYS: call, calls, restored counter, conflict counter, run.
 -- ARGV: call_id, result_json, reason, delivered_ms, ttl_s, writer.
 -- Returns 0 when the ledger holds that answer already, 1 when it was written back, -1 when the
 -- ledger holds another answer decided before this one was handed on (never overwritten).
@@ -20,6 +20,11 @@ if call[2] and (tonumber(call[3] or '0') or 0) <= tonumber(ARGV[4]) then
 end
 redis.call('HSET', KEYS[1], 'call_id', ARGV[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3],
            'finished_ms', ARGV[4], 'writer', ARGV[6])
+if call[1] and not call[2] then
+  -- An open call (its registration survived, its answer did not): the run's summary counts it
+  -- answered now, as a winning finish would (lib_run_summary.lua).
+  touch_run(KEYS[5], ARGV[4], -1, call[1] == 'running' and -1 or 0)
+end
 if redis.call('TTL', KEYS[1]) < 0 then
   redis.call('EXPIRE', KEYS[1], ttl)
 end
