@@ -20,7 +20,7 @@ keeps a copy when it read it with no replica's acknowledgement, and:
   decided before the delivery is never replaced, and is counted as a conflict.
 
 One thread per process does both, every ``redis.primary_check_interval_ms``, only while
-something is kept. Counted in Redis (``P:kept_answers:restored`` and ``:conflict``) and
+something is kept (at most 100,000 answers, the oldest dropped first with a warning). Counted in Redis (``P:kept_answers:restored`` and ``:conflict``) and
 exported as ``unstuck_answers_restored_total`` and ``unstuck_answers_restore_conflicts_total``.
 What this cannot cover: a deliverer that dies (or is partitioned from every primary) while
 it keeps an answer no replica holds, and the primary fails over before the replica copies it.
@@ -52,6 +52,9 @@ Address = tuple[str, int]
 _FENCE_WAIT_MS = 100
 #: What the counters count: answers written back, and answers that met another one decided first.
 _OUTCOMES = ("restored", "conflict")
+#: The most answers a process keeps: a primary that never gets a replica in sync (Sentinels
+#: watching a lone Redis) would otherwise grow the list without end. The oldest go first.
+_MOST_KEPT = 100_000
 #: Who a written-back answer names as its writer (the record's ``writer``).
 _WRITER = "kept-answer"
 
@@ -100,6 +103,13 @@ class KeptAnswers:
         now_ms = int(self._clock() * 1000)
         with self._lock:
             self._kept.extend(_Kept(keys, result, now_ms, primary) for result in results.values())
+            if len(self._kept) > _MOST_KEPT:
+                del self._kept[: len(self._kept) - _MOST_KEPT]
+                log.warning(
+                    "%d answers handed on wait for a replica to hold them: the oldest are no longer"
+                    " kept (does the primary have a replica? `unstuck config check`)",
+                    _MOST_KEPT,
+                )
             self._start()
 
     def _start(self) -> None:
@@ -116,6 +126,8 @@ class KeptAnswers:
                 self.settle()
             except redis.RedisError as exc:  # no primary yet: the next tick asks again
                 log.debug("kept answers not settled yet: %s", exc)
+            except Exception:  # the keeper outlives any one failure: it is all that holds them
+                log.exception("kept answers could not be settled; trying again")
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
