@@ -142,3 +142,18 @@ def test_an_open_call_written_back_leaves_the_run_summary_and_the_due_index(plai
     assert plain.hmget(keys.run, ["open_n", "claimed_n"]) == ["0", "0"]
     assert plain.zscore(keys.index.due, keys.due_member("c")) is None
     assert _stored(plain, keys, "c") == _ok("c", "real").to_json()
+
+
+def test_a_process_keeps_a_bounded_number_of_answers(
+    plain: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from workers.store import kept_answers
+
+    monkeypatch.setattr(kept_answers, "_MOST_KEPT", 3)
+    keeper, keys = _keeper(plain), RunKeys("t", "s1", "r1")
+    for n in range(5):
+        keeper.keep(keys, {f"c{n}": _ok(f"c{n}", "x")}, primary=("127.0.0.1", 1))
+    assert len(keeper) == 3
+    assert "the oldest are no longer kept" in caplog.text
+    keeper.settle()  # the newest three are what it writes back
+    assert sorted(plain.zrange(keys.calls, 0, -1)) == ["c2", "c3", "c4"]
