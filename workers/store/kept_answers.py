@@ -21,7 +21,8 @@ keeps a copy when it read it with no replica's acknowledgement, and:
 
 One thread per process does both, every ``redis.primary_check_interval_ms``, only while
 something is kept (at most 100,000 answers, the oldest dropped first with a warning).
-Counted in Redis (``P:kept_answers:restored`` and ``:conflict``) and exported as ``unstuck_answers_restored_total`` and ``unstuck_answers_restore_conflicts_total``.
+Counted in Redis (``P:kept_answers:restored`` and ``:conflict``) and exported as
+``unstuck_answers_restored_total`` and ``unstuck_answers_restore_conflicts_total``.
 What this cannot cover: a deliverer that dies (or is partitioned from every primary) while
 it keeps an answer no replica holds, and the primary fails over before the replica copies it.
 """
