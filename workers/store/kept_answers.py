@@ -6,7 +6,7 @@ primary is down) is written as a lone Redis is: availability first
 fails over again before a replica has copied it (the old primary, back as its replica but
 still loading, is promoted in its place), the promotion discards it: answers an agent was
 handed vanish from the ledger, and the watchdog or a newer run may decide something else for
-the same call (issue 42: 407 of 815 delivered answers missing, 13 differing).
+the same call (docs/failover.md, "Two failovers in a row", gives the figures).
 
 So whoever hands an answer on (a gateway, ``unstuck serve``, ``unstuck mcp``, ``collect``)
 keeps a copy when it read it with no replica's acknowledgement, and:

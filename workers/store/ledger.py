@@ -317,11 +317,7 @@ class _LedgerCore:
         self.kept: KeptAnswers | None = None
 
     def handed(self, keys: RunKeys, answers: dict[str, ToolResult]) -> dict[str, ToolResult]:
-        """``answers``, handed on now: kept first when the primary had no replica in sync.
-
-        Every read of results does it; a writer that hands on what it just stored (a
-        gateway's own answer) calls it itself.
-        """
+        """``answers``, handed on now: kept first when the primary had no replica in sync (reads do it)."""
         if self.kept is not None and answers and self.replica_acks.unacknowledged:
             pool = getattr(getattr(self, "client", None), "connection_pool", None)
             address = getattr(pool, "master_address", None)
@@ -674,9 +670,7 @@ class Ledger(_LedgerCore):
             follow = [] if behind else [cid for cid in read if cid not in answers]
             answers.update(self._after_signal(keys, signal, mine, follow))
         # What the signal carried may not be on a replica yet: re-read it, confirmed.
-        if read and self.replica_acks.fencing:
-            return self.results(keys, read)
-        return self.handed(keys, answers)
+        return self.results(keys, read) if read and self.replica_acks.fencing else self.handed(keys, answers)
 
     def _after_signal(
         self, keys: RunKeys, signal: Signal, mine: Collection[str], follow: Sequence[str]
