@@ -251,6 +251,8 @@ class Waiter:
             if not self.ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer):
                 # Another writer won just now: deliver what the ledger holds.
                 result = self.ledger.results(keys, [call_id]).get(call_id, result)
+            else:  # handed on as written: kept until a replica holds it (docs/failover.md)
+                self.ledger.handed(keys, {call_id: result})
         except StoreError:
             if self.store_later is not None:
                 self.store_later(keys, result)
@@ -353,6 +355,8 @@ class AsyncWaiter:
         try:
             if not await self.ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer):
                 result = (await self.ledger.results(keys, [call_id])).get(call_id, result)
+            else:
+                self.ledger.handed(keys, {call_id: result})
         except StoreError:
             if self.store_later is not None:
                 self.store_later(keys, result)

@@ -69,6 +69,7 @@ __all__ = [
     "duplicates_key",
     "events_stream_key",
     "index_keys",
+    "kept_answers_key",
     "key_slot",
     "lane_pattern",
     "ledger_key_kind",
@@ -384,6 +385,11 @@ def refused_key(prefix: str) -> str:
     return f"{prefix}:refused"
 
 
+def kept_answers_key(prefix: str, outcome: str) -> str:
+    """Counter of delivered answers a failover lost, by ``outcome``: ``restored`` or ``conflict``."""
+    return f"{prefix}:kept_answers:{outcome}"
+
+
 def duplicates_key(prefix: str) -> str:
     """Counter of second executions: calls a worker claimed again after an earlier attempt."""
     return f"{prefix}:duplicates"
@@ -462,5 +468,6 @@ KEY_PATTERNS: Final = {
     "OpenClawKeys.open": "P:{openclaw}:open",
     "OpenClawKeys.activity": "P:{openclaw}:activity",
     "OpenClawKeys.streams": "P:{openclaw}:streams",
+    "kept_answers_key": "P:kept_answers:<outcome>",
     "broker_queue_key": "<queue>",
 }

@@ -625,6 +625,11 @@ KEY_RECORDS: Final[tuple[KeyRecord, ...]] = (
               "HTTP door (model call started adds, ended removes), watchdog (recovered)",
               "watchdog (tier-2 scan), CLI",
               "member 'S/R' of a run whose model call is in flight, score its start ms"),
+    KeyRecord("kept_answers", "kept_answers_key", "STRING", _REFRESHED,
+              "gateway, unstuck serve/mcp (answer_restore.lua: a kept answer written back, or a"
+              " conflict)", "metrics",
+              "answers a failover lost that their deliverer wrote back ('restored') or could not"
+              " ('conflict'): INCR each (kept_answers.py)"),
     KeyRecord("queue", "broker_queue_key", "LIST", "none (kombu's; not under P)",
               "register script (a plain Redis broker on the ledger's node), Celery", "tool workers"
               " (Celery BRPOP)", "invoke task messages, in kombu's format"),
