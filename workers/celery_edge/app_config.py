@@ -12,7 +12,6 @@ from typing import Any
 
 from celery import Celery
 
-from beat_schedule import build_beat_schedule
 from workers.celery_edge.message_signing import apply_signing, signing_config
 from workers.celery_edge.names import HOUSEKEEPING_TASK, SWEEP_TASK
 from workers.celery_edge.sentinel_transport import PRIMARY_CHECK_OPTION, serve_sentinel_urls
@@ -163,12 +162,11 @@ def _sentinel_config(settings: Settings, config: dict[str, Any]) -> dict[str, An
 
 
 def configured_app(settings: Settings, *, include: list[str], set_as_current: bool) -> Celery:
-    """A Celery app with :func:`celery_config` and the beat schedule, registering ``include``."""
+    """A Celery app with :func:`celery_config`, registering ``include`` (no beat schedule: see ``app.py``)."""
     if is_sentinel_url(settings.broker_url):
         serve_sentinel_urls()
     celery = Celery("unstuck", include=include, set_as_current=set_as_current)
     celery.conf.update(celery_config(settings))
-    celery.conf.beat_schedule = build_beat_schedule(settings)
     apply_signing(celery, settings.broker.signing)
     return celery
 
