@@ -35,7 +35,8 @@ when a Celery or kombu release changes it (under ``tests/``):
 ``messages.py``: the invoke message as the Redis transport stores it, built without ``send_task``
     - ``app.amqp.as_task_v2``, ``app.thread_oid`` and kombu's Redis envelope (base64 body,
       ``delivery_info``, ``delivery_tag``): ``integration/test_task_messages.py`` compares it with
-      what ``send_task`` pushes.
+      what ``send_task`` pushes; its ``kwargsrepr`` is ``celery.utils.saferepr``'s text, built
+      without the token stream: ``unit/test_task_messages_repr.py`` compares the two.
 ``task_events.py``: the task events of answers written outside a task, and the gateway's task-sent
     - ``app.events.default_dispatcher`` and its ``buffer_group`` / ``buffer_limit`` (one
       ``task.multi`` message per batch): ``integration/test_task_events.py`` (Celery's receiver).
