@@ -26,7 +26,6 @@ import os
 import queue
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
