@@ -73,7 +73,8 @@ def shares(role: str, raw_files: list[Path]) -> list[tuple[str, float]]:
             total += int(n)
             part = next(name for frame, name in PARTS[role] if frame in stack)
             counts[part] += int(n)
-    return [(name, counts[name] / total) for _, name in PARTS[role] if counts[name]] if total else []
+    names = dict.fromkeys(name for _, name in PARTS[role])  # in order, each once
+    return [(name, counts[name] / total) for name in names if counts[name]] if total else []
 
 
 def main(argv: list[str] | None = None) -> int:
