@@ -18,7 +18,6 @@ _.buffer_limit  # celery EventDispatcher batching (workers/celery_edge: event_ba
 _.on_send_buffered  # celery EventDispatcher hook (workers/celery_edge/event_batching.py)
 _.buffer_group  # celery EventDispatcher batching (workers/celery_edge/task_events.py)
 _.worker_consumer  # celery app attribute naming the consumer class (workers/celery_edge/app.py)
-_.no_ack_consumers  # kombu Consumer option, read by kombu (workers/celery_edge/amqp.py)
 _.beat_schedule  # celery beat's schedule, read by beat (workers/celery_edge/app_config.py)
 _.__getattr__  # PEP 562 lazy module attributes (workers/__init__.py, workers/celery_edge/app.py)
 _.__dir__  # PEP 562, what dir() lists of a lazy module (workers/__init__.py)

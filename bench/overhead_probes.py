@@ -72,11 +72,12 @@ def thaw(worker: Proc) -> None:
 
 
 class CpuMeter:
-    """CPU seconds (user + system) of a set of processes: this client, a worker tree, redis-server."""
+    """CPU seconds (user + system) of a set of processes: this client, a worker tree, redis-server, a door."""
 
-    def __init__(self, worker_pid: int, redis_pid: int) -> None:
+    def __init__(self, worker_pid: int, redis_pid: int, door_pid: int | None = None) -> None:
         self._worker_pid = worker_pid
         self._redis_pid = redis_pid
+        self._door_pid = door_pid  # `unstuck serve` or `unstuck mcp`, when the calls go through one
 
     def _processes(self) -> Iterable[tuple[str, psutil.Process]]:
         worker = psutil.Process(self._worker_pid)
@@ -86,6 +87,7 @@ class CpuMeter:
             ("worker main", worker),
             *children,
             ("redis-server", psutil.Process(self._redis_pid)),
+            *([("door", psutil.Process(self._door_pid))] if self._door_pid else []),
         ]
 
     def sample(self) -> dict[tuple[str, int], float]:

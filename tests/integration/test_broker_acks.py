@@ -2,7 +2,9 @@
 
 kombu tracks each unacknowledged Redis message in ``unacked`` / ``unacked_index`` (two MULTI
 round trips per call in the worker's main process); the ledger, not that redelivery, answers
-a call whose message is lost (workers/celery_edge/app_config.py: LedgerAckedAMQP).
+a call whose message is lost. kombu's public transport option ``ack_emulation: False`` turns
+the bookkeeping off (workers/celery_edge/app_config.py); this test fails if a kombu release
+stops honouring it.
 """
 
 from __future__ import annotations

@@ -29,6 +29,15 @@ def test_sweeps_and_housekeeping_go_to_the_control_queue_and_calls_to_the_tool_q
     assert set(build_beat_schedule(SETTINGS)) == {"unstuck-watchdog", "unstuck-housekeeping"}
 
 
+def test_only_the_watchdog_and_beat_load_the_beat_schedule() -> None:
+    # Given the app of each role
+    apps = {role: create_app(SETTINGS, role=role) for role in ("client", "worker", "control")}
+    # Then only the control app (the watchdog and beat run it) has the schedule
+    assert set(apps["control"].conf.beat_schedule) == {"unstuck-watchdog", "unstuck-housekeeping"}
+    assert not apps["client"].conf.beat_schedule
+    assert not apps["worker"].conf.beat_schedule
+
+
 def test_a_tool_worker_listens_to_the_tool_queue_only_and_the_watchdog_to_the_control_queue_only() -> None:
     worker = worker_argv(SETTINGS, concurrency=2, hostname="w@h", loglevel="INFO")
     watchdog = watchdog_argv(SETTINGS, hostname="wd@h", loglevel="INFO")

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.core.redact import MASK, is_sensitive_key, redact, redact_mapping, redact_url
+from workers.core.redact import (
+    MASK,
+    is_sensitive_key,
+    redact,
+    redact_every_pattern,
+    redact_mapping,
+    redact_url,
+)
 
 TEXT_CASES = [
     ("redis://app:s3cret@redis:6379/0", "redis://app:****@redis:6379/0"),
@@ -149,3 +156,92 @@ def test_redact_never_raises_and_is_idempotent(text: str) -> None:
     once = redact(text)
     assert redact(once) == once
     assert isinstance(redact_url(text), str)
+
+
+# Words and characters the patterns are built from, mixed with text that is none of them, so
+# hypothesis reaches both sides of redact's first look (folded forms included: KELVIN SIGN K).
+_PIECES = st.sampled_from(
+    [
+        "@",
+        ":",
+        "=",
+        "'",
+        '"',
+        " ",
+        "\n",
+        "://",
+        "Bearer ",
+        "basic ",
+        "Token ",
+        "digest ",
+        "auth",
+        "Authorization",
+        "coo\u212aie",
+        "x-api-key",
+        "API_KEY",
+        "apikey",
+        "passwd",
+        "PassWord",
+        "pwd",
+        "secret",
+        "credentials",
+        "x-amz-security-token",
+        "abcDEF123+/=",
+        "user",
+        "redis",
+        "s3cret",
+    ]
+)
+
+
+_KEYS = st.sampled_from(
+    [
+        "auth",
+        "Authorization",
+        "coo\u212aie",
+        "set-cookie",
+        "x-api-key",
+        "API_KEY",
+        "api-key",
+        "apikey",
+        "passwd",
+        "PassWord",
+        "db_pwd",
+        "secret",
+        "credentials",
+        "x-amz-security-token",
+        "tok",
+        "user",
+    ]
+)
+_SEPARATORS = st.sampled_from([":", ": ", "=", "'='", '":"', " ", "://u:", "@"])
+_VALUES = st.sampled_from(["Bearer ", "basic ", "Token ", "digest ", "abcDEF123+/=", "s3cret", "'x'", "@h"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.tuples(_KEYS, _SEPARATORS, _VALUES) | st.text(max_size=6).map(lambda t: (t, "", "")), max_size=6
+    )
+)
+def test_redact_first_look_never_skips_a_secret(pieces: list[tuple[str, str, str]]) -> None:
+    # Given text made of key, separator and value pieces of the patterns, and of anything else
+    text = " ".join("".join(piece) for piece in pieces)
+    # Then redact, which skips text without a hint of a secret, masks as every pattern does
+    assert redact(text) == redact_every_pattern(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "db_pwd=abc123",
+        "x-amz-security-token: abc",
+        "coo\u212aie: a=b",
+        "API_KEY=k1",
+        "u://a:b@h",
+        "Digest abcDEF123+/=",
+    ],
+)
+def test_redact_first_look_finds_every_kind(text: str) -> None:
+    assert redact(text) != text
+    assert redact(text) == redact_every_pattern(text)

@@ -12,11 +12,8 @@ when a Celery or kombu release changes it (under ``tests/``):
       ``-A workers.celery_edge.app``) and ``unit/test_control_queue.py``.
 ``app_config.py``: our settings as Celery setting names (a leaf: the gateway's sending app)
     - ``worker_disable_prefetch`` (a slot-free worker takes no message):
-      ``integration/test_lost_messages.py``; ``Celery(amqp=...)``: ``integration/test_broker_acks.py``.
-``amqp.py``: ``LedgerAckedAMQP`` and its consumer, which take Redis messages without acks
-    - ``celery.app.amqp.AMQP.TaskConsumer``; kombu's ``Consumer.revive`` and private
-      ``Consumer._receive_callback``; the Redis channel's ``no_ack_consumers`` and the
-      ``delivery_info["consumer_tag"]`` it compares: ``integration/test_broker_acks.py``.
+      ``integration/test_lost_messages.py``; kombu's Redis transport option ``ack_emulation``
+      (off: no ``unacked`` bookkeeping; public, no subclass): ``integration/test_broker_acks.py``.
 ``consumer.py``: ``RefusingConsumer``, which counts refused messages and survives hostile bodies
     - ``celery.worker.consumer.Consumer.create_task_handler``, ``on_decode_error``,
       ``on_invalid_task``, ``connection_errors`` / ``channel_errors``:
@@ -38,7 +35,8 @@ when a Celery or kombu release changes it (under ``tests/``):
 ``messages.py``: the invoke message as the Redis transport stores it, built without ``send_task``
     - ``app.amqp.as_task_v2``, ``app.thread_oid`` and kombu's Redis envelope (base64 body,
       ``delivery_info``, ``delivery_tag``): ``integration/test_task_messages.py`` compares it with
-      what ``send_task`` pushes.
+      what ``send_task`` pushes; its ``kwargsrepr`` is ``celery.utils.saferepr``'s text, built
+      without the token stream: ``unit/test_task_messages_repr.py`` compares the two.
 ``task_events.py``: the task events of answers written outside a task, and the gateway's task-sent
     - ``app.events.default_dispatcher`` and its ``buffer_group`` / ``buffer_limit`` (one
       ``task.multi`` message per batch): ``integration/test_task_events.py`` (Celery's receiver).

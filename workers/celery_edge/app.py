@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from celery import Celery
 
+from beat_schedule import build_beat_schedule
 from workers.celery_edge.app_config import celery_config, client_app, configured_app
 from workers.settings import Settings, load_settings
 
@@ -47,6 +48,9 @@ def create_app(settings: Settings | None = None, *, role: Role = "worker") -> Ce
     from workers.celery_edge.event_batching import BatchedTaskEvents
 
     celery.steps["consumer"].add(BatchedTaskEvents)
+    if role == "control":
+        # Only beat and the watchdog load the schedule; a sending client or a tool worker never does.
+        celery.conf.beat_schedule = build_beat_schedule(settings)
     if role == "worker":
         from workers.celery_edge.bootsteps import install_worker_steps
 

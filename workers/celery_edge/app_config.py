@@ -12,8 +12,6 @@ from typing import Any
 
 from celery import Celery
 
-from beat_schedule import build_beat_schedule
-from workers.celery_edge.amqp import LedgerAckedAMQP
 from workers.celery_edge.message_signing import apply_signing, signing_config
 from workers.celery_edge.names import HOUSEKEEPING_TASK, SWEEP_TASK
 from workers.celery_edge.sentinel_transport import PRIMARY_CHECK_OPTION, serve_sentinel_urls
@@ -81,6 +79,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # failover. kombu drops a BRPOP whose reply is this much overdue (checked this
             # often): the wait one Redis command may take. 25 s by default.
             "health_check_interval": settings.redis.socket_timeout_s,
+            # No kombu acks on Redis (its public transport option): kombu's emulation tracks
+            # every taken message in `unacked` / `unacked_index`, two MULTI round trips and
+            # eight commands per call in the worker's main process, to redeliver it after the
+            # visibility timeout (>= 1 h), later than any call's deadline. The ledger answers
+            # every registered call by its deadline whatever became of its message, and with
+            # worker_disable_prefetch a worker holds no taken-but-unstarted message to lose.
+            # RabbitMQ keeps its acks (the options below replace these).
+            "ack_emulation": False,
         },
         "result_backend_transport_options": {"visibility_timeout": visibility_s},
         "visibility_timeout": visibility_s,
@@ -156,12 +162,11 @@ def _sentinel_config(settings: Settings, config: dict[str, Any]) -> dict[str, An
 
 
 def configured_app(settings: Settings, *, include: list[str], set_as_current: bool) -> Celery:
-    """A Celery app with :func:`celery_config` and the beat schedule, registering ``include``."""
+    """A Celery app with :func:`celery_config`, registering ``include`` (no beat schedule: see ``app.py``)."""
     if is_sentinel_url(settings.broker_url):
         serve_sentinel_urls()
-    celery = Celery("unstuck", include=include, set_as_current=set_as_current, amqp=LedgerAckedAMQP)
+    celery = Celery("unstuck", include=include, set_as_current=set_as_current)
     celery.conf.update(celery_config(settings))
-    celery.conf.beat_schedule = build_beat_schedule(settings)
     apply_signing(celery, settings.broker.signing)
     return celery
 

@@ -11,6 +11,11 @@ to the per-message ``delivery_tag`` (a fresh uuid either way) and ``reply_to`` (
 invoke task reads: results live in the ledger). tests/integration/test_task_messages.py compares the
 two.
 
+The ``kwargsrepr`` header (what Flower shows as the task's arguments) is written here as Celery's
+``saferepr`` writes it (:func:`kwargs_repr`): ``saferepr``'s token stream cost a gateway about
+110 µs of CPU per call, a tenth of its share of a call (docs/performance.md); a job it cannot
+copy exactly (another type, or too long, so cut) still goes through ``saferepr``.
+
 Only for a plain Redis broker without message signing (:func:`fast_publish_possible`):
 with signing the body must go through Celery's ``auth`` serializer, and another broker
 needs kombu; there the gateway keeps ``send_task`` on a thread.
@@ -31,9 +36,55 @@ from kombu.utils.json import dumps as json_dumps
 
 from workers.settings import Settings
 
-__all__ = ["QueuedMessage", "TaskMessages", "fast_publish_possible"]
+__all__ = ["QueuedMessage", "TaskMessages", "fast_publish_possible", "kwargs_repr"]
 
 _PERSISTENT = 2  # kombu's delivery_mode for a durable message (Celery's default)
+
+
+def kwargs_repr(kwargs: Mapping[str, Any], maxlen: int, maxlevels: int) -> str | None:
+    """``celery.utils.saferepr.saferepr(kwargs, maxlen, maxlevels)`` for JSON-like values, or None.
+
+    The same text, built in one pass: strings quoted as ``saferepr`` quotes them (only ``'``
+    escaped), numbers, booleans and None as ``str``, containers past ``maxlevels`` as ``{...}``
+    or ``[...]``. None when a value of another type appears or the text reaches ``maxlen``
+    (``saferepr`` would cut it): the caller then leaves it to ``saferepr``.
+    tests/unit/test_task_messages_repr.py holds the two equal.
+    """
+    parts: list[str] = []
+    if not _flat_repr(kwargs, 0, maxlevels, parts):
+        return None
+    text = "".join(parts)
+    return text if len(text) < maxlen else None
+
+
+def _flat_repr(value: Any, level: int, maxlevels: int, out: list[str]) -> bool:
+    kind = type(value)
+    if kind is str:
+        out.append("'" + value.replace("'", "\\'") + "'")
+    elif kind is bool or kind is int or kind is float:
+        out.append(str(value))
+    elif value is None:
+        out.append("None")
+    elif kind is dict or kind is list:
+        opening, closing = ("{", "}") if kind is dict else ("[", "]")
+        if maxlevels and level >= maxlevels:
+            out.append(opening + "..." + closing)
+            return True
+        out.append(opening)
+        items = value.items() if kind is dict else enumerate(value)
+        for n, (key, item) in enumerate(items):
+            if n:
+                out.append(", ")
+            if kind is dict:
+                if type(key) is not str:
+                    return False
+                out.append("'" + key.replace("'", "\\'") + "': ")
+            if not _flat_repr(item, level + 1, maxlevels, out):
+                return False
+        out.append(closing)
+    else:
+        return False
+    return True
 
 
 def fast_publish_possible(settings: Settings) -> bool:
@@ -81,11 +132,13 @@ class TaskMessages:
 
         ``headers`` are added to the message's own (as ``send_task(headers=...)`` adds them).
         """
-        message = self._amqp.as_task_v2(
+        amqp = self._amqp
+        message = amqp.as_task_v2(
             task_id,
             name,
             args=(),
             kwargs=kwargs,
+            kwargsrepr=kwargs_repr(kwargs, amqp.kwargsrepr_maxsize, self._app.conf.task_repr_maxlevels),
             expires=expires,
             time_limit=hard_s,  # type: ignore[arg-type]  # floats work (as in send_task); stubs say int
             soft_time_limit=soft_s,  # type: ignore[arg-type]

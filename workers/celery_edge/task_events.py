@@ -26,7 +26,6 @@ import os
 import queue
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +66,7 @@ class TaskEvents:
         self._capacity = capacity
         self._lock = threading.Lock()
         self._queue: queue.Queue[Pending | None] = queue.Queue(capacity)
+        self._wake = threading.Event()  # ends the sender's wait for more events (flush, close)
         self._pid = 0
 
     def attach(self) -> TaskEvents:
@@ -88,6 +88,7 @@ class TaskEvents:
         """Send what is queued now; wait up to ``timeout_s`` until it was sent (or failed); True if so."""
         if self._queue.unfinished_tasks:
             self._put(_send_now)
+            self._wake.set()
         return self._wait_sent(timeout_s)
 
     def close(self, timeout_s: float) -> None:
@@ -95,6 +96,7 @@ class TaskEvents:
         if self._pid == os.getpid():
             with contextlib.suppress(queue.Full):
                 self._queue.put_nowait(None)  # ends the wait for more events, then the thread
+            self._wake.set()
             self._pid = 0
         self._wait_sent(timeout_s)
 
@@ -150,6 +152,7 @@ class TaskEvents:
                 return
             if self._pid:
                 self._queue = queue.Queue(self._capacity)
+                self._wake = threading.Event()
             threading.Thread(target=self._run, name="unstuck-task-events", daemon=True).start()
             self._pid = os.getpid()
 
@@ -171,12 +174,20 @@ class TaskEvents:
                 return
 
     def _collect(self, pending: queue.Queue[Pending | None]) -> list[Pending | None]:
-        """The next batch: what comes within ``flush_ms`` of its first item (or until a flush or close)."""
+        """The next batch: what comes within ``flush_ms`` of its first item (or until a flush or close).
+
+        The window is waited out once, then the queue drained: waiting on the queue for each
+        item woke this thread once per event, a thread switch per call in a gateway.
+        """
         batch = [pending.get()]
-        ends = time.monotonic() + self._flush_s
+        if batch[-1] is None or batch[-1] is _send_now:
+            return batch
+        if pending.qsize() < _BATCH:
+            self._wake.wait(self._flush_s)
+        self._wake.clear()  # before the drain: a flush's marker put after it is drained next time
         while len(batch) < _BATCH and batch[-1] is not None and batch[-1] is not _send_now:
             try:
-                batch.append(pending.get(timeout=max(0.0, ends - time.monotonic())))
+                batch.append(pending.get_nowait())
             except queue.Empty:
                 break
         return batch

@@ -87,6 +87,7 @@ class AsyncSubmitter:
                 await self._offload(self._submit_each, batch, calls)
                 return batch
         for call in calls:
+            batch.registered_last = None  # as CallPath.submit: only the batch's last call counts
             in_flight = path.reaches_registration(batch, call)
             if in_flight is not None:
                 await self._register_and_publish(batch, in_flight)
@@ -123,3 +124,7 @@ class AsyncSubmitter:
             await self._offload(path.registered, batch, submission, registration)
         else:
             path.registered(batch, submission, registration)
+            if registration.created and submission.push is not None:
+                # Registered and published in one round trip, as on the sync path: the waiter
+                # blocks before reading it (one HGET less per call).
+                batch.registered_last = in_flight.call.id

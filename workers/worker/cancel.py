@@ -41,11 +41,13 @@ class RunningJob:
 
 def cancel_check(ledger: Ledger, keys: RunKeys, call_id: str) -> Callable[[], bool]:
     """What ``ctx.cancelled`` asks in the pool child: is there a cancel mark on this call?"""
-    marks = CancelMarks(ledger)
+    marks: list[CancelMarks] = []  # made at the first check: most tools never ask
 
     def check() -> bool:
         try:
-            return marks.requested([(keys, call_id)])[0] > 0
+            if not marks:
+                marks.append(CancelMarks(ledger))
+            return marks[0].requested([(keys, call_id)])[0] > 0
         except StoreError as exc:
             log.warning("could not read the cancel mark of %s: %s", call_id, exc)
             return False

@@ -98,7 +98,21 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _write(path: Path, value: str) -> None:
+def _read_fd(path: str) -> str:
+    """:func:`_read` on a path string, without a file object (a pool child reads usage per call)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, 64).decode()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path | str, value: str) -> None:
     # cgroupfs takes one write per value: no buffering that could split or merge it.
     fd = os.open(path, os.O_WRONLY)
     try:
@@ -165,6 +179,9 @@ class MemoryCgroups:
         self._events_file = "memory.oom_control" if v1 else "memory.events"
         self._unlimited = "-1" if v1 else "max"
         self._joined: Path | None = None  # this process's own cgroup, once it joined one
+        # The joined cgroup's usage and limit files, as the paths os.open takes: per call they
+        # cost two pathlib joins and a text read's decoding layers otherwise.
+        self._armed_files: tuple[int, Path, str, str] | None = None
         self._limited = False
         self._oom_event: int | None = None  # v1: an eventfd the kernel signals on an OOM in it
 
@@ -193,11 +210,17 @@ class MemoryCgroups:
 
         Joins ``pid``'s own cgroup first if it is in none yet. Raises OSError.
         """
-        path = self.layout.call_dir(pid)
-        if self._joined != path:
-            self._join(path, pid)
-        held = int(_read(path / self._usage_file) or 0)
-        _write(path / self._limit_file, str(held + limit_bytes))
+        files = self._armed_files
+        if files is None or files[0] != pid or self._joined is not files[1]:
+            path = self.layout.call_dir(pid)
+            if self._joined != path:
+                self._join(path, pid)
+            path = self._joined or path  # the very object _join keeps: compared by identity above
+            files = (pid, path, str(path / self._usage_file), str(path / self._limit_file))
+            self._armed_files = files
+        _, path, usage, limit = files
+        held = int(_read_fd(usage) or 0)
+        _write(limit, str(held + limit_bytes))
         self._limited = True
         return path
 

@@ -26,12 +26,10 @@ local guard = tonumber(run[RUN_EXTRA + 2] or '0')
 if status ~= '' and status ~= 'running' then
   return {-1, status, guard}
 end
-local registered = redis.call('HGET', KEYS[1], 'reg')
-if registered then
-  return {registered == ARGV[#ARGV] and 1 or 0, status, guard}
-end
+-- A new call (most) costs one EXISTS; the nonce is read only for an id seen before.
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, status, guard}
+  local registered = redis.call('HGET', KEYS[1], 'reg')
+  return {registered == ARGV[#ARGV] and 1 or 0, status, guard}
 end
 local now, deadline = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, refresh = tonumber(ARGV[4]), tonumber(ARGV[5])
