@@ -63,6 +63,7 @@ from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.records import CALL, CallField, Row
+from workers.tools.definitions import parameters_schema
 from workers.tools.registry import ToolSpec, registered_tools
 
 __all__ = [
@@ -94,11 +95,16 @@ Args = TypeVarTuple("Args")
 
 def _spec_entry(spec: ToolSpec, settings: Settings, agent_id: str) -> types.Tool:
     timeout_s = settings.tool_timeout_s(agent_id, spec.name, spec.soft_timeout_s)
+    annotations = (
+        types.ToolAnnotations.model_validate(spec.annotations)
+        if spec.annotations is not None
+        else types.ToolAnnotations(idempotent_hint=spec.idempotent)
+    )
     return types.Tool(
         name=spec.name,
         description=spec.description or None,
-        input_schema=spec.arguments_model.model_json_schema(),
-        annotations=types.ToolAnnotations(idempotent_hint=spec.idempotent),
+        input_schema=parameters_schema(spec),
+        annotations=annotations,
         meta={"unstuck/timeout_s": timeout_s},
     )
 
@@ -206,7 +212,7 @@ class McpDoor:
         if name == RESULT_TOOL:
             return dict(result_tool_entry().input_schema)
         spec = registered_tools().get(name)
-        return spec.arguments_model.model_json_schema() if spec is not None else None
+        return parameters_schema(spec) if spec is not None else None
 
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
