@@ -163,7 +163,20 @@ def collect_warnings(settings: Settings) -> list[ConfigWarning]:
         allow=settings.tools.allow,
         deny=settings.tools.deny,
     )
-    return found + _failure_tool_warnings(settings)
+    return found + _failure_tool_warnings(settings) + _upstream_warnings()
+
+
+def _upstream_warnings() -> list[ConfigWarning]:
+    """Each MCP upstream that could not start (tools were loaded just before): left out, and why."""
+    from workers.tools.upstreams import upstream_failures
+
+    return [
+        ConfigWarning(
+            f"mcp.upstreams_file: mcpServers.{failure.name}",
+            f"cannot start ({failure.command}); its tools are left out: {failure.error}",
+        )
+        for failure in upstream_failures()
+    ]
 
 
 def _failure_tool_warnings(settings: Settings) -> list[ConfigWarning]:

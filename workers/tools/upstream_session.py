@@ -78,7 +78,8 @@ class UpstreamToolError(ToolExecutionError):
 
 
 def _backoff_s(deaths: int) -> float:
-    return float(min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** max(0, deaths - 1)))
+    """Before the restart after death number ``deaths``: none after the first, then doubling."""
+    return 0.0 if deaths <= 1 else float(min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** (deaths - 2)))
 
 
 class UpstreamSession:
@@ -95,6 +96,8 @@ class UpstreamSession:
         self._stderr: IO[bytes] | None = None
         self._deaths = 0
         self._died_at = 0.0
+        self._starting: threading.Event | None = None
+        self._start_error = ""
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -123,20 +126,46 @@ class UpstreamSession:
         return ""
 
     def ensure_started(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Start the session unless it is up; waits out the restart backoff of a dying upstream.
+        """Start the session unless it is up, and wait for it (at most ``timeout_s``).
+
+        The start runs in a thread of its own, so a caller interrupted while it waits (its soft
+        limit) leaves it to finish for the next call. A restart after a death waits out the
+        backoff first: none after the first death, then 0.5 s doubling to 10 s.
 
         Raises:
-            UpstreamUnavailable: it cannot be started within ``timeout_s``.
+            UpstreamUnavailable: it did not start within ``timeout_s``, or failed to.
         """
         with self._lock:
             if self.alive():
                 return
-            if self._client is not None or self._process is not None:
-                self._note_death()
+            starting = self._starting
+            if starting is None:
+                if self._client is not None or self._process is not None:
+                    self._note_death()
+                starting = self._starting = threading.Event()
+                threading.Thread(target=self._start_in_background, args=(starting,), daemon=True).start()
+        starting.wait(timeout_s)
+        if not self.alive():
+            raise UpstreamUnavailable(self._start_error or f"MCP upstream {self.upstream.name} is starting")
+
+    def restart_soon(self) -> None:
+        """Start again in the background (after a death), so the next call finds it up."""
+        threading.Thread(target=self._quiet_start, daemon=True).start()
+
+    def _quiet_start(self) -> None:
+        with contextlib.suppress(UpstreamUnavailable):
+            self.ensure_started()
+
+    def _start_in_background(self, done: threading.Event) -> None:
+        try:
             wait_s = self._died_at + _backoff_s(self._deaths) - time.monotonic() if self._deaths else 0.0
             if wait_s > 0:
-                time.sleep(min(wait_s, timeout_s))
-            self._start(timeout_s)
+                time.sleep(wait_s)
+            self._start_error = self._start(START_TIMEOUT_S)
+        finally:
+            with self._lock:
+                self._starting = None
+            done.set()
 
     def _note_death(self) -> None:
         self._deaths += 1
@@ -149,25 +178,28 @@ class UpstreamSession:
         )
         self._shutdown_loop()
 
-    def _start(self, timeout_s: float) -> None:
+    def _start(self, timeout_s: float) -> str:
+        """Start the session; the reason it did not start ("" when it did)."""
         loop = asyncio.new_event_loop()
-        thread = threading.Thread(
-            target=loop.run_forever, name=f"mcp-upstream-{self.upstream.name}", daemon=True
-        )
-        thread.start()
+        name = f"mcp-upstream-{self.upstream.name}"
+        threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
         self._loop = loop
-        ready: asyncio.Future[None] = asyncio.run_coroutine_threadsafe(self._serve(), loop)  # type: ignore[assignment]
+        ready = asyncio.run_coroutine_threadsafe(self._serve(), loop)
         deadline = time.monotonic() + timeout_s
         while self._client is None and not ready.done() and time.monotonic() < deadline:
             time.sleep(0.01)
-        if self._client is None:
-            tail = self.stderr_tail()
-            failure = _failure_text(ready)
-            self.close()
-            detail = f": {failure}" if failure else f" within {timeout_s:.0f}s"
-            stderr = f"; stderr: {tail[-500:]}" if tail else ""
-            which = f"MCP upstream {self.upstream.name} ({self.upstream.describe()})"
-            raise UpstreamUnavailable(f"{which} did not start{detail}{stderr}")
+        if self._client is not None:
+            log.info("MCP upstream %s started (pid %s)", self.upstream.name, self.pgid)
+            return ""
+        tail = self.stderr_tail()
+        failure = _failure_text(ready)
+        self.close()
+        detail = f": {failure}" if failure else f" within {timeout_s:.0f}s"
+        stderr = f"; stderr: {tail[-500:]}" if tail else ""
+        which = f"MCP upstream {self.upstream.name} ({self.upstream.describe()})"
+        message = f"{which} did not start{detail}{stderr}"
+        log.warning("%s", message)
+        return message
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
@@ -208,8 +240,7 @@ class UpstreamSession:
 
     def close(self) -> None:
         """End the session and kill a stdio upstream's process group."""
-        with self._lock:
-            self._shutdown_loop()
+        self._shutdown_loop()
 
     def _shutdown_loop(self) -> None:
         self.kill()
@@ -237,7 +268,12 @@ class UpstreamSession:
         tools: list[types.Tool] = []
         cursor: str | None = None
         while True:
-            page = self._run(functools.partial(self._list_page, cursor), timeout_s)
+            try:
+                page = self._run(functools.partial(self._list_page, cursor), timeout_s)
+            except (_RequestFailed, TimeoutError) as exc:
+                raise UpstreamUnavailable(
+                    f"MCP upstream {self.upstream.name}: tools/list failed: {exc}"
+                ) from None
             tools.extend(page.tools)
             cursor = page.next_cursor
             if not cursor:
@@ -266,18 +302,16 @@ class UpstreamSession:
             result = self._run(
                 lambda: self._client_now().call_tool(tool, arguments, progress_callback=progress), None
             )
-        except (UpstreamToolError, UpstreamCrashed):
+        except _RequestFailed as failed:
+            raise self._failure(failed.cause) from None
+        except BaseException:  # the soft limit (billiard's derives from Exception) or a cancel
+            self._check_wedged()
             raise
-        except BaseException as exc:
-            if not isinstance(exc, Exception):  # the soft limit, or another interrupt
-                self._check_wedged()
-                raise
-            raise self._failure(exc) from None
         if result.is_error:
             raise UpstreamToolError(_text(result) or "the upstream reported an error")
         return result
 
-    def _failure(self, exc: Exception) -> Exception:
+    def _failure(self, exc: BaseException) -> Exception:
         process = self._process
         if process is not None:
             time.sleep(0.05)  # the process's exit status arrives just after its pipe closes
@@ -285,6 +319,7 @@ class UpstreamSession:
             tail = self.stderr_tail()
             detail = f"; stderr: {tail[-300:]}" if tail else ""
             code = process.returncode
+            self.restart_soon()
             return UpstreamCrashed(
                 f"MCP upstream {self.upstream.name} exited during the call (code {code}){detail}"
             )
@@ -300,6 +335,7 @@ class UpstreamSession:
         except Exception:  # noqa: BLE001 - no answer in time is the finding
             log.warning("MCP upstream %s does not answer a ping: killing it", self.upstream.name)
             self.kill()
+            self.restart_soon()
 
     def _client_now(self) -> Client:
         client = self._client
@@ -314,9 +350,20 @@ class UpstreamSession:
         future = asyncio.run_coroutine_threadsafe(make(), loop)
         try:
             return future.result(timeout_s)
-        except BaseException:
-            future.cancel()  # the SDK sends notifications/cancelled for the request
+        except BaseException as exc:
+            if future.done() and not future.cancelled() and future.exception() is exc:
+                raise _RequestFailed(exc) from exc
+            # Interrupted (the soft limit, a timeout): the SDK sends notifications/cancelled.
+            future.cancel()
             raise
+
+
+class _RequestFailed(Exception):
+    """The request itself failed (not interrupted): ``cause`` is why."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+        super().__init__(f"{type(cause).__name__}: {cause}")
 
 
 class _ProgressRelay:

@@ -40,6 +40,7 @@ __all__ = [
     "is_upstream_tool",
     "register_upstreams",
     "session_for",
+    "start_sessions",
     "upstream_failures",
 ]
 
@@ -94,6 +95,20 @@ def session_for(upstream: Upstream) -> UpstreamSession:
             session = UpstreamSession(upstream, on_tools_changed=lambda: _relist(upstream))
             _sessions[upstream.name] = session
         return session
+
+
+def start_sessions(upstreams: Mapping[str, Upstream]) -> None:
+    """Start this process's session to each listed upstream, in the background (a pool child's start)."""
+
+    def start(session: UpstreamSession) -> None:
+        try:
+            session.ensure_started()
+        except UpstreamUnavailable as exc:
+            log.warning("%s (its calls start it again)", exc)
+
+    for upstream in upstreams.values():
+        if _listed.get(upstream.name) == upstream:
+            threading.Thread(target=start, args=(session_for(upstream),), daemon=True).start()
 
 
 def register_upstreams(upstreams: Mapping[str, Upstream]) -> list[UpstreamFailure]:
