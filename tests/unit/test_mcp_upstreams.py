@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from workers.core.mcp_upstreams import RemoteUpstream, StdioUpstream, parse_upstreams, served_name
@@ -71,3 +74,11 @@ def test_names_with_the_separator_and_other_shapes_are_refused() -> None:
         parse_upstreams({"mcpServers": {"a__b": {"command": "x"}}})
     with pytest.raises(ConfigError, match="mcpServers"):
         parse_upstreams({"servers": {}})
+
+
+def test_the_docs_example_is_a_valid_upstreams_file() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "mcp-upstreams.md").read_text(encoding="utf-8")
+    block = page.split("```json\n", 1)[1].split("```", 1)[0]
+    found = parse_upstreams(json.loads(block))
+    assert sorted(found) == ["browser", "fs", "git", "search"]
+    assert found["browser"].unstuck.for_tool("browser_snapshot").memory_limit_mb == 2048
