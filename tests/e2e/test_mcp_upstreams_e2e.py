@@ -168,3 +168,36 @@ def test_config_check_names_an_upstream_that_cannot_start(stack: Stack) -> None:
     assert str(FIXTURE) in out
     assert "missing API key" in out
     assert "mcpServers.down" in out
+
+
+TS_DIR = Path(__file__).parent / "mcp_ts"
+
+
+@pytest.mark.timeout(180)
+def test_typescript_sdk_task_augmented_call_returns_its_result_through_tasks_result(stack: Stack) -> None:
+    if not (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=TS_DIR, check=True, timeout=300)
+    arguments = json.dumps({"duration": 1, "steps": 2})
+    done = subprocess.run(
+        ["node", "tasks.mjs", stack.url, "everything__trigger-long-running-operation", arguments],
+        cwd=TS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    # The door offers tasks, and marks every tool optional (never required)
+    assert out["capabilities"]["tasks"]["requests"]["tools"]["call"] == {}
+    assert out["execution"] == {"taskSupport": "optional"}
+    kinds = [message["type"] for message in out["messages"]]
+    assert kinds[0] == "taskCreated"
+    assert kinds[-1] == "result", out["messages"]
+    task_id = out["messages"][0]["taskId"]
+    result = out["messages"][-1]["result"]
+    # The result came through tasks/result: the upstream's answer, under the call id = task id
+    assert "Long running operation completed" in result["content"][0]["text"]
+    assert result["_meta"]["unstuck/call"] == task_id
+    assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
+    assert out["task"]["status"] == "completed"

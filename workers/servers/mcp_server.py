@@ -59,6 +59,7 @@ from workers.servers.mcp_late_results import (
     wanted_call_id,
 )
 from workers.servers.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
+from workers.servers.mcp_tasks import McpTasks
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
@@ -105,6 +106,8 @@ def _spec_entry(spec: ToolSpec, settings: Settings, agent_id: str) -> types.Tool
         description=spec.description or None,
         input_schema=parameters_schema(spec),
         annotations=annotations,
+        # Never "required": OpenClaw drops tools that require tasks; a plain call still works.
+        execution=types.ToolExecution(task_support="optional"),
         meta={"unstuck/timeout_s": timeout_s},
     )
 
@@ -178,6 +181,7 @@ class McpDoor:
         self._fallbacks = settings.tools.failure_rules().fallbacks  # for what the door answers itself
         self._in_flight: dict[tuple[str, str], anyio.CancelScope] = {}
         self.open_calls = 0  # tools/call requests not yet answered
+        self.tasks = McpTasks()  # task-augmented calls; the transport runs tasks.serve()
 
     @classmethod
     def from_settings(
@@ -202,6 +206,7 @@ class McpDoor:
             on_call_tool=self._call_tool,
             get_tool_input_schema=self._input_schema,
         )
+        server.middleware.append(self.tasks.middleware)  # outermost: a task's call passes the rest
         server.middleware.append(accept_any_arguments)
         return server
 
