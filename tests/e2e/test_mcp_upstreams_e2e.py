@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -47,10 +48,15 @@ class Stack:
     env: dict[str, str]
     door: Proc
     worker: Proc
+    grow_file: Path
 
 
 def _upstreams_file(tmp: Path) -> Path:
-    fixture = {"command": sys.executable, "args": [str(FIXTURE)]}
+    fixture = {
+        "command": sys.executable,
+        "args": [str(FIXTURE)],
+        "env": {"MISBEHAVING_GROW_FILE": str(tmp / "grow")},
+    }
     limits = {"soft_timeout_s": SOFT_S, "hard_timeout_s": HARD_S}
     # The calls after a crash or a wedge wait for the restart (a Python MCP server takes 1-2 s
     # to start on a loaded machine): their soft limit leaves room for it.
@@ -58,7 +64,7 @@ def _upstreams_file(tmp: Path) -> Path:
     servers = {
         "everything": {"command": "node", "args": [str(EVERYTHING), "stdio"]},
         "mis": {**fixture, "unstuck": {"soft_timeout_s": 5, "hard_timeout_s": 8, "tools": tools}},
-        "broken": {**fixture, "env": {"MISBEHAVING_BROKEN": "1"}},
+        "broken": {**fixture, "env": {"MISBEHAVING_BROKEN": "1"}},  # (and no grow file)
         "down": {"url": f"http://127.0.0.1:{_free_port()}/mcp", "type": "http"},
     }
     path = tmp / "upstreams.json"
@@ -72,11 +78,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if not EVERYTHING.is_file():
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NPM_DIR, check=True, timeout=300)
     server = EmbeddedRedis().start()
+    tmp = tmp_path_factory.mktemp("upstreams")
     env = base_env(
         server.url,
         UNSTUCK_TOOL_MODULES="",
         UNSTUCK_WATCHDOG__INTERVAL_S="1",
-        UNSTUCK_MCP__UPSTREAMS_FILE=str(_upstreams_file(tmp_path_factory.mktemp("upstreams"))),
+        UNSTUCK_MCP__UPSTREAMS_FILE=str(_upstreams_file(tmp)),
     )
     processes = Processes()
     try:
@@ -86,7 +93,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         watchdog.wait_for_log(" ready.", timeout_s=60)
         # Each pool child starts its own session to each upstream when it starts
         wait_until(lambda: worker.log().count("MCP upstream mis started") >= POOL, timeout_s=60)
-        yield Stack(url, env, processes.procs[1], worker)
+        yield Stack(url, env, processes.procs[1], worker, tmp / "grow")
     finally:
         processes.close()
         server.close()
@@ -201,3 +208,28 @@ def test_typescript_sdk_task_augmented_call_returns_its_result_through_tasks_res
     assert result["_meta"]["unstuck/call"] == task_id
     assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
     assert out["task"]["status"] == "completed"
+
+
+@pytest.mark.timeout(120)
+async def test_an_upstreams_new_tool_is_followed_and_its_clients_told(stack: Stack) -> None:
+    told = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            told.set()
+
+    # A 2025-11-25 session: the 2026-07-28 protocol sends list changes only on subscriptions/listen
+    async with Client(
+        stack.url, mode="legacy", read_timeout_seconds=CLIENT_TIMEOUT_S, message_handler=on_message
+    ) as client:
+        before = {tool.name for tool in (await client.list_tools()).tools}
+        # When the upstream adds a tool and sends notifications/tools/list_changed
+        stack.grow_file.touch()
+        with anyio.fail_after(20):
+            await told.wait()
+        after = {tool.name for tool in (await client.list_tools()).tools}
+        grown = await client.call_tool("mis__grown", {})
+    # Then the door told its client, lists the new tool, and a worker runs it
+    assert "mis__grown" not in before
+    assert "mis__grown" in after
+    assert (_text(grown), grown.is_error) == ("grown", False)

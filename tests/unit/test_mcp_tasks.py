@@ -37,7 +37,8 @@ def _call_next(release: anyio.Event, seen: list[dict[str, Any]], *, is_error: bo
 
 
 async def test_a_task_runs_in_the_background_and_its_result_comes_through_tasks_result() -> None:
-    tasks, release, seen = McpTasks(), anyio.Event(), []
+    tasks, release = McpTasks(), anyio.Event()
+    seen: list[dict[str, Any]] = []
     call_next = _call_next(release, seen)
     async with anyio.create_task_group() as group:
         group.start_soon(tasks.serve)
@@ -65,7 +66,8 @@ async def test_a_task_runs_in_the_background_and_its_result_comes_through_tasks_
 
 
 async def test_an_error_result_fails_the_task_and_a_cancel_cancels_the_call() -> None:
-    tasks, release, seen = McpTasks(), anyio.Event(), []
+    tasks, release = McpTasks(), anyio.Event()
+    seen: list[dict[str, Any]] = []
     async with anyio.create_task_group() as group:
         group.start_soon(tasks.serve)
         await anyio.lowlevel.checkpoint()
@@ -107,7 +109,8 @@ async def test_the_initialize_result_offers_tasks_on_2025_11_25_only() -> None:
 
 
 async def test_without_serve_a_task_augmented_call_is_a_plain_call() -> None:
-    release, seen = anyio.Event(), []
+    release = anyio.Event()
+    seen: list[dict[str, Any]] = []
     release.set()
     plain = await _ask(McpTasks(), "tools/call", {"name": "t", "task": {}}, _call_next(release, seen))
     assert plain["content"][0]["text"] == "done"

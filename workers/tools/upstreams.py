@@ -38,6 +38,7 @@ from workers.tools.upstream_session import UpstreamSession, UpstreamUnavailable
 __all__ = [
     "UpstreamFailure",
     "is_upstream_tool",
+    "on_tools_changed",
     "register_upstreams",
     "session_for",
     "start_sessions",
