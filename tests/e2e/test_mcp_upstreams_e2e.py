@@ -63,7 +63,10 @@ def _upstreams_file(tmp: Path) -> Path:
     tools = {"hang": limits, "wedge": {**limits, "soft_timeout_s": 0.5}}
     servers = {
         "everything": {"command": "node", "args": [str(EVERYTHING), "stdio"]},
-        "mis": {**fixture, "unstuck": {"soft_timeout_s": 5, "hard_timeout_s": 8, "tools": tools}},
+        "mis": {
+            **fixture,
+            "unstuck": {"soft_timeout_s": 5, "hard_timeout_s": 8, "memory_limit_mb": 300, "tools": tools},
+        },
         "broken": {**fixture, "env": {"MISBEHAVING_BROKEN": "1"}},  # (and no grow file)
         "down": {"url": f"http://127.0.0.1:{_free_port()}/mcp", "type": "http"},
     }
@@ -133,6 +136,8 @@ async def test_upstream_tools_served_and_every_failure_answered(stack: Stack) ->
         after_crash = await client.call_tool("mis__echo", {"text": "after crash"})
         wedged = await _timed(client, "mis__wedge", {})
         after_wedge = await client.call_tool("mis__echo", {"text": "after wedge"})
+        greedy = await client.call_tool("mis__eat", {"mb": 1000})
+        after_greedy = await client.call_tool("mis__echo", {"text": "after greedy"})
     assert {"everything__echo", "everything__get-sum", "mis__hang", "mis__wedge"} <= set(tools)
     assert not [name for name in tools if name.startswith(("broken__", "down__"))]
     assert tools["everything__echo"].annotations is not None
@@ -153,10 +158,13 @@ async def test_upstream_tools_served_and_every_failure_answered(stack: Stack) ->
     # ... and a wedged one is answered by its hard limit and killed; each time the next call works
     assert _reason(wedged[1]) in {"timeout_soft", "timeout_hard"}
     assert wedged[0] < HARD_S + ANSWER_SLACK_S
-    assert [_text(r) for r in (after_hang, after_crash, after_wedge)] == [
+    # ... an upstream past its memory limit (300 MB) fails the allocation: a tool error
+    assert (greedy.is_error, _reason(greedy)) == (True, "tool_error")
+    assert [_text(r) for r in (after_hang, after_crash, after_wedge, after_greedy)] == [
         "after hang",
         "after crash",
         "after wedge",
+        "after greedy",
     ]
     # The upstreams that could not start are named in the door's log, with command and stderr
     log = stack.door.log()

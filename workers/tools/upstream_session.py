@@ -35,6 +35,7 @@ from typing import IO, Any, Final, TypeVar
 import anyio
 import httpx2
 import mcp_types as types
+import psutil
 from anyio.abc import Process
 from anyio.streams.text import TextReceiveStream
 from mcp import Client
@@ -230,6 +231,7 @@ class UpstreamSession:
             start_new_session=True,  # its own process group: killed as one when wedged
         )
         self._process = process
+        _limit_memory(process.pid, upstream.unstuck.memory_limit_mb)
         async with _pipes(process) as streams:
             yield streams
 
@@ -424,6 +426,19 @@ def _remote(upstream: RemoteUpstream) -> contextlib.AbstractAsyncContextManager[
         return sse_client(upstream.url, headers=dict(upstream.headers))
     http = httpx2.AsyncClient(headers=dict(upstream.headers), timeout=httpx2.Timeout(30.0, read=None))
     return streamable_http_client(upstream.url, http_client=http)
+
+
+def _limit_memory(pid: int, limit_mb: int | None) -> None:
+    """Cap a stdio upstream's data segment (``RLIMIT_DATA``): past it, its allocations fail.
+
+    The entry's ``memory_limit_mb`` bounds the upstream's own process, which outlives every
+    call; a tool's bounds the pool child during its calls, as for any tool.
+    """
+    if not limit_mb:
+        return
+    limit = limit_mb * 1024 * 1024
+    with contextlib.suppress(psutil.Error, OSError, ValueError):
+        psutil.Process(pid).rlimit(psutil.RLIMIT_DATA, (limit, limit))
 
 
 def _running(pid: int) -> bool:
