@@ -37,7 +37,7 @@ NPM_DIR = Path(__file__).parent / "mcp_upstream_npm"
 EVERYTHING = NPM_DIR / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
 FIXTURE = REPO / "tests" / "fixtures" / "mcp_misbehaving.py"
 SOFT_S, HARD_S = 1.0, 3.0  # hang's and wedge's; the fixture's other tools get 5 s / 8 s
-POOL = 2
+POOL = 1  # one pool child: every call meets the same upstream process, the one that misbehaved
 ANSWER_SLACK_S = 2.0  # the gateway's grace and the answer's way back, on a loaded 2-core machine
 CLIENT_TIMEOUT_S = 60.0
 
@@ -77,7 +77,7 @@ def _upstreams_file(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A worker (two pool children), the watchdog and the door, the upstreams from one file."""
+    """A worker (one pool child), the watchdog and the door, the upstreams from one file."""
     if not EVERYTHING.is_file():
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NPM_DIR, check=True, timeout=300)
     server = EmbeddedRedis().start()
