@@ -128,6 +128,8 @@ async def test_upstream_tools_served_and_every_failure_answered(stack: Stack) ->
         long = await client.call_tool(
             "everything__trigger-long-running-operation", {"duration": 1, "steps": 2}
         )
+        # A tool the upstream serves only as a task, called by a client that does not ask for one
+        research = await client.call_tool("everything__simulate-research-query", {"topic": "unstuck"})
         refused = await client.call_tool("everything__get-sum", {"a": "two"})
         failed = await client.call_tool("mis__fail", {})
         hung = await _timed(client, "mis__hang", {})
@@ -146,6 +148,7 @@ async def test_upstream_tools_served_and_every_failure_answered(stack: Stack) ->
     assert (_text(echo), echo.is_error) == ("Echo: hi", False)
     assert "5" in _text(total)
     assert "completed" in _text(long)
+    assert (research.is_error, "Research Report: unstuck" in _text(research)) == (False, True)
     assert (refused.is_error, _reason(refused)) == (True, "invalid_arguments")
     assert (failed.is_error, _reason(failed)) == (True, "tool_error")
     assert "failed on purpose" in _text(failed) or "Error executing tool fail" in _text(failed)

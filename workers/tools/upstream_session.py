@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 PING_TIMEOUT_S: Final = 2.0
 START_TIMEOUT_S: Final = 30.0  # npx may fetch a package on a first start
 _STDERR_TAIL_BYTES: Final = 2000
+_TASK_TTL_MS: Final = 3_600_000
 _BACKOFF_FIRST_S: Final = 0.5
 _BACKOFF_MAX_S: Final = 10.0
 T = TypeVar("T")
@@ -290,8 +291,13 @@ class UpstreamSession:
         arguments: dict[str, Any],
         *,
         on_progress: Callable[[float, float | None, str | None], None] | None = None,
+        as_task: bool = False,
     ) -> types.CallToolResult:
         """Call ``tool``, blocking until the upstream answers (the caller's limits bound it).
+
+        ``as_task``: the tool requires MCP Tasks (2025-11-25): the call is task-augmented,
+        polled with ``tasks/get`` (its status messages relayed as progress) and its result
+        fetched with ``tasks/result``; an interrupted call's task gets ``tasks/cancel``.
 
         Raises:
             UpstreamCrashed: the upstream's process ended during the call.
@@ -299,11 +305,14 @@ class UpstreamSession:
             UpstreamToolError: the upstream answered ``isError``.
         """
         progress = _ProgressRelay(on_progress)
-
-        try:
-            result = self._run(
-                lambda: self._client_now().call_tool(tool, arguments, progress_callback=progress), None
+        if as_task:
+            call = functools.partial(self._call_as_task, tool, arguments, progress)
+        else:
+            call = functools.partial(
+                self._client_now().call_tool, tool, arguments, progress_callback=progress
             )
+        try:
+            result = self._run(call, None)
         except _RequestFailed as failed:
             raise self._failure(failed.cause) from None
         except BaseException:  # the soft limit (billiard's derives from Exception) or a cancel
@@ -312,6 +321,30 @@ class UpstreamSession:
         if result.is_error:
             raise UpstreamToolError(_text(result) or "the upstream reported an error")
         return result
+
+    async def _call_as_task(
+        self, tool: str, arguments: dict[str, Any], progress: _ProgressRelay
+    ) -> types.CallToolResult:
+        # The pinned SDK's client has no Tasks API: the raw requests, on its dispatcher.
+        dispatcher = self._client_now().session._dispatcher
+        params = {"name": tool, "arguments": arguments, "task": {"ttl": _TASK_TTL_MS}}
+        created = await dispatcher.send_raw_request("tools/call", params)
+        task_id = str(created["task"]["taskId"])
+        try:
+            polls = 0
+            while True:
+                task = await dispatcher.send_raw_request("tasks/get", {"taskId": task_id})
+                if task.get("status") not in ("working", "input_required"):
+                    break
+                polls += 1
+                await progress(polls, None, task.get("statusMessage"))
+                await asyncio.sleep(min(5000, int(task.get("pollInterval") or 500)) / 1000)
+            raw = await dispatcher.send_raw_request("tasks/result", {"taskId": task_id})
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(dispatcher.send_raw_request("tasks/cancel", {"taskId": task_id}))
+            raise
+        return types.CallToolResult.model_validate(raw, by_name=False)
 
     def _failure(self, exc: BaseException) -> Exception:
         process = self._process

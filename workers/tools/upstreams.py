@@ -166,7 +166,9 @@ def _spec(upstream: Upstream, tool: types.Tool) -> ToolSpec:
     annotations = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else None
     return ToolSpec(
         name=served_name(upstream.name, tool.name),
-        func=_caller(upstream, tool.name),
+        func=_caller(
+            upstream, tool.name, as_task=bool(tool.execution and tool.execution.task_support == "required")
+        ),
         arguments_model=_ANY_ARGUMENTS,
         wants_context=True,
         soft_timeout_s=limits.soft_timeout_s,
@@ -180,14 +182,14 @@ def _spec(upstream: Upstream, tool: types.Tool) -> ToolSpec:
     )
 
 
-def _caller(upstream: Upstream, tool: str) -> Callable[[dict[str, Any], ToolContext], str]:
+def _caller(upstream: Upstream, tool: str, *, as_task: bool) -> Callable[[dict[str, Any], ToolContext], str]:
     def call(arguments: dict[str, Any], ctx: ToolContext) -> str:
         session = session_for(upstream)
         session.ensure_started()
         if session.pgid is not None:
             # Recorded with the call: a call ended hard (pool child killed) takes the group along.
             ctx.register_process_group(session.pgid)
-        result = session.call(tool, arguments, on_progress=_heartbeat(ctx))
+        result = session.call(tool, arguments, on_progress=_heartbeat(ctx), as_task=as_task)
         return _text(result)
 
     call.upstream = upstream.name  # type: ignore[attr-defined]
