@@ -37,6 +37,7 @@ NPM_DIR = Path(__file__).parent / "mcp_upstream_npm"
 EVERYTHING = NPM_DIR / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
 FIXTURE = REPO / "tests" / "fixtures" / "mcp_misbehaving.py"
 SOFT_S, HARD_S = 1.0, 3.0  # hang's and wedge's; the fixture's other tools get 5 s / 8 s
+FREEZE_HARD_S = 1.5
 POOL = 1  # one pool child: every call meets the same upstream process, the one that misbehaved
 ANSWER_SLACK_S = 2.0  # the gateway's grace and the answer's way back, on a loaded 2-core machine
 CLIENT_TIMEOUT_S = 60.0
@@ -60,7 +61,13 @@ def _upstreams_file(tmp: Path) -> Path:
     limits = {"soft_timeout_s": SOFT_S, "hard_timeout_s": HARD_S}
     # The calls after a crash or a wedge wait for the restart (a Python MCP server takes 1-2 s
     # to start on a loaded machine): their soft limit leaves room for it.
-    tools = {"hang": limits, "wedge": {**limits, "soft_timeout_s": 0.5}}
+    # freeze wedges too, but its hard limit comes before the ping gives up: the pool child is
+    # killed, and the next one kills the upstream it left behind.
+    tools = {
+        "hang": limits,
+        "wedge": {**limits, "soft_timeout_s": 0.5},
+        "freeze": {"soft_timeout_s": 0.5, "hard_timeout_s": FREEZE_HARD_S},
+    }
     servers = {
         "everything": {"command": "node", "args": [str(EVERYTHING), "stdio"]},
         "mis": {
@@ -138,6 +145,8 @@ async def test_upstream_tools_served_and_every_failure_answered(stack: Stack) ->
         after_crash = await client.call_tool("mis__echo", {"text": "after crash"})
         wedged = await _timed(client, "mis__wedge", {})
         after_wedge = await client.call_tool("mis__echo", {"text": "after wedge"})
+        frozen = await _timed(client, "mis__freeze", {})
+        after_freeze = await client.call_tool("mis__echo", {"text": "after freeze"})
         greedy = await client.call_tool("mis__eat", {"mb": 1000})
         after_greedy = await client.call_tool("mis__echo", {"text": "after greedy"})
     assert {"everything__echo", "everything__get-sum", "mis__hang", "mis__wedge"} <= set(tools)
@@ -161,12 +170,17 @@ async def test_upstream_tools_served_and_every_failure_answered(stack: Stack) ->
     # ... and a wedged one is answered by its hard limit and killed; each time the next call works
     assert _reason(wedged[1]) in {"timeout_soft", "timeout_hard"}
     assert wedged[0] < HARD_S + ANSWER_SLACK_S
+    # ... and one still wedged at its hard limit is killed with its pool child's successor
+    assert _reason(frozen[1]) == "timeout_hard"
+    assert frozen[0] < FREEZE_HARD_S + ANSWER_SLACK_S
+    assert "the pool child that ran it died" in stack.worker.log()
     # ... an upstream past its memory limit (300 MB) fails the allocation: a tool error
     assert (greedy.is_error, _reason(greedy)) == (True, "tool_error")
-    assert [_text(r) for r in (after_hang, after_crash, after_wedge, after_greedy)] == [
+    assert [_text(r) for r in (after_hang, after_crash, after_wedge, after_freeze, after_greedy)] == [
         "after hang",
         "after crash",
         "after wedge",
+        "after freeze",
         "after greedy",
     ]
     # The upstreams that could not start are named in the door's log, with command and stderr

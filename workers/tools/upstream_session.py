@@ -47,9 +47,11 @@ from mcp.shared.message import SessionMessage
 
 from workers.core.mcp_upstreams import RemoteUpstream, StdioUpstream, Upstream
 from workers.errors import ToolCrashed, ToolExecutionError
+from workers.tools import upstream_reaper
 
 __all__ = [
     "PING_TIMEOUT_S",
+    "CallCancelled",
     "UpstreamCrashed",
     "UpstreamSession",
     "UpstreamToolError",
@@ -62,6 +64,7 @@ PING_TIMEOUT_S: Final = 2.0
 START_TIMEOUT_S: Final = 30.0  # npx may fetch a package on a first start
 _STDERR_TAIL_BYTES: Final = 2000
 _TASK_TTL_MS: Final = 3_600_000
+_CANCEL_POLL_S: Final = 0.25
 _BACKOFF_FIRST_S: Final = 0.5
 _BACKOFF_MAX_S: Final = 10.0
 T = TypeVar("T")
@@ -232,6 +235,7 @@ class UpstreamSession:
             start_new_session=True,  # its own process group: killed as one when wedged
         )
         self._process = process
+        upstream_reaper.note(process.pid)  # killed by the next pool child if this one dies hard
         _limit_memory(process.pid, upstream.unstuck.memory_limit_mb)
         async with _pipes(process) as streams:
             yield streams
@@ -259,6 +263,8 @@ class UpstreamSession:
 
     def kill(self) -> None:
         """Kill a stdio upstream's whole process group now (a wedged or stopping upstream)."""
+        if self._process is not None:
+            upstream_reaper.forget(self._process.pid)
         pgid = self.pgid
         if pgid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -292,12 +298,15 @@ class UpstreamSession:
         *,
         on_progress: Callable[[float, float | None, str | None], None] | None = None,
         as_task: bool = False,
+        cancelled: Callable[[], bool] | None = None,
     ) -> types.CallToolResult:
         """Call ``tool``, blocking until the upstream answers (the caller's limits bound it).
 
         ``as_task``: the tool requires MCP Tasks (2025-11-25): the call is task-augmented,
         polled with ``tasks/get`` (its status messages relayed as progress) and its result
         fetched with ``tasks/result``; an interrupted call's task gets ``tasks/cancel``.
+        ``cancelled`` is polled while the call runs: once true, the upstream gets
+        ``notifications/cancelled`` (the session stays up) and :class:`CallCancelled` is raised.
 
         Raises:
             UpstreamCrashed: the upstream's process ended during the call.
@@ -312,7 +321,7 @@ class UpstreamSession:
                 self._client_now().call_tool, tool, arguments, progress_callback=progress
             )
         try:
-            result = self._run(call, None)
+            result = self._run(call, None, cancelled=cancelled)
         except _RequestFailed as failed:
             raise self._failure(failed.cause) from None
         except BaseException:  # the soft limit (billiard's derives from Exception) or a cancel
@@ -378,12 +387,20 @@ class UpstreamSession:
             raise UpstreamCrashed(f"MCP upstream {self.upstream.name} is not running")
         return client
 
-    def _run(self, make: Callable[[], Coroutine[Any, Any, T]], timeout_s: float | None) -> T:
+    def _run(
+        self,
+        make: Callable[[], Coroutine[Any, Any, T]],
+        timeout_s: float | None,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> T:
         loop = self._loop
         if loop is None:
             raise UpstreamCrashed(f"MCP upstream {self.upstream.name} is not running")
         future = asyncio.run_coroutine_threadsafe(make(), loop)
         try:
+            if cancelled is not None:
+                _wait_unless(future, cancelled)
             return future.result(timeout_s)
         except BaseException as exc:
             if future.done() and not future.cancelled() and future.exception() is exc:
@@ -391,6 +408,23 @@ class UpstreamSession:
             # Interrupted (the soft limit, a timeout): the SDK sends notifications/cancelled.
             future.cancel()
             raise
+
+
+class CallCancelled(Exception):
+    """The call was cancelled by its caller; the upstream was told with ``notifications/cancelled``."""
+
+
+def _wait_unless(future: Any, cancelled: Callable[[], bool]) -> None:
+    """Wait for ``future``; raise :class:`CallCancelled` once ``cancelled()`` says so.
+
+    The first look at ``cancelled`` comes after a quarter second: a quick call costs no check.
+    """
+    while not future.done():
+        with contextlib.suppress(TimeoutError):
+            future.result(_CANCEL_POLL_S)
+            return
+        if cancelled():
+            raise CallCancelled
 
 
 class _RequestFailed(Exception):

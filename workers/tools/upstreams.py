@@ -31,6 +31,7 @@ from pydantic import ConfigDict, create_model
 from workers.core.mcp_upstreams import TOOL_SEPARATOR, Upstream, served_name
 from workers.core.models import RetryPolicy
 from workers.errors import ConfigError
+from workers.tools import upstream_reaper
 from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, register_spec, unregister_where
 from workers.tools.upstream_session import UpstreamSession, UpstreamUnavailable
@@ -107,6 +108,8 @@ def start_sessions(upstreams: Mapping[str, Upstream]) -> None:
         except UpstreamUnavailable as exc:
             log.warning("%s (its calls start it again)", exc)
 
+    for pgid in upstream_reaper.reap_orphans():
+        log.warning("killed MCP upstream process group %d: the pool child that ran it died", pgid)
     for upstream in upstreams.values():
         if _listed.get(upstream.name) == upstream:
             threading.Thread(target=start, args=(session_for(upstream),), daemon=True).start()
@@ -186,10 +189,12 @@ def _caller(upstream: Upstream, tool: str, *, as_task: bool) -> Callable[[dict[s
     def call(arguments: dict[str, Any], ctx: ToolContext) -> str:
         session = session_for(upstream)
         session.ensure_started()
-        if session.pgid is not None:
-            # Recorded with the call: a call ended hard (pool child killed) takes the group along.
-            ctx.register_process_group(session.pgid)
-        result = session.call(tool, arguments, on_progress=_heartbeat(ctx), as_task=as_task)
+        # Not registered with the call: a cancel must reach the upstream as notifications/cancelled,
+        # not as a signal to its process group (which would lose its state). A pool child killed
+        # at a hard limit leaves its upstream to the next child (upstream_reaper).
+        result = session.call(
+            tool, arguments, on_progress=_heartbeat(ctx), as_task=as_task, cancelled=lambda: ctx.cancelled
+        )
         return _text(result)
 
     call.upstream = upstream.name  # type: ignore[attr-defined]
