@@ -65,6 +65,7 @@ START_TIMEOUT_S: Final = 30.0  # npx may fetch a package on a first start
 _STDERR_TAIL_BYTES: Final = 2000
 _TASK_TTL_MS: Final = 3_600_000
 _CANCEL_POLL_S: Final = 0.25
+_CLOSE_WAIT_S: Final = 2.0  # a closing session's tasks get this long to end
 _BACKOFF_FIRST_S: Final = 0.5
 _BACKOFF_MAX_S: Final = 10.0
 T = TypeVar("T")
@@ -187,7 +188,7 @@ class UpstreamSession:
         """Start the session; the reason it did not start ("" when it did)."""
         loop = asyncio.new_event_loop()
         name = f"mcp-upstream-{self.upstream.name}"
-        threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+        threading.Thread(target=_run_loop, args=(loop,), name=name, daemon=True).start()
         self._loop = loop
         ready = asyncio.run_coroutine_threadsafe(self._serve(), loop)
         deadline = time.monotonic() + timeout_s
@@ -237,8 +238,12 @@ class UpstreamSession:
         self._process = process
         upstream_reaper.note(process.pid)  # killed by the next pool child if this one dies hard
         _limit_memory(process.pid, upstream.unstuck.memory_limit_mb)
-        async with _pipes(process) as streams:
-            yield streams
+        try:
+            async with _pipes(process) as streams:
+                yield streams
+        finally:
+            with anyio.move_on_after(_CLOSE_WAIT_S, shield=True):
+                await process.aclose()  # its group was killed: this reaps it and closes the pipes
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification) and self._on_tools_changed is not None:
@@ -375,11 +380,15 @@ class UpstreamSession:
     def _check_wedged(self) -> None:
         """After an interrupted call: kill the upstream if it no longer answers a ping."""
         try:
-            self._run(lambda: self._client_now().send_ping(), PING_TIMEOUT_S)
+            self._run(self._ping, PING_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - no answer in time is the finding
             log.warning("MCP upstream %s does not answer a ping: killing it", self.upstream.name)
             self.kill()
             self.restart_soon()
+
+    async def _ping(self) -> dict[str, Any]:
+        # Raw: the SDK's send_ping warns that 2026-07-28 dropped ping; upstreams speak 2025-11-25.
+        return await self._client_now().session._dispatcher.send_raw_request("ping", None)
 
     def _client_now(self) -> Client:
         client = self._client
@@ -408,6 +417,20 @@ class UpstreamSession:
             # Interrupted (the soft limit, a timeout): the SDK sends notifications/cancelled.
             future.cancel()
             raise
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """A session's event loop until it is stopped; then its tasks are ended and it is closed."""
+    try:
+        loop.run_forever()
+    finally:
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.wait(pending, timeout=_CLOSE_WAIT_S))
+        loop.close()
 
 
 class CallCancelled(Exception):
