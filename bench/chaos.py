@@ -589,8 +589,12 @@ def _stores(options: Options, data_dir: str, history: History) -> Stores:
         broker = EmbeddedRedis().start()
         register_cluster(nodes.url, broker.url)
         env = base_env(nodes.url, **extra)
+        # A killed primary and a stopped one in turn (a stopped one may take writes for a
+        # moment after its replica is promoted).
+        kinds = ["primary SIGKILL", "primary SIGSTOP"]
         kills: list[tuple[float, Callable[[], Episode]]] = [
-            (t, functools.partial(cluster_episode, nodes, random.Random(faults_rng.random()))) for t in times
+            (t, functools.partial(cluster_episode, nodes, random.Random(faults_rng.random()), kinds[n % 2]))
+            for n, t in enumerate(times)
         ]
         return Stores(
             None, env, [nodes.close, broker.close], kills, f"cluster {nodes.url}, broker {broker.url}"

@@ -224,14 +224,17 @@ def episode_times(duration_s: float) -> list[float]:
     return times
 
 
-_SENTINEL_KINDS = ["primary SIGKILL", "primary SIGSTOP", "replica SIGKILL", "sentinel SIGKILL"]
+#: "primary SIGKILL, then SIGSTOP": the primary killed, restarted, and the promoted one stopped
+#: before the old one has resynced from it (a returning primary failed over again: issue 42).
+_TWICE = "primary SIGKILL, then SIGSTOP"
+_SENTINEL_KINDS = ["primary SIGKILL", "primary SIGSTOP", _TWICE, "replica SIGKILL", "sentinel SIGKILL"]
 
 
 def sentinel_kinds(count: int, rng: Random) -> list[str]:
-    """The measurement's order first (kill, then an isolated primary), then every kind, then at random."""
-    rest = _SENTINEL_KINDS[2:]
+    """The measurement's order first (kill, stop, both in a row), then every kind, then at random."""
+    rest = _SENTINEL_KINDS[3:]
     rng.shuffle(rest)
-    kinds = [*_SENTINEL_KINDS[:2], *rest]
+    kinds = [*_SENTINEL_KINDS[:3], *rest]
     while len(kinds) < count:
         kinds.append(rng.choice(_SENTINEL_KINDS))
     return kinds[:count]
@@ -272,6 +275,8 @@ def sentinel_episode(topology: LocalSentinels, kind: str, rng: Random) -> Episod
         time.sleep(rng.uniform(2.0, 6.0))  # the dead primary stays dead a while
         _restart(primary)
         episode.detail = f"old primary {primary.port} restarted"
+    elif kind == _TWICE:
+        _failed_over_twice(topology, primary, episode, rng)
     elif kind == "primary SIGSTOP":
         stopped_s = rng.uniform(2.0, 15.0)
         os.kill(_alive(primary), signal.SIGSTOP)
@@ -302,18 +307,52 @@ def sentinel_episode(topology: LocalSentinels, kind: str, rng: Random) -> Episod
     return episode
 
 
-def cluster_episode(cluster: LocalCluster, rng: Random) -> Episode:
-    """SIGKILL a random primary of the cluster, await its replica's promotion, restart it.
+def _failed_over_twice(
+    topology: LocalSentinels, primary: EmbeddedRedis, episode: Episode, rng: Random
+) -> None:
+    """Kill the primary, restart it, and stop the promoted one before the old one has resynced.
 
-    Never the node ``redis.url`` names: a cluster client finds the others from that one node,
-    so a process started while it is down cannot connect at all (not fixed here: see
-    docs/failover.md).
+    The Sentinels wait 8-10 s before they turn the returning node into a replica; the stop
+    comes 2-8 s after the restart, so the returning node, promoted again, may lack everything
+    the promoted one took. Whoever handed those answers on writes them back (docs/failover.md).
+    """
+    os.kill(_alive(primary), signal.SIGKILL)
+    moved = _await_moved(topology, primary, 30.0)
+    assert moved is not None, "no replica promoted within 30 s of the primary's SIGKILL"
+    episode.failover, episode.promoted_ms = True, moved
+    time.sleep(rng.uniform(2.0, 6.0))
+    _restart(primary)
+    time.sleep(rng.uniform(2.0, 8.0))
+    promoted = topology.current_primary()
+    assert promoted is not None, "the Sentinels name no primary after the restart"
+    stopped_s = rng.uniform(4.0, 8.0)
+    os.kill(_alive(promoted), signal.SIGSTOP)
+    try:
+        time.sleep(stopped_s)
+    finally:
+        os.kill(_alive(promoted), signal.SIGCONT)
+    again = (
+        "the old primary promoted again" if topology.current_primary() is primary else "no second failover"
+    )
+    episode.detail = (
+        f"old primary {primary.port} restarted, promoted {promoted.port} stopped {stopped_s:.1f} s: {again}"
+    )
+
+
+def cluster_episode(cluster: LocalCluster, rng: Random, kind: str = "primary SIGKILL") -> Episode:
+    """SIGKILL (or SIGSTOP) a random primary, await its replica's promotion, restart (resume) it.
+
+    A stopped primary may take writes for a moment after its replica is promoted, until it
+    learns it was failed over. Never the node ``redis.url`` names: a cluster client finds the
+    others from that one node, so a process started while it is down cannot connect at all
+    (not fixed here: see docs/failover.md).
     """
     roles = cluster.roles()
     primaries = [n for n in cluster.nodes if roles[n.port] == "master" and n.port != cluster.nodes[0].port]
     victim = rng.choice(primaries)
-    episode = Episode("primary SIGKILL", _now_ms())
-    os.kill(_alive(victim), signal.SIGKILL)
+    episode = Episode(kind, _now_ms())
+    stopped = kind == "primary SIGSTOP"
+    os.kill(_alive(victim), signal.SIGSTOP if stopped else signal.SIGKILL)
     survivors = [n for n in cluster.nodes if n is not victim]
     started = time.monotonic()
 
@@ -321,17 +360,22 @@ def cluster_episode(cluster: LocalCluster, rng: Random) -> Episode:
         masters = [p for p, role in cluster.roles().items() if role == "master"]
         return len(masters) == cluster.masters and LocalCluster.healthy(survivors)
 
-    wait_until(promoted, timeout_s=30, interval_s=0.05, what="the dead primary's replica promoted")
-    episode.failover, episode.promoted_ms = True, int((time.monotonic() - started) * 1000)
-    time.sleep(rng.uniform(2.0, 5.0))
-    _restart(victim)
+    try:
+        wait_until(promoted, timeout_s=30, interval_s=0.05, what="the failed primary's replica promoted")
+        episode.failover, episode.promoted_ms = True, int((time.monotonic() - started) * 1000)
+        time.sleep(rng.uniform(2.0, 5.0))
+    finally:
+        if stopped:
+            os.kill(_alive(victim), signal.SIGCONT)
+    if not stopped:
+        _restart(victim)
     wait_until(
         lambda: cluster.replicas_linked() and LocalCluster.healthy(cluster.nodes),
         timeout_s=_SETTLE_S,
         interval_s=0.1,
         what="the restarted node rejoined as a replica",
     )
-    episode.detail = f"node {victim.port} restarted"
+    episode.detail = f"node {victim.port} {'resumed' if stopped else 'restarted'}"
     episode.ended_ms = _now_ms()
     return episode
 

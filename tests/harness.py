@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import psutil
 import redis
 
-from workers.core.models import CallJob, job_digest
+from workers.core.job_digest import job_digest
+from workers.core.models import CallJob
 from workers.errors import StoreError
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings

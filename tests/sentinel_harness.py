@@ -1,4 +1,4 @@
-"""A Sentinel-managed Redis on loopback for tests: one primary, one replica, three Sentinels.
+"""A Sentinel-managed Redis on loopback for tests: one primary, one replica (or more), three Sentinels.
 
 Every port comes from ``free_port()`` and every process has its own directory, so topologies
 of parallel test processes never meet. Readiness and failover are awaited as conditions
@@ -43,9 +43,9 @@ def _role(port: int) -> tuple[str, int]:
         client.close()
     role = str(info.get("role"))
     if role == "master":
-        replica = info.get("slave0")
-        online = isinstance(replica, dict) and replica.get("state") == "online"
-        return (role, int(online))
+        listed = [value for key, value in info.items() if str(key).startswith("slave")]
+        online = [r for r in listed if isinstance(r, dict) and r.get("state") == "online"]
+        return (role, int(bool(online) and len(online) == int(info.get("connected_slaves", 0))))
     return (role, int(info.get("master_link_status") == "up"))
 
 
@@ -95,9 +95,9 @@ class _Sentinel:
 
 
 class LocalSentinels:
-    """A primary, a replica of it (``--replicaof``) and three Sentinels (quorum 2)."""
+    """A primary, ``replicas`` replicas of it (``--replicaof``, default one), three Sentinels (quorum 2)."""
 
-    def __init__(self, master: str = MASTER_NAME, *, appendonly: bool = False) -> None:
+    def __init__(self, master: str = MASTER_NAME, *, appendonly: bool = False, replicas: int = 1) -> None:
         self.master = master
         # ``primary`` and ``replica`` are the roles at the start; a failover swaps them
         # (``current_primary`` asks the Sentinels). A node restarted keeps its port, data
@@ -106,6 +106,9 @@ class LocalSentinels:
         self.primary = EmbeddedRedis(appendonly=appendonly)
         replica_of = ("--replicaof", "127.0.0.1", str(self.primary.port))
         self.replica = EmbeddedRedis(appendonly=appendonly, extra_args=replica_of)
+        self.replicas = [self.replica] + [
+            EmbeddedRedis(appendonly=appendonly, extra_args=replica_of) for _ in range(replicas - 1)
+        ]
         self.sentinels = [_Sentinel(self.primary.port, master) for _ in range(3)]
 
     @property
@@ -117,7 +120,8 @@ class LocalSentinels:
         """Start everything and wait until each Sentinel knows the replica and the other two."""
         try:
             self.primary.start()
-            self.replica.start()
+            for replica in self.replicas:
+                replica.start()
             wait_until(self._replica_online, timeout_s=timeout_s, interval_s=0.05, what="replica in sync")
             for sentinel in self.sentinels:
                 sentinel.start()
@@ -135,7 +139,9 @@ class LocalSentinels:
             return False
         finally:
             client.close()
-        return int(info.get("connected_slaves", 0)) == 1 and info["slave0"]["state"] == "online"
+        count = len(self.replicas)
+        states = [info.get(f"slave{i}", {}).get("state") for i in range(count)]
+        return int(info.get("connected_slaves", 0)) == count and states == ["online"] * count
 
     def _sentinels_agree(self) -> bool:
         for sentinel in self.sentinels:
@@ -146,7 +152,7 @@ class LocalSentinels:
                 return False
             if not isinstance(replicas, list) or not isinstance(others, list):
                 return False
-            if len(replicas) != 1 or len(others) != len(self.sentinels) - 1:
+            if len(replicas) != len(self.replicas) or len(others) != len(self.sentinels) - 1:
                 return False
         return True
 
@@ -165,8 +171,8 @@ class LocalSentinels:
 
     @property
     def nodes(self) -> list[EmbeddedRedis]:
-        """Both data nodes, whatever their role now."""
-        return [self.primary, self.replica]
+        """Every data node, whatever its role now."""
+        return [self.primary, *self.replicas]
 
     def current_primary(self) -> EmbeddedRedis | None:
         """The node the Sentinels' majority names as the primary now."""
@@ -174,8 +180,8 @@ class LocalSentinels:
         return next((n for n in self.nodes if n.port == port), None)
 
     def other(self, node: EmbeddedRedis) -> EmbeddedRedis:
-        """The data node that is not ``node``."""
-        return self.replica if node is self.primary else self.primary
+        """A data node that is not ``node`` (the only one with one replica)."""
+        return next(n for n in self.nodes if n is not node)
 
     @staticmethod
     def settled_primary(node: EmbeddedRedis) -> bool:
@@ -183,11 +189,11 @@ class LocalSentinels:
         return _role(node.port)[0] == "master"
 
     def settled(self) -> bool:
-        """One primary named by the majority, answering as one, and the other node in sync with it."""
+        """One primary named by the majority, answering as one, and every other node in sync with it."""
         primary = self.current_primary()
         if primary is None or _role(primary.port) != ("master", 1):
             return False
-        return _role(self.other(primary).port) == ("slave", 1)
+        return all(_role(node.port) == ("slave", 1) for node in self.nodes if node is not primary)
 
     def kill_primary(self) -> None:
         """SIGKILL the primary, as a host dying under it."""
@@ -232,5 +238,6 @@ class LocalSentinels:
         """Stop every process and remove their directories."""
         for sentinel in self.sentinels:
             sentinel.close()
-        self.replica.close()
+        for replica in self.replicas:
+            replica.close()
         self.primary.close()

@@ -20,7 +20,16 @@ import workers.errors
 from workers.store.records import declared_field
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".venv", ".git", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"}
+SKIP_DIRS = {
+    ".venv",
+    ".venv-latest",
+    ".git",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+}
 
 
 def _python_files(*roots: str) -> list[Path]:
@@ -56,11 +65,11 @@ MAX_MODULE_LINES = 600
 # Cohesive modules allowed past the ceiling, with theirs: one model is not split across files.
 LONGER_MODULES = {
     # Every setting's Field carries the description docs/configuration.md is rendered from.
-    "workers/settings.py": 850,
+    "workers/settings.py": 870,
     # One ledger on two clients: each operation built once, sent by a sync and an asyncio sender.
     "workers/store/ledger.py": 880,
     # Every Redis record declared once (key, type, TTL, writers, readers, fields) and read by name.
-    "workers/store/records.py": 800,
+    "workers/store/records.py": 840,
     # Every span's life in one place: opened by its caller, ended by whoever answers the call
     # (the caller, the worker's main process, the watchdog), ids kept across processes.
     "workers/tracing/spans.py": 680,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -12,6 +13,7 @@ from workers.core.failure_policy import NO_RULES, FailureRules
 from workers.settings import Settings, load_settings
 from workers.store.connection import aconnect, connect
 from workers.store.done_listener import DoneListener
+from workers.store.kept_answers import KeptAnswers
 from workers.store.ledger import AsyncLedger, Ledger
 from workers.store.replica_acks import ReplicaAcks
 from workers.tools.loader import load_tools
@@ -53,6 +55,42 @@ def _replica_acks(settings: Settings) -> ReplicaAcks:
     return ReplicaAcks(redis.min_replica_acks, redis.replica_ack_timeout_ms, redis.replica_ack_retry_s)
 
 
+#: One keeper of unacknowledged answers per Redis and prefix in a process: its sync and asyncio
+#: ledgers hand answers on through the same one (workers.store.kept_answers).
+_KEEPERS: dict[tuple[str, str, str], KeptAnswers] = {}
+
+
+def _kept_answers(settings: Settings) -> KeptAnswers | None:
+    """The process's keeper for this Redis through the Sentinels; None for any other URL."""
+    redis = settings.redis
+    access = redis.sentinel_access()
+    if access is None or redis.min_replica_acks is not None:
+        return None
+    key = (redis.url, redis.sentinel_master, redis.key_prefix)
+    if key not in _KEEPERS:
+        _KEEPERS[key] = KeptAnswers(
+            functools.partial(
+                connect,
+                redis.url,
+                socket_timeout_s=redis.socket_timeout_s,
+                socket_connect_timeout_s=redis.socket_connect_timeout_s,
+                sentinel=access,
+            ),
+            prefix=redis.key_prefix,
+            ttl_s=settings.ledger.ttl_s,
+            interval_s=access.primary_check_interval_s,
+        )
+    return _KEEPERS[key]
+
+
+def _forget_keepers_in_child() -> None:
+    for keeper in _KEEPERS.values():
+        keeper.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_forget_keepers_in_child)
+
+
 def open_ledger(settings: Settings) -> Ledger:
     """The ledger on the configured Redis, with its timeouts; raises ``StoreError`` without a URL."""
     client = connect(
@@ -62,13 +100,15 @@ def open_ledger(settings: Settings) -> Ledger:
         cluster=settings.redis.cluster,
         sentinel=settings.redis.sentinel_access(),
     )
-    return Ledger(
+    ledger = Ledger(
         client,
         prefix=settings.redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
         replica_acks=_replica_acks(settings),
     )
+    ledger.kept = _kept_answers(settings)
+    return ledger
 
 
 def open_async_ledger(settings: Settings) -> AsyncLedger:
@@ -87,7 +127,7 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
     listener = DoneListener(
         blocking, quick, prefix=redis.key_prefix, listen_s=listen_s, ttl_s=settings.ledger.ttl_s
     )
-    return AsyncLedger(
+    ledger = AsyncLedger(
         quick,
         prefix=redis.key_prefix,
         ttl_s=settings.ledger.ttl_s,
@@ -96,6 +136,8 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
         lease_ttl_ms=int(settings.lease.ttl_s * 1000),
         replica_acks=_replica_acks(settings),
     )
+    ledger.kept = _kept_answers(settings)
+    return ledger
 
 
 def build_runtime(settings: Settings) -> Runtime:

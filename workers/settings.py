@@ -16,6 +16,7 @@ import os
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     BeforeValidator,
@@ -620,6 +621,51 @@ class WatchdogSettings(BaseModel):
         return max(30.0, self.interval_s * 3)
 
 
+def _has_default_budget(budgets: dict[str, float]) -> dict[str, float]:
+    if "*" not in budgets:
+        raise ValueError('openclaw.budgets_s needs a "*" entry: the budget of every other tool')
+    return budgets
+
+
+class OpenClawSettings(BaseModel):
+    """OpenClaw's own tool calls and sessions, reported by its plugin (integrations/openclaw)."""
+
+    model_config = _FROZEN
+
+    # OpenClaw's own limits plus a grace: tools.exec.timeoutSeconds (1800 s) and the run timeout
+    # `doctor` advises (1800 s, not the 48 h default), so unstuck acts only where OpenClaw would not.
+    budgets_s: Annotated[dict[str, PositiveFloat], AfterValidator(_has_default_budget)] = Field(
+        default_factory=lambda: {"exec": 1830.0, "*": 1830.0},
+        description='seconds a call of each OpenClaw tool may run before the watchdog ends it ("*": '
+        'every other tool), e.g. {"exec": 5, "*": 120}',
+    )
+    stuck_after_s: PositiveFloat = Field(
+        300.0, description="seconds a running OpenClaw session may show no activity before it is alerted"
+    )
+    recover: bool = Field(
+        False,
+        description="after alerting a stuck OpenClaw session, end its open exec calls' process trees "
+        "(and abort its run through the gateway when openclaw.cli is set)",
+    )
+    cli: str = Field(
+        "", description="the openclaw command, for gateway RPC (sessions.abort, sessions.send); empty: none"
+    )
+    gateway_url: str = Field("", description="the OpenClaw gateway's WebSocket URL; empty: the CLI's default")
+    gateway_token: SecretStr = Field(SecretStr(""), description="the OpenClaw gateway's token; empty: none")
+
+    def budget_s(self, tool: str) -> float:
+        """The budget of one call of ``tool``."""
+        return self.budgets_s.get(tool, self.budgets_s["*"])
+
+
+class AlertsSettings(BaseModel):
+    """Where alerts about OpenClaw's calls and sessions go (besides the log and the events stream)."""
+
+    model_config = _FROZEN
+
+    webhook_url: str = Field("", description="JSON POST per OpenClaw alert; empty: watchdog.webhook_url")
+
+
 class TranscriptSettings(BaseModel):
     """Transcript repair: per-provider policy overrides (``"*"`` applies to every provider)."""
 
@@ -649,9 +695,10 @@ class WorkerSettings(BaseModel):
         None, description="recycle a pool child above this resident size, KiB; none: never"
     )
     flush_spans_each_call: bool = Field(
-        False,
+        True,
         description="with tracing on (docs/tracing.md): a pool child sends its spans after every call, "
-        "so a child that crashes on its next call loses none (costs worker CPU); off: every 200 ms",
+        "so a child that crashes on its next call loses none; off: every 200 ms, cheaper, and a child "
+        "that dies within 200 ms of a call's end takes that call's span with it",
     )
 
 
@@ -740,6 +787,8 @@ class Settings(BaseSettings):
     transcript: TranscriptSettings = TranscriptSettings()
     api: ApiSettings = ApiSettings()
     mcp: McpSettings = McpSettings()
+    openclaw: OpenClawSettings = OpenClawSettings()
+    alerts: AlertsSettings = AlertsSettings()
     tool_modules: NameList = Field(
         (), description='modules that define tools, imported by workers and gateways (a,b or ["a","b"])'
     )

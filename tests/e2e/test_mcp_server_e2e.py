@@ -184,7 +184,9 @@ async def test_python_sdk_every_call_is_answered_by_its_limit(door: Door) -> Non
 
 
 @pytest.mark.timeout(90)
-async def test_python_sdk_heartbeats_become_progress_and_a_cancel_is_answered_cancelled(door: Door) -> None:
+async def test_python_sdk_heartbeats_become_progress_and_a_cancel_is_answered_cancelled_and_stops_the_tool(
+    door: Door,
+) -> None:
     where = _meta({"unstuck/session": "py-cancel", "unstuck/run": "r1", "unstuck/call": "c1"})
     seen: list[tuple[float, str | None]] = []
     running = anyio.Event()
@@ -206,7 +208,7 @@ async def test_python_sdk_heartbeats_become_progress_and_a_cancel_is_answered_ca
             async def doomed() -> None:
                 await client.call_tool(
                     "beating",
-                    {"seconds": 3, "stop_beating_after": 3},
+                    {"seconds": 20, "stop_beating_after": 20},
                     progress_callback=on_progress,
                     meta=where,
                 )
@@ -229,9 +231,15 @@ async def test_python_sdk_heartbeats_become_progress_and_a_cancel_is_answered_ca
     assert record is not None
     assert door.reason("py-cancel", "r1", "c1") == "cancelled"
     assert record.fields["writer"].endswith("/mcp")
-    # ... and the tool's own result, which still came, is kept as late and never delivered
-    wait_until(lambda: bool(door.ledger.late_results(keys, "c1")), timeout_s=10, what="late result")
-    assert [late.text for late in door.ledger.late_results(keys, "c1")] == ["finished"]
+    # ... and the tool is stopped, as ToolGateway.cancel stops it: its worker ends it within the
+    # cancel grace (5 s) and its own answer, cancelled too, is kept as late, never delivered; a
+    # tool left to run would finish at 20 s, or be killed at its 25 s hard limit
+    wait_until(lambda: bool(door.ledger.late_results(keys, "c1")), timeout_s=12, what="the worker's answer")
+    stopped_after = time.monotonic() - cancelled_at
+    print(f"tool stopped {stopped_after:.2f}s after the client cancelled")
+    late = door.ledger.late_results(keys, "c1")
+    assert {answer.reason for answer in late} == {"cancelled"}, late
+    assert "finished" not in [answer.text for answer in late]
     assert door.reason("py-cancel", "r1", "c1") == "cancelled"
 
 

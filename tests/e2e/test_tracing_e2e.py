@@ -31,6 +31,7 @@ from mcp import Client
 from tests.e2e.conftest import Processes
 from tests.harness import REPO, UNSTUCK, Proc, base_env, settings_of, wait_until
 from tests.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
+from workers import ToolCall, ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.runtime import open_ledger
 
@@ -65,13 +66,7 @@ def stack() -> Iterator[Stack]:
         started = Processes()
         try:
             http_port, mcp_port = free_port(), free_port()
-            # Every worker span must arrive, also those of a pool child's healthy call that the
-            # next call (a hang, a crash) kills before its 200 ms export: the documented setting.
-            worker_env = {
-                **env,
-                "UNSTUCK_LIMITS__CANCEL_GRACE_S": "1",
-                "UNSTUCK_WORKER__FLUSH_SPANS_EACH_CALL": "true",
-            }
+            worker_env = {**env, "UNSTUCK_LIMITS__CANCEL_GRACE_S": "1"}
             worker = started.track(
                 Proc([UNSTUCK, "worker", "-c", "5", "-n", "traced@%h", "-l", "INFO"], worker_env, "worker")
             )
@@ -102,6 +97,18 @@ def _spans_of(receiver: Receiver, call_id: str, *names: str, timeout_s: float = 
 
     wait_until(arrived, timeout_s=timeout_s, interval_s=0.1, what=f"spans {names} of {call_id}")
     return receiver.with_call(call_id)
+
+
+def _runs_arrived(receiver: Receiver, call_id: str, *, attempts: list[int]) -> dict[int, ReceivedSpan]:
+    """The ``unstuck.run`` spans of a call by attempt, once each of ``attempts`` arrived."""
+
+    def runs() -> dict[int, ReceivedSpan]:
+        spans = receiver.with_call(call_id)
+        return {s.attributes["unstuck.attempt"]: s for s in spans if s.name.startswith("unstuck.run")}
+
+    wait_until(lambda: sorted(runs()) == attempts, timeout_s=20.0, interval_s=0.1,
+               what=f"unstuck.run spans of attempts {attempts} of {call_id}")  # fmt: skip
+    return runs()
 
 
 def _check_tool_span(
@@ -300,6 +307,34 @@ def test_a_lost_worker_is_answered_by_the_watchdog_in_the_callers_trace(
     _check_error(run, "worker_lost")
 
 
+@pytest.mark.timeout(120)
+def test_every_worker_span_of_a_fresh_worker_arrives_though_its_child_crashes_next(
+    stack: Stack, processes: Processes
+) -> None:
+    # Given a fresh traced worker with default settings and one pool child, on a queue of its own
+    env = {**stack.env, "UNSTUCK_BROKER__QUEUE": "fresh"}
+    processes.worker(env, name="fresh", concurrency=1)
+    gateway = ToolGateway(settings_of(env))
+    healthy = [f"c-fresh-{i}" for i in range(4)]
+    calls = [ToolCall(id=call_id, name="echo", arguments={"text": call_id}) for call_id in healthy]
+    # When healthy calls run back to back in that child, and the next call kills it at once
+    # (the batch is dispatched together, so the crash starts within milliseconds of the last
+    # healthy call's end: before a 200 ms batch would have been sent)
+    calls.append(ToolCall(id="c-fresh-crash", name="crash", arguments={}))
+    try:
+        results = gateway.call_tools(session_key="trace-fresh", run_id="r1", calls=calls)
+    finally:
+        gateway.close()
+    assert [r.reason for r in results] == [None] * len(healthy) + ["crashed"]
+    # Then every healthy call's unstuck.run span, ended in the child, reaches the collector
+    for call_id in healthy:
+        run = _one(_spans_of(stack.receiver, call_id, "unstuck.run echo"), "unstuck.run echo")
+        assert (run.status, run.attributes["unstuck.answered_by"]) == ("UNSET", "worker"), call_id
+    # ... and the crashed call's, which the worker's main process ends
+    _check_error(_one(_spans_of(stack.receiver, "c-fresh-crash", "unstuck.run crash"), "unstuck.run crash"),
+                 "crashed")  # fmt: skip
+
+
 @pytest.mark.timeout(150)
 def test_a_call_rerun_after_a_lost_worker_links_its_attempts_in_the_callers_trace(
     stack: Stack, processes: Processes, tmp_path: Path
@@ -329,12 +364,10 @@ def test_a_call_rerun_after_a_lost_worker_links_its_attempts_in_the_callers_trac
     # Then each attempt is an unstuck.run span under the call's execute_tool: the second links
     # the first, which the gateway that re-ran the call ended as lost
     for call_id in ("c-rerun-own", "c-rerun-gone"):
-        spans = _spans_of(stack.receiver, call_id, "unstuck.run record_attempt")
+        # Attempt 1's span (ended by whoever re-ran the call) and attempt 2's (the new worker's
+        # child, sent after its answer was stored) come from two processes: wait for both
+        runs = _runs_arrived(stack.receiver, call_id, attempts=[1, 2])
         _, trace_id, call_span, _ = fields[call_id]["traceparent"].split("-")
-        runs = {
-            span.attributes["unstuck.attempt"]: span for span in spans if span.name.startswith("unstuck.run")
-        }
-        assert sorted(runs) == [1, 2], (call_id, spans)
         for run in runs.values():
             assert (run.trace_id, run.parent_id) == (trace_id, call_span), call_id
             session = f"trace-rerun-{call_id.removeprefix('c-rerun-')}"

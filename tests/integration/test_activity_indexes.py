@@ -13,8 +13,8 @@ import pytest
 
 from tests.harness import CLUSTER_LEG, store_client
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
+from workers.core.reaping import ActionKind, Reap
 from workers.core.results import synthetic_result
-from workers.core.waiting import ActionKind, Reap
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger

@@ -22,12 +22,14 @@ from workers import ToolCall, ToolGateway
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (ROOT / "workers", ROOT / "tasks")
 
-# The most modules one healthy call may touch on the agent's side. The 16 it touches: the
-# gateway's four (client, call_path, dispatching, waiter); the core's models and waiting; the
+# The most modules one healthy call may touch on the agent's side. The 19 it touches: the
+# gateway's four (client, call_path, dispatching, waiter); the core's models, waiting,
+# reaping (the next look's time), call_limits and job_digest (three concepts models.py and
+# waiting.py held together until issue 43 split them: the same code, more named rooms); the
 # tool registry; the store's ledger, keys, records and sessions, with connection and
 # replica_acks (entered even on a lone Redis); the Celery edge's messages and task_events; and
 # tracing.spans (a look-up when tracing is off).
-MAX_MODULES = 16
+MAX_MODULES = 19
 
 
 def _project_module(filename: str) -> str | None:

@@ -279,3 +279,15 @@ def test_refused_messages_are_a_counter_by_reason(ledger: Ledger) -> None:
     assert value(registry, "unstuck_refused_messages_total", reason="mismatch") == 1
     assert value(registry, "unstuck_refused_messages_total", reason="undecodable") == 0
     assert 0 < ledger.client.ttl(f"{PREFIX}:refused") <= 60  # like every key, it expires
+
+
+def test_answers_written_back_after_a_failover_are_counters(ledger: Ledger) -> None:
+    from workers.store.keys import kept_answers_key
+
+    # Given keepers that wrote back three lost answers and met one conflict
+    ledger.client.incrby(kept_answers_key(ledger.prefix, "restored"), 3)
+    ledger.client.incr(kept_answers_key(ledger.prefix, "conflict"))
+    # Then the scrape serves both as counters
+    registry = scrape(ledger)
+    assert value(registry, "unstuck_answers_restored_total") == 3
+    assert value(registry, "unstuck_answers_restore_conflicts_total") == 1

@@ -87,11 +87,12 @@ def test_a_redis_out_of_memory_answers_calls_with_an_error_naming_oom(
 
 def test_config_check_warns_about_a_lone_redis_without_aof(replica: EmbeddedRedis) -> None:
     from tests.harness import settings_of
-    from workers.cli.config_cmd import redis_warnings
+    from workers.cli.config_cmd import redis_report
 
     # The fixture's primary has a replica; the replica itself has none, and neither has AOF.
-    lone = redis_warnings(settings_of(base_env(replica.url)))
+    lone, replicas = redis_report(settings_of(base_env(replica.url)))
     assert [w.message.split(":")[0] for w in lone] == [
         "the Redis primary has no replica",
         "the Redis has no AOF (appendonly no)",
     ]
+    assert replicas == "the Redis primary has no replica: every answer is lost with its host"

@@ -7,17 +7,20 @@ being answered, now through the new primary, without restarting anything.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import kombu
 import pytest
 import redis
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.sentinel import SentinelConnectionPool
 
-from tests.harness import GatewayOn, WorkerOn, base_env, recorded_runs, wait_until
+from tests.harness import GatewayOn, WorkerOn, base_env, recorded_runs, settings_of, wait_until
 from tests.sentinel_harness import LocalSentinels
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.celery_edge.app_config import celery_config
@@ -244,3 +247,46 @@ def test_agents_under_load_lose_no_delivered_result_when_the_primary_dies(
         f" {again} duplicate executions, error reasons {failed}, slowest call {slowest:.1f}s,"
         f" first call submitted after the kill answered {first_new:.1f}s after it"
     )
+
+
+@pytest.mark.timeout(120)
+def test_an_asyncio_pool_follows_a_resumed_old_primary_before_any_connection_breaks(
+    sentinels: LocalSentinels,
+) -> None:
+    from workers.store.connection import aconnect
+    from workers.store.primary_watch import _address
+
+    async def scenario() -> tuple[tuple[str, int], tuple[str, int]]:
+        # Given an asyncio client through the Sentinels, on the first primary
+        client = aconnect(
+            sentinels.url,
+            socket_timeout_s=2.0,
+            socket_connect_timeout_s=1.0,
+            max_connections=4,
+            sentinel=settings_of(
+                base_env(sentinels.url, UNSTUCK_REDIS__SENTINEL_MASTER=sentinels.master)
+            ).redis.sentinel_access(),
+        )
+        pool = cast(AsyncSentinelPool, client.connection_pool)
+        try:
+            await client.set("k", "1")
+            before = _address(pool.master_address)
+            # When the primary stops, its replica is promoted and the old primary resumes (it
+            # answers as a primary until the Sentinels demote it, seconds later)
+            await asyncio.to_thread(_resume_after_promotion, sentinels)
+            # Then the pool names the promoted primary within a few checks of the watch, with
+            # no command sent meanwhile (none fails to teach it)
+            deadline = time.monotonic() + 3.0
+            # The watch's coroutine sets the address and signals nothing: polled.
+            while _address(pool.master_address) == before and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            return before, _address(pool.master_address)
+        finally:
+            await client.aclose()
+            for sentinel in pool.sentinel_manager.sentinels:
+                await sentinel.aclose()
+
+    before, after = asyncio.run(scenario())
+    assert before == ("127.0.0.1", sentinels.primary.port)
+    assert after == ("127.0.0.1", sentinels.replica.port)
+    assert LocalSentinels.settled_primary(sentinels.primary), "the old primary was demoted first"

@@ -36,7 +36,7 @@ from tests.integration.sweep_parity import (
     sweep_settings,
 )
 from workers.core.models import CallState, SyntheticReason
-from workers.core.waiting import OpenCall, decide
+from workers.core.reaping import OpenCall, decide
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.store.ledger import Ledger
 from workers.store.records import CALL as CALL_RECORD

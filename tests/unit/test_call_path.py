@@ -145,6 +145,10 @@ class _FinishingLedger(_ReadsLedger):
         self.finished.append(result.tool_call_id)
         return self.wins
 
+    def handed(self, keys: RunKeys, answers: dict[str, ToolResult]) -> dict[str, ToolResult]:
+        self.handed_on = [*getattr(self, "handed_on", []), *answers]
+        return answers
+
 
 def _answered_locally(wins: bool) -> tuple[ToolResult, _FinishingLedger]:
     ledger = _FinishingLedger(wins)
@@ -161,6 +165,8 @@ def test_a_call_answered_locally_is_read_back_only_when_another_writer_won() -> 
     assert ledger.finished == ["c1"]
     # When it won: what it stored is what the ledger holds, nothing more to read
     assert ledger.reads == [["c1"]]  # the one read before the first step (not just registered)
+    # and it is handed on as stored: kept until a replica holds it (docs/failover.md)
+    assert ledger.handed_on == ["c1"]
     # When another writer won: the ledger's answer is read and delivered
     _, lost = _answered_locally(wins=False)
     assert lost.reads == [["c1"], ["c1"]]

@@ -77,9 +77,12 @@ def test_first_answer_counts_only_real_results_of_calls_sent_after_the_fault() -
 def test_the_short_run_gets_the_measurement_s_two_primary_faults_first() -> None:
     assert episode_times(45) == [6.0, 24.0]
     assert sentinel_kinds(2, Random(1)) == ["primary SIGKILL", "primary SIGSTOP"]
-    assert set(sentinel_kinds(4, Random(1))) == {
+    # Third: a returning primary failed over again before it resyncs (issue 42).
+    assert sentinel_kinds(3, Random(1))[2] == "primary SIGKILL, then SIGSTOP"
+    assert set(sentinel_kinds(5, Random(1))) == {
         "primary SIGKILL",
         "primary SIGSTOP",
+        "primary SIGKILL, then SIGSTOP",
         "replica SIGKILL",
         "sentinel SIGKILL",
     }

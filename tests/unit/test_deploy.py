@@ -317,7 +317,7 @@ def test_compose_services() -> None:
 def test_compose_with_sentinel_keeps_writes_on_a_replica() -> None:
     (compose,) = _yaml_documents((DEPLOY / "compose.sentinel.yaml").read_text())
     services = compose["services"]
-    for name in ("redis-primary", "redis-replica"):
+    for name in ("redis-primary", "redis-replica", "redis-replica-2"):
         redis = services[name]["command"]
         settings = {flag: redis[redis.index(flag) + 1] for flag in redis if flag.startswith("--")}
         assert settings["--min-replicas-to-write"] == "1", name
@@ -331,6 +331,33 @@ def test_compose_with_sentinel_keeps_writes_on_a_replica() -> None:
         assert environment["UNSTUCK_REDIS__URL"].count("sentinel://") == 3, name
         assert environment["UNSTUCK_REDIS__SENTINEL_MASTER"] == "unstuck-primary", name
         assert environment["UNSTUCK_REDIS__MIN_REPLICA_ACKS"] == "1", name
+
+
+def test_compose_with_sentinel_runs_two_replicas() -> None:
+    (compose,) = _yaml_documents((DEPLOY / "compose.sentinel.yaml").read_text())
+    replicas = [
+        name for name, service in compose["services"].items() if "--replicaof" in service.get("command", [])
+    ]
+    assert replicas == ["redis-replica", "redis-replica-2"]
+
+
+def test_kubernetes_runs_a_primary_two_replicas_and_three_sentinels() -> None:
+    objects = _k8s_objects()
+    redis = objects[("StatefulSet", "unstuck-redis")]["spec"]
+    sentinels = objects[("StatefulSet", "unstuck-sentinel")]["spec"]
+    assert (redis["replicas"], sentinels["replicas"]) == (3, 3)
+    (config,) = redis["template"]["spec"]["initContainers"]
+    script = config["command"][-1]
+    for line in ("min-replicas-to-write 1", "appendonly yes", "maxmemory-policy noeviction"):
+        assert line in script
+    assert (
+        "sentinel monitor unstuck-primary $primary 6379 2"
+        in sentinels["template"]["spec"]["initContainers"][0]["command"][-1]
+    )
+    data = objects[("ConfigMap", "unstuck-config")]["data"]
+    assert data["UNSTUCK_REDIS__SENTINEL_MASTER"] == "unstuck-primary"
+    secret = objects[("Secret", "unstuck-secrets")]["stringData"]
+    assert secret["UNSTUCK_REDIS__URL"].count("sentinel://") == 3
 
 
 def _k8s_objects() -> dict[tuple[str, str], dict[str, Any]]:

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kombu.utils.json import dumps, loads
 
-from workers.core.models import CallJob, ToolCall, canonical_json, job_digest
+from workers.core.job_digest import canonical_json, job_digest
+from workers.core.models import CallJob, ToolCall
 
 ARGUMENTS = st.recursive(
     st.none()

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.core.models import (
-    CallLimits,
-    RetryPolicy,
-    SyntheticReason,
-    escaped_soft_limit_reason,
-    resolve_limits,
-)
+from workers.core.call_limits import CallLimits, escaped_soft_limit_reason, resolve_limits
+from workers.core.models import RetryPolicy, SyntheticReason
 from workers.errors import StoreError, ToolExecutionError
 
 NOW_MS = 1_700_000_000_000

@@ -8,7 +8,7 @@ import pytest
 
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.models import CallState, SyntheticReason
-from workers.core.waiting import Action, ActionKind, OpenCall, decide, next_look_ms, past_first_look
+from workers.core.reaping import Action, ActionKind, OpenCall, decide, next_look_ms, past_first_look
 
 NOW_MS = 1_000_000
 MIN_RERUN_MS = 2_000

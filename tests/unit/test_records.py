@@ -228,8 +228,10 @@ SAMPLE_PARTS = {
     "{S}": "{S}",
     "{B}": "{" + workers.store.keys.bucket_tag(0) + "}",
     "<call>": "C",
+    "<session>": "S",
     "<tool>": "T",
     "<id>": "C",
+    "<outcome>": "C",
     "<queue>": "Q",
 }
 RECORDS: list[HashRecord[Any] | KeyRecord] = [*HASH_RECORDS, *KEY_RECORDS]
@@ -257,6 +259,9 @@ def sample_key(builder: str) -> str:
         made = workers.store.keys.BreakerKeys("P", "T")
     elif owner == "index_keys":
         made = workers.store.keys.index_keys("P", 0)
+    elif owner == "OpenClawKeys":  # one OpenClaw call's record is named by session and call
+        keys = workers.store.keys.OpenClawKeys("P")
+        return keys.call("S", "C") if attribute == "call" else str(getattr(keys, attribute))
     elif owner == "broker_queue_key":
         made = workers.store.keys.broker_queue_key("Q")  # the broker's own key: no prefix
     elif owner == "replica_fence_key":  # the fence of a run's slot, named by one of its keys
@@ -277,8 +282,8 @@ def mismatched(patterns: Mapping[str, str]) -> list[str]:
 
 
 def test_each_key_is_declared_once_and_its_pattern_is_what_its_builder_makes() -> None:
-    # Given every declaration (one per key: 7 hashes, 18 others)
-    assert len(RECORDS) == 25
+    # Given every declaration (one per key: 8 hashes, 22 others)
+    assert len(RECORDS) == 30
     # Then each names a builder of its own, every pattern keys.py shows has its declaration,
     # and each pattern is the key its builder makes
     assert sorted(r.builder for r in RECORDS) == sorted(KEY_PATTERNS)

@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from workers.core.failure_policy import FallbackRule, delivered
 from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
+from workers.core.reaping import ActionKind, OpenCall, Reap, ReapRules, reaps
 from workers.core.results import deadline_result, success_result
-from workers.core.waiting import (
-    ActionKind,
-    AnswerLocally,
-    Block,
-    Check,
-    Finish,
-    OpenCall,
-    Read,
-    Reap,
-    ReapRules,
-    Store,
-    Waiting,
-    reaps,
-)
+from workers.core.waiting import AnswerLocally, Block, Check, Finish, Read, Store, Waiting
 
 T0 = 1_000_000
 MARGIN_MS = 1_000

@@ -122,6 +122,7 @@ def install_worker_steps(celery: Celery) -> None:
     signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
     signals.worker_process_init.connect(_start_tracing, weak=False)
     signals.worker_process_init.connect(_start_upstreams, weak=False)
+    signals.worker_process_shutdown.connect(_flush_spans, weak=False)
 
 
 def _start_tracing(**_: Any) -> None:
@@ -131,6 +132,13 @@ def _start_tracing(**_: Any) -> None:
 def _start_upstreams(**_: Any) -> None:
     # The MCP upstreams' sessions start with the pool child, not inside its first call's limits.
     start_sessions(runtime().settings.mcp.upstreams())
+
+
+def _flush_spans(**_: Any) -> None:
+    # A pool child leaves through os._exit (recycled, or the pool shut down): the SDK's atexit
+    # shutdown never runs there, and what its batch still held would go with the child.
+    if tracing.active():
+        tracing.flush()
 
 
 def _remove_memory_cgroups(**_: Any) -> None:

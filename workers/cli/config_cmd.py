@@ -194,14 +194,17 @@ def _failure_tool_warnings(settings: Settings) -> list[ConfigWarning]:
     )
 
 
-def redis_warnings(settings: Settings) -> list[ConfigWarning]:
-    """What the configured Redis itself lacks (replica, AOF, noeviction); nothing without a URL."""
-    from workers.core.durability_checks import check_durability
+def redis_report(settings: Settings) -> tuple[list[ConfigWarning], str | None]:
+    """The configured Redis's warnings (replicas, AOF, noeviction) and what its replicas mean.
+
+    The meaning is None when Redis was not read; nothing at all without a URL.
+    """
+    from workers.core.durability_checks import check_durability, replicas_meaning
     from workers.runtime import open_ledger
     from workers.store.server import durability_of
 
     if not settings.redis.url or settings.redis.cluster:
-        return []
+        return [], None
     try:
         ledger = open_ledger(settings)
         try:
@@ -213,17 +216,20 @@ def redis_warnings(settings: Settings) -> list[ConfigWarning]:
             ConfigWarning(
                 "unstuck.redis.url", f"could not read the Redis's replication and persistence: {exc}"
             )
-        ]
-    return check_durability(found)
+        ], None
+    return check_durability(found), replicas_meaning(found)
 
 
 def _check(args: argparse.Namespace) -> int:
     try:
         settings = load_settings()
-        warnings = collect_warnings(settings) + redis_warnings(settings)
+        found, replicas = redis_report(settings)
+        warnings = collect_warnings(settings) + found
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return _EXIT_INVALID
+    if replicas is not None:
+        print(f"redis: {replicas}")
     for warning in warnings:
         print(f"warning: {warning}")
     print(f"{len(warnings)} warning(s)" if warnings else "config ok: no risky settings found")

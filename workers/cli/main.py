@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.cli.events_cmd",
     "workers.cli.mcp_cmd",
     "workers.cli.serve_cmd",
+    "workers.cli.openclaw_cmd",
 )
 
 

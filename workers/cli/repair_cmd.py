@@ -17,7 +17,7 @@ from workers.core.transcript import (
     sanitize_tool_call_ids,
     sanitize_tool_call_inputs,
 )
-from workers.core.transcript.adapters import FORMATS, decode, default_model_api, encode
+from workers.core.transcript.adapters import FORMATS, decode, default_model_api, encode, idless_results
 from workers.errors import ConfigError, TranscriptRepairError
 
 __all__ = ["register"]
@@ -89,9 +89,16 @@ def _repair(
             messages,
             errored_turns=args.errored_turns or "preserve",
             missing_text=DEFAULT_MISSING_TEXT if args.missing_text is None else args.missing_text,
+            idless=idless_results(args.format),
         )
         return paired.messages, paired.report.to_json()
-    full = repair_transcript(messages, policy, allowed_tool_names=allowed, strip_details=args.strip_details)
+    full = repair_transcript(
+        messages,
+        policy,
+        allowed_tool_names=allowed,
+        strip_details=args.strip_details,
+        idless=idless_results(args.format),
+    )
     report: RepairReport = full.report
     return full.messages, report.to_json()
 

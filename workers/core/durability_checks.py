@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from workers.core.config_checks import ConfigWarning
 
-__all__ = ["RedisDurability", "check_durability"]
+__all__ = ["RedisDurability", "check_durability", "replicas_meaning"]
 
 _PATH = "unstuck.redis.url"
 
@@ -37,6 +37,16 @@ def check_durability(found: RedisDurability) -> list[ConfigWarning]:
                 "and Sentinel (docs/failover.md)",
             )
         )
+    if found.replicas == 1:
+        warnings.append(
+            ConfigWarning(
+                _PATH,
+                "the Redis primary has one replica: after a failover the promoted one has none until "
+                "the old primary is back in sync (8-15 s), and what it takes meanwhile is held by one "
+                "node and by the processes that handed it on; a second failover in that window loses "
+                "the answers of a process that died meanwhile; run two replicas (docs/failover.md)",
+            )
+        )
     if found.aof is False:
         warnings.append(
             ConfigWarning(
@@ -54,3 +64,21 @@ def check_durability(found: RedisDurability) -> list[ConfigWarning]:
             )
         )
     return warnings
+
+
+def replicas_meaning(found: RedisDurability) -> str | None:
+    """One line for an operator: how many replicas the primary has and what that means for the promise."""
+    if found.replicas is None:
+        return None
+    if found.replicas == 0:
+        return "the Redis primary has no replica: every answer is lost with its host"
+    if found.replicas == 1:
+        return (
+            "the Redis primary has 1 replica: one failover loses no acknowledged answer; a second one"
+            " before the first resyncs is covered by the processes that handed answers on (they keep"
+            " them and write them back), not by Redis"
+        )
+    return (
+        f"the Redis primary has {found.replicas} replicas: a second failover before the first"
+        " resyncs still promotes a replica that holds every acknowledged answer"
+    )

@@ -1,9 +1,8 @@
-"""Value types shared by the gateway, the workers and the pure domain code, and the job's digest."""
+"""Value types shared by the gateway, the workers and the pure domain code."""
 
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -14,7 +13,6 @@ from workers.core.transcript.adapters import anthropic, gemini, openai_chat, ope
 
 __all__ = [
     "CallJob",
-    "CallLimits",
     "CallState",
     "ClaimStatus",
     "RetryPolicy",
@@ -22,10 +20,6 @@ __all__ = [
     "TextBlock",
     "ToolCall",
     "ToolResult",
-    "canonical_json",
-    "escaped_soft_limit_reason",
-    "job_digest",
-    "resolve_limits",
 ]
 
 
@@ -154,7 +148,7 @@ class ToolResult(BaseModel):
         return gemini.response_part(self.to_neutral(), self.tool_name, self.tool_call_id if send_id else None)
 
 
-# --- a call's limits: soft, hard and heartbeat limits, deadline, retry backoff -----------------------
+# --- a tool's retry policy: attempts and backoff inside its time budget ---------------------------
 
 
 @dataclass(frozen=True)
@@ -193,68 +187,6 @@ class RetryPolicy:
         return float(min(self.max_backoff_s, self.backoff_s * self.multiplier ** (attempt - 1)))
 
 
-@dataclass(frozen=True)
-class CallLimits:
-    """The limits one call runs under, all derived at submission time."""
-
-    soft_s: float
-    hard_s: float
-    heartbeat_s: float | None
-    submitted_ms: int
-    deadline_ms: int
-
-
-def resolve_limits(
-    *,
-    now_ms: int,
-    soft_s: float,
-    declared_hard_s: float | None,
-    heartbeat_s: float | None,
-    hard_grace_s: float,
-    queue_allowance_s: float,
-    run_deadline_ms: int | None = None,
-) -> CallLimits:
-    """Derive a call's limits; a run deadline that comes sooner shrinks them to fit.
-
-    The deadline covers queue wait plus the hard limit, so a result written at the hard
-    limit by the worker always lands before the gateway gives up.
-    """
-    hard_s = declared_hard_s if declared_hard_s is not None else soft_s + hard_grace_s
-    hard_s = max(hard_s, soft_s)
-    deadline_ms = now_ms + int((queue_allowance_s + hard_s) * 1000)
-    if run_deadline_ms is not None and run_deadline_ms < deadline_ms:
-        budget_s = max(0.001, (run_deadline_ms - now_ms) / 1000)
-        scale = budget_s / (queue_allowance_s + hard_s)
-        soft_s, hard_s = soft_s * scale, hard_s * scale
-        deadline_ms = max(now_ms, run_deadline_ms)
-    return CallLimits(
-        soft_s=soft_s,
-        hard_s=hard_s,
-        heartbeat_s=heartbeat_s,
-        submitted_ms=now_ms,
-        deadline_ms=deadline_ms,
-    )
-
-
-# The task's start and the pool's soft-limit timer are read from different clocks a few
-# microseconds apart; an interrupt this close to the soft limit is still the call's own.
-_CLOCK_SLACK_S = 0.01
-
-
-def escaped_soft_limit_reason(*, started_s: float, now_s: float, soft_s: float) -> SyntheticReason:
-    """The answer for a task the soft-limit interrupt ended outside the tool's body.
-
-    The pool interrupts a task at its soft limit wherever it is: under load that can be
-    unstuck's own code around the tool (claiming the call), which then ends the task instead of
-    the tool. The call's soft limit passed: ``timeout_soft``, not a crash. An interrupt before
-    it was meant for an earlier job of the same pool process (its timer fired after that job
-    ended): the task broke, ``crashed``.
-    """
-    if now_s - started_s + _CLOCK_SLACK_S >= soft_s:
-        return SyntheticReason.TIMEOUT_SOFT
-    return SyntheticReason.CRASHED
-
-
 class CallJob(BaseModel):
     """The body of one invoke task message (JSON). Unknown fields are refused."""
 
@@ -269,22 +201,3 @@ class CallJob(BaseModel):
     soft_s: float = Field(gt=0)
     hard_s: float = Field(gt=0)
     heartbeat_s: float | None = None
-
-
-# What binds a task message to its registration: a digest of the whole job, computed alike on
-# both ends. The gateway stores job_digest of the job it validated when it registers the call;
-# the worker computes it again from the message it received and the claim compares the two, so
-# a message that is not the one the gateway registered (tool, arguments, agent, limits,
-# deadline) runs nothing. It is taken over the JSON form the message carries, serialised
-# canonically (sorted keys, no spaces, ASCII only): the gateway's job and the worker's parse of
-# the same message give the same bytes, whatever order the broker's JSON round trip left.
-
-
-def canonical_json(value: Any) -> str:
-    """``value`` as JSON with sorted keys, no whitespace and only ASCII (one spelling per value)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
-
-
-def job_digest(job: CallJob) -> str:
-    """The hex SHA-256 of the job's canonical JSON form."""
-    return hashlib.sha256(canonical_json(job.model_dump(mode="json")).encode()).hexdigest()

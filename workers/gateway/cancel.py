@@ -19,7 +19,7 @@ from typing import TypeVar
 from workers import tracing
 from workers.core.failure_policy import FallbackRule
 from workers.core.models import CallState, SyntheticReason
-from workers.core.waiting import answer_open_call
+from workers.core.reaping import answer_open_call
 from workers.errors import StoreError
 from workers.store.cancel import CancelMarks
 from workers.store.keys import RunKeys

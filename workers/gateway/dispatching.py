@@ -15,8 +15,10 @@ from celery import Celery
 from workers import tracing
 from workers.celery_edge.messages import TaskMessages, fast_publish_possible
 from workers.celery_edge.names import INVOKE_TASK, INVOKE_TASK_ID, INVOKE_TASK_LABEL
+from workers.core.call_limits import resolve_limits
 from workers.core.failure_policy import delivered
-from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult, job_digest, resolve_limits
+from workers.core.job_digest import job_digest
+from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import RejectedCall
 from workers.core.results import not_allowed_result, rejected_result, synthetic_result
 from workers.core.tool_policy import ToolPolicy

@@ -7,7 +7,7 @@ from typing import Any
 
 from workers.core.models import ToolResult
 from workers.core.transcript import RepairedTranscript, repair_transcript, resolve_policy
-from workers.core.transcript.adapters import decode, default_model_api, encode
+from workers.core.transcript.adapters import decode, default_model_api, encode, idless_results
 from workers.core.transcript.model import ResultLookup
 from workers.errors import StoreError
 from workers.settings import Settings
@@ -82,5 +82,5 @@ def repair_in_format(
     overrides.update(settings.transcript.policy_overrides.get((provider or "").lower(), {}))
     policy = resolve_policy(provider, model_api or default_model_api(fmt), model_id, overrides or None)
     neutral = decode(fmt, messages)
-    repaired = repair_transcript(neutral, policy, lookup=lookup)
+    repaired = repair_transcript(neutral, policy, lookup=lookup, idless=idless_results(fmt))
     return encode(fmt, repaired.messages, messages), repaired

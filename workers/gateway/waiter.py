@@ -22,17 +22,8 @@ from typing import Any
 from workers.core.failure_policy import FallbackRule
 from workers.core.loops import LoopVerdict, PendingCall
 from workers.core.models import ToolCall, ToolResult
-from workers.core.waiting import (
-    AnswerLocally,
-    Block,
-    Check,
-    Finish,
-    OpenCall,
-    Read,
-    ReapRules,
-    Store,
-    Waiting,
-)
+from workers.core.reaping import OpenCall, ReapRules
+from workers.core.waiting import AnswerLocally, Block, Check, Finish, Read, Store, Waiting
 from workers.errors import StoreError
 from workers.settings import Settings
 from workers.store.keys import RunKeys
@@ -260,6 +251,8 @@ class Waiter:
             if not self.ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer):
                 # Another writer won just now: deliver what the ledger holds.
                 result = self.ledger.results(keys, [call_id]).get(call_id, result)
+            else:  # handed on as written: kept until a replica holds it (docs/failover.md)
+                self.ledger.handed(keys, {call_id: result})
         except StoreError:
             if self.store_later is not None:
                 self.store_later(keys, result)
@@ -362,6 +355,8 @@ class AsyncWaiter:
         try:
             if not await self.ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer):
                 result = (await self.ledger.results(keys, [call_id])).get(call_id, result)
+            else:
+                self.ledger.handed(keys, {call_id: result})
         except StoreError:
             if self.store_later is not None:
                 self.store_later(keys, result)

@@ -27,10 +27,15 @@ counted at the call sites. It exposes::
     unstuck_duplicate_executions_total          calls a worker claimed again after an earlier
                                                 attempt (counter): second executions, each
                                                 logged by the worker with both attempts
+    unstuck_answers_restored_total              answers handed on with no replica in sync that a
+                                                failover lost, written back by whoever handed
+                                                them on (docs/failover.md, counter)
+    unstuck_answers_restore_conflicts_total     such answers not written back: the ledger held
+                                                another, decided before they were handed on
 
 and, with ``tools.breakers`` set, the breakers' (:mod:`workers.ops.breaker`).
 
-All but the two counters are gauges: they describe the records Redis holds now,
+All but the counters are gauges: they describe the records Redis holds now,
 which expire after ``ledger.ttl_s`` (24 h by default), so a "total" can go down. The
 counters expire ``ledger.ttl_s`` after their latest count, which Prometheus
 reads as a counter reset.
@@ -61,6 +66,7 @@ from prometheus_client.registry import Collector
 from workers.core.models import CallState, SyntheticReason
 from workers.errors import StoreError
 from workers.store.duplicates import duplicate_count
+from workers.store.kept_answers import kept_counts
 from workers.store.ledger import Ledger
 from workers.store.ledger_scan import CallRow, LedgerScanner
 from workers.store.refusal import refusal_counts
@@ -100,6 +106,7 @@ class LedgerTally:
     oldest_submitted_ms: int | None = None
     refused: dict[str, int] = field(default_factory=dict)  # refused task messages by reason
     duplicates: int = 0  # second executions of calls
+    kept: dict[str, int] = field(default_factory=dict)  # kept answers written back, conflicts
 
 
 def outcome_of(state: str, reason: str) -> str:
@@ -176,6 +183,7 @@ class LedgerCollector(Collector):
         out.pending, out.oldest_submitted_ms = due.pending, due.oldest_submitted_ms
         out.refused = {str(r): n for r, n in refusal_counts(self.ledger.client, self.ledger.prefix).items()}
         out.duplicates = duplicate_count(self.ledger.client, self.ledger.prefix)
+        out.kept = kept_counts(self.ledger.client, self.ledger.prefix)
         return out
 
 
@@ -230,6 +238,16 @@ def families(found: LedgerTally, now_ms: int) -> Iterator[Metric]:
         "unstuck_duplicate_executions",
         "Calls a worker claimed again after an earlier attempt (second executions)",
         value=found.duplicates,
+    )
+    yield CounterMetricFamily(
+        "unstuck_answers_restored",
+        "Answers handed on that a failover lost, written back by whoever handed them on",
+        value=found.kept.get("restored", 0),
+    )
+    yield CounterMetricFamily(
+        "unstuck_answers_restore_conflicts",
+        "Answers a failover lost that were not written back: the ledger held another, decided first",
+        value=found.kept.get("conflict", 0),
     )
 
 

@@ -11,6 +11,7 @@ The contract (OpenAPI at ``/openapi.json``)::
     POST /v1/repair                {"format", "transcript", "provider"?}
     GET  /v1/sessions              what ``unstuck session list --json`` prints
     GET  /healthz                  200 when Redis answers, 503 otherwise
+    /v1/openclaw/...               the OpenClaw plugin's routes (workers.servers.http_openclaw)
 
 Errors are ``{"error": {"type", "message"}}``: 400 malformed JSON, 422 a body that does not
 fit the schema or an unknown format, 401 a missing or wrong bearer token, 413 a body over
@@ -41,6 +42,7 @@ from workers.errors import UnstuckError
 from workers.servers.auth import bearer_ok
 from workers.servers.http_calls import CallsDoor
 from workers.servers.http_fast_path import HotToolCalls
+from workers.servers.http_openclaw import openclaw_routes
 from workers.servers.http_schema import (
     CallsAnswer,
     CancelBody,
@@ -155,6 +157,7 @@ def create_api(settings: Settings, door: CallsDoor | None = None) -> FastAPI:
 
     _errors(api)
     _routes(api, calls, blocking, waiting)
+    openclaw_routes(api, settings, blocking)
 
     @api.on_event("shutdown")
     async def _close() -> None:  # pragma: no cover - exercised by process exit

@@ -11,8 +11,9 @@ whatever the tool does. Protocol features map onto the ledger:
   ``progressToken``, and a silent call reports progress every 10 s (:data:`PROGRESS_EVERY_S`)
   (``progress`` counts notifications, ``message`` is the tool's details or the time so far);
 - a cancelled request (``notifications/cancelled``, a closed response stream, stdin closed,
-  the door shutting down) is answered ``cancelled`` in the ledger, first writer wins, and
-  the tool's later result is kept there as late and never sent. On Streamable HTTP the SDK
+  the door shutting down) is cancelled as ``ToolGateway.cancel`` cancels it: answered
+  ``cancelled`` in the ledger, first writer wins, and its tool stopped; what the worker
+  answers later is kept there as late and never sent. On Streamable HTTP the SDK
   keeps serving a request whose client hung up (for resumption, which this door does not
   offer), so :meth:`McpDoor.client_left` cancels it when the transport sees the hang-up;
 - arguments that fail the tool's schema, or are not even a JSON object, get an ``isError``
@@ -430,9 +431,16 @@ class McpDoor:
         return answered or cancelled
 
     def _answer_cancelled(self, target: CallTarget, call: ToolCall, started_ms: int) -> bool:
-        """Answer the call ``cancelled`` unless something answered it first; True when this won."""
-        keys, now = self._keys(target), self._now_ms()
+        """Cancel the call as ``ToolGateway.cancel`` does, and answer it ``cancelled`` now.
+
+        The gateway's cancel marks it, so its worker stops the tool (a cancel means the same
+        from every door); the door's own answer, unless something answered first, is written
+        at once because its client is gone or has moved on. True when this answer won.
+        """
+        keys = self._keys(target)
         try:
+            self.gateway.cancel(target.session_key, target.run_id, call.id)
+            now = self._now_ms()
             record = self.ledger.record(keys, call.id)
             row = record.row if record is not None else Row(CALL, {})
             result = synthetic_result(

@@ -26,7 +26,7 @@ from redis.sentinel import SentinelConnectionPool as SyncSentinelPool
 
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url
 from workers.errors import StoreError
-from workers.store.primary_watch import follow_primary
+from workers.store.primary_watch import follow_primary, follow_primary_async
 from workers.store.redis_errors import store_error_of
 
 __all__ = ["aconnect", "connect", "store_errors"]
@@ -169,6 +169,9 @@ def aconnect(
             max_connections=max_connections,
             timeout=socket_timeout_s,
             health_check_interval=5,
+        )
+        follow_primary_async(
+            cast(_BlockingSentinelPool, client.connection_pool), followed.primary_check_interval_s
         )
         return client
     pool = aredis.BlockingConnectionPool.from_url(

@@ -59,6 +59,7 @@ __all__ = [
     "BreakerKeys",
     "IndexKeys",
     "IndexTtl",
+    "OpenClawKeys",
     "RunKeys",
     "SessionKeys",
     "all_index_keys",
@@ -68,6 +69,7 @@ __all__ = [
     "duplicates_key",
     "events_stream_key",
     "index_keys",
+    "kept_answers_key",
     "key_slot",
     "lane_pattern",
     "ledger_key_kind",
@@ -383,9 +385,55 @@ def refused_key(prefix: str) -> str:
     return f"{prefix}:refused"
 
 
+def kept_answers_key(prefix: str, outcome: str) -> str:
+    """Counter of delivered answers a failover lost, by ``outcome``: ``restored`` or ``conflict``."""
+    return f"{prefix}:kept_answers:{outcome}"
+
+
 def duplicates_key(prefix: str) -> str:
     """Counter of second executions: calls a worker claimed again after an earlier attempt."""
     return f"{prefix}:duplicates"
+
+
+@dataclass(frozen=True)
+class OpenClawKeys:
+    """OpenClaw's own calls (reported by its plugin): one slot, ``{openclaw}``.
+
+    They are few (one per OpenClaw tool call, not per unstuck task), so one slot keeps every
+    update a single-slot script on Redis Cluster too.
+    """
+
+    prefix: str
+
+    def call(self, session_key: str, call_id: str) -> str:
+        """One call's record."""
+        return f"{self.prefix}:{{openclaw}}:call:{self.member(session_key, call_id)}"
+
+    @property
+    def open(self) -> str:
+        """Open calls: member ``S/C``, score the deadline ms."""
+        return f"{self.prefix}:{{openclaw}}:open"
+
+    @property
+    def activity(self) -> str:
+        """Sessions: member the quoted session key, score its latest reported activity ms."""
+        return f"{self.prefix}:{{openclaw}}:activity"
+
+    @property
+    def streams(self) -> str:
+        """Model calls in flight: member ``S/R`` (session, run), score when the model call started ms."""
+        return f"{self.prefix}:{{openclaw}}:streams"
+
+    @staticmethod
+    def member(session_key: str, call_id: str) -> str:
+        """The open-calls member of a call: ``S/C``, both quoted."""
+        return f"{quote_part(session_key)}/{quote_part(call_id)}"
+
+    @staticmethod
+    def parse_member(member: str) -> tuple[str, str]:
+        """(session, call id) of an open-calls member."""
+        session, call = (unquote(part) for part in member.split("/"))
+        return session, call
 
 
 #: The key each builder above makes, as docs/architecture.md's table shows it (``P`` the prefix,
@@ -416,5 +464,10 @@ KEY_PATTERNS: Final = {
     "BreakerKeys.failures": "P:{breaker:<tool>}:failures",
     "refused_key": "P:refused",
     "duplicates_key": "P:duplicates",
+    "OpenClawKeys.call": "P:{openclaw}:call:<session>/<call>",
+    "OpenClawKeys.open": "P:{openclaw}:open",
+    "OpenClawKeys.activity": "P:{openclaw}:activity",
+    "OpenClawKeys.streams": "P:{openclaw}:streams",
+    "kept_answers_key": "P:kept_answers:<outcome>",
     "broker_queue_key": "<queue>",
 }

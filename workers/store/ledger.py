@@ -45,10 +45,11 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from workers.core.models import CallState, ToolResult
+from workers.core.reaping import ActionKind, OpenCall, Reap, next_look_ms, past_first_look
 from workers.core.run_health import RunStatus
-from workers.core.waiting import ActionKind, OpenCall, Reap, next_look_ms, past_first_look
 from workers.store.claims import Claim, claim_of
 from workers.store.connection import store_errors
+from workers.store.kept_answers import KeptAnswers
 from workers.store.keys import (
     REFRESH_INTERVAL_S,
     IndexTtl,
@@ -311,6 +312,17 @@ class _LedgerCore:
         # write): the gateway and the watchdog close the call's task in Flower from here.
         self.on_answered: list[Callable[[RunKeys, ToolResult], None]] = []
         self._index_ttl = IndexTtl(ttl_s)
+        # Through the Sentinels: where answers read with no replica's acknowledgement are kept
+        # until one holds them (workers.store.kept_answers); None elsewhere.
+        self.kept: KeptAnswers | None = None
+
+    def handed(self, keys: RunKeys, answers: dict[str, ToolResult]) -> dict[str, ToolResult]:
+        """``answers``, handed on now: kept first when the primary had no replica in sync (reads do it)."""
+        if self.kept is not None and answers and self.replica_acks.unacknowledged:
+            pool = getattr(getattr(self, "client", None), "connection_pool", None)
+            address = getattr(pool, "master_address", None)
+            self.kept.keep(keys, answers, (str(address[0]), int(address[1])) if address else None)
+        return answers
 
     def keys(self, session_key: str, run_id: str) -> RunKeys:
         """The key builder for one run."""
@@ -628,7 +640,7 @@ class Ledger(_LedgerCore):
 
         with store_errors():
             raw = self.replica_acks.confirmed(self.client, read, read=True, slot_key=keys.call(call_ids[0]))
-            return _stored_results(call_ids, raw)
+            return self.handed(keys, _stored_results(call_ids, raw))
 
     def wait_for_results(
         self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()
@@ -658,7 +670,7 @@ class Ledger(_LedgerCore):
             follow = [] if behind else [cid for cid in read if cid not in answers]
             answers.update(self._after_signal(keys, signal, mine, follow))
         # What the signal carried may not be on a replica yet: re-read it, confirmed.
-        return self.results(keys, read) if read and self.replica_acks.fencing else answers
+        return self.results(keys, read) if read and self.replica_acks.fencing else self.handed(keys, answers)
 
     def _after_signal(
         self, keys: RunKeys, signal: Signal, mine: Collection[str], follow: Sequence[str]
@@ -820,7 +832,10 @@ class AsyncLedger(_LedgerCore):
             return await pipe.execute()
 
         with store_errors():
-            return _stored_results(call_ids, await self.replica_acks.aconfirmed(self.client, read, read=True))
+            answers = _stored_results(
+                call_ids, await self.replica_acks.aconfirmed(self.client, read, read=True)
+            )
+        return self.handed(keys, answers)
 
     async def wait_for_results(
         self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()
@@ -840,7 +855,7 @@ class AsyncLedger(_LedgerCore):
         # not be on a replica yet: re-read them (confirmed).
         if learned is None or self.replica_acks.fencing:
             return await self.results(keys, read)
-        return learned
+        return self.handed(keys, learned)
 
     async def open_calls(self, keys: RunKeys, call_ids: Sequence[str]) -> list[OpenCall]:
         """Snapshot of the given calls that have no result yet (one round trip)."""

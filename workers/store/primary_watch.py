@@ -17,7 +17,10 @@ So every process that reaches Redis through the Sentinels runs one thread that a
 where the primary is every ``redis.primary_check_interval_ms``. When the answer changes, each
 followed pool learns it (redis-py then closes its idle connections to the old node, and each
 busy one as it is handed back), and the broker's consumer closes the connections it keeps for
-itself (:mod:`workers.celery_edge.sentinel_transport`).
+itself (:mod:`workers.celery_edge.sentinel_transport`). An asyncio ledger's pools
+(``unstuck serve``, ``unstuck mcp``, asyncio gateways) are followed too: the thread asks their
+event loop to look the primary up again (:func:`follow_primary_async`), since an asyncio pool
+belongs to its loop.
 
 The ledger never depended on this: its deciding writes wait for a replica that the old node
 no longer has, and are sent again (:mod:`workers.store.replica_acks`). This lets them reach
@@ -26,6 +29,7 @@ the new primary sooner.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -34,9 +38,10 @@ import weakref
 from typing import Any, cast
 
 import redis
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-__all__ = ["Address", "follow_primary", "primary_moved"]
+__all__ = ["Address", "follow_primary", "follow_primary_async", "primary_moved"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,10 @@ class _PrimaryWatch:
 
     def __init__(self) -> None:
         self._pools: weakref.WeakSet[SentinelConnectionPool] = weakref.WeakSet()
+        # An asyncio pool, with the loop it belongs to (moved there, never from this thread).
+        self._async_pools: weakref.WeakKeyDictionary[AsyncSentinelPool, asyncio.AbstractEventLoop] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
         self._interval_s: float | None = None
         self._thread_pid: int | None = None
@@ -62,6 +71,14 @@ class _PrimaryWatch:
             self._interval_s = interval_s if self._interval_s is None else min(self._interval_s, interval_s)
             self._start()
 
+    def follow_async(
+        self, pool: AsyncSentinelPool, loop: asyncio.AbstractEventLoop, interval_s: float
+    ) -> None:
+        with self._lock:
+            self._async_pools[pool] = loop
+            self._interval_s = interval_s if self._interval_s is None else min(self._interval_s, interval_s)
+            self._start()
+
     def _start(self) -> None:
         if self._thread_pid != os.getpid():
             self._thread_pid = os.getpid()
@@ -71,6 +88,7 @@ class _PrimaryWatch:
     def after_fork_in_child(self) -> None:
         """A thread does not survive a fork: a pool child watches the pools it inherited itself."""
         self._lock = threading.Lock()  # the parent's thread may have held it at the fork
+        self._async_pools.clear()  # the parent's event loops do not run in a child
         if len(self._pools):
             self._start()
 
@@ -82,8 +100,9 @@ class _PrimaryWatch:
     def check(self) -> None:
         """Ask each set of Sentinels once; move every pool whose primary is another node now."""
         with self._lock:
-            pools = list(self._pools)
-        groups: dict[tuple[object, ...], list[SentinelConnectionPool]] = {}
+            pools: list[Any] = [*self._pools, *self._async_pools.keys()]
+            loops = dict(self._async_pools.items())
+        groups: dict[tuple[object, ...], list[Any]] = {}
         for pool in pools:
             groups.setdefault(_followed(pool), []).append(pool)
         for key in set(self._askers) - set(groups):  # no pool follows those Sentinels any more
@@ -96,11 +115,15 @@ class _PrimaryWatch:
             except redis.RedisError:
                 continue  # no Sentinel answers, or none names a primary: nothing to move to yet
             for pool in group:
-                if pool.master_address is not None and _address(pool.master_address) != named:
+                if pool.master_address is None or _address(pool.master_address) == named:
+                    continue
+                if isinstance(pool, AsyncSentinelPool):
+                    _move_async(pool, loops.get(pool))
+                else:
                     _move(pool)
 
 
-def _followed(pool: SentinelConnectionPool) -> tuple[object, ...]:
+def _followed(pool: Any) -> tuple[object, ...]:
     """What a pool follows: its primary's name and the Sentinels it asks (the broker's may differ)."""
     sentinels = sorted(
         (
@@ -112,7 +135,7 @@ def _followed(pool: SentinelConnectionPool) -> tuple[object, ...]:
     return (pool.service_name, *sentinels)
 
 
-def _asker(pool: SentinelConnectionPool) -> Sentinel:
+def _asker(pool: Any) -> Sentinel:
     """A Sentinel client of the watch's own, asking the Sentinels ``pool`` asks, as it asks them."""
     manager = pool.sentinel_manager
     nodes = cast(list[tuple[str, int]], list(_followed(pool)[1:]))
@@ -135,6 +158,25 @@ def _move(pool: SentinelConnectionPool) -> None:
     log.warning("Redis primary moved from %s to %s: leaving the old one", old, new)
 
 
+def _move_async(pool: AsyncSentinelPool, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Have ``pool``'s own loop ask the Sentinels again (which drops its idle connections to the old node)."""
+    if loop is None or loop.is_closed():
+        return
+    old = pool.master_address
+
+    async def move() -> None:
+        try:
+            new = await pool.get_master_address()  # type: ignore[no-untyped-call]
+        except redis.RedisError:
+            return
+        log.warning("Redis primary moved from %s to %s: leaving the old one (asyncio)", old, new)
+
+    try:
+        asyncio.run_coroutine_threadsafe(move(), loop)
+    except RuntimeError:  # the loop closed meanwhile: nothing of it is left to move
+        return
+
+
 def primary_moved(pool: object, host: object, port: object) -> bool:
     """Whether a connection to ``host``:``port`` of ``pool`` talks to a node that is no longer the primary.
 
@@ -152,3 +194,12 @@ os.register_at_fork(after_in_child=_WATCH.after_fork_in_child)
 def follow_primary(pool: SentinelConnectionPool, interval_s: float) -> None:
     """Keep ``pool`` on the primary the Sentinels name, checked every ``interval_s`` by this process."""
     _WATCH.follow(pool, interval_s)
+
+
+def follow_primary_async(pool: AsyncSentinelPool, interval_s: float) -> None:
+    """:func:`follow_primary` for an asyncio pool of the running loop (none running: not followed)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    _WATCH.follow_async(pool, loop, interval_s)

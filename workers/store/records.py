@@ -27,9 +27,9 @@ from typing import Any, Final, Generic, Literal, TypeVar
 
 from workers.core.breaker import BreakerState
 from workers.core.models import CallState, ToolResult
+from workers.core.reaping import OpenCall
 from workers.core.refusal import RefusalReason
 from workers.core.run_health import RunStatus, SessionClass
-from workers.core.waiting import OpenCall
 from workers.errors import StoreError
 from workers.store.keys import KEY_PATTERNS, RunKeys
 
@@ -40,6 +40,7 @@ __all__ = [
     "KEY_RECORDS",
     "LANE",
     "LOOPS",
+    "OPENCLAW_CALL",
     "OPEN_FIELDS",
     "REFUSED",
     "REQUIRED",
@@ -55,6 +56,7 @@ __all__ = [
     "KeyRecord",
     "LaneField",
     "LoopStateField",
+    "OpenClawCallField",
     "Row",
     "RunField",
     "WatchdogField",
@@ -479,7 +481,56 @@ REFUSED: Final = HashRecord[RefusalReason](
     fields={reason: _int(f"task messages workers refused as {reason.value}") for reason in RefusalReason},
 )
 
-HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (CALL, RUN, LANE, WATCHDOG, BREAKER, LOOPS, REFUSED)
+
+class OpenClawCallField(enum.StrEnum):
+    """An OpenClaw tool call reported by its plugin (:mod:`workers.store.openclaw_calls`)."""
+
+    SESSION = "session_key"
+    RUN = "run_id"
+    AGENT_ID = "agent_id"
+    TOOL = "tool"
+    CALL_ID = "call_id"
+    PARAMS = "params_json"
+    ARGS_HASH = "args_hash"
+    STARTED_MS = "started_ms"
+    DEADLINE_MS = "deadline_ms"
+    STATE = "state"
+    ENDED_MS = "ended_ms"
+
+
+OPENCLAW_CALL: Final = HashRecord[OpenClawCallField](
+    name="openclaw_call",
+    writers="HTTP door (the plugin's start and end), watchdog (killed, aborted)",
+    readers="HTTP door, watchdog, CLI",
+    builder="OpenClawKeys.call",
+    ttl="ledger.ttl_s, set on start",
+    fields={
+        OpenClawCallField.SESSION: _str("OpenClaw's session key", REQUIRED),
+        OpenClawCallField.RUN: _str("OpenClaw's run id"),
+        OpenClawCallField.AGENT_ID: _str("the unstuck agent whose loop settings apply"),
+        OpenClawCallField.TOOL: _str("OpenClaw's tool name"),
+        OpenClawCallField.CALL_ID: _str("the call id the plugin's hook saw", REQUIRED),
+        OpenClawCallField.PARAMS: _str("the call's params, JSON, for the outcome hash"),
+        OpenClawCallField.ARGS_HASH: _str("the loop detector's hash of the params"),
+        OpenClawCallField.STARTED_MS: _ms("when the plugin reported the start"),
+        OpenClawCallField.DEADLINE_MS: _ms("start plus openclaw.budgets_s of the tool"),
+        OpenClawCallField.STATE: _str(
+            "open, done, failed, blocked, killed or aborted (first end wins)", "open"
+        ),
+        OpenClawCallField.ENDED_MS: _ms("when it left open; 0 while open"),
+    },
+)
+
+HASH_RECORDS: Final[tuple[HashRecord[Any], ...]] = (
+    CALL,
+    RUN,
+    LANE,
+    WATCHDOG,
+    BREAKER,
+    LOOPS,
+    REFUSED,
+    OPENCLAW_CALL,
+)
 
 
 # --- keys that are not hashes ----------------------------------------------------------------
@@ -564,6 +615,21 @@ KEY_RECORDS: Final[tuple[KeyRecord, ...]] = (
     KeyRecord("duplicates", "duplicates_key", "STRING", _REFRESHED,
               "worker (a call claimed again)", "metrics",
               "executions of calls claimed again after an earlier attempt (INCR per claim)"),
+    KeyRecord("openclaw_open", "OpenClawKeys.open", "ZSET", "ledger.ttl_s, refreshed on start",
+              "HTTP door (start adds, end removes), watchdog (removes)", "watchdog, CLI",
+              "member 'S/C' of an open OpenClaw call, score its deadline ms"),
+    KeyRecord("openclaw_activity", "OpenClawKeys.activity", "ZSET", "ledger.ttl_s, refreshed on start",
+              "HTTP door (every report)", "watchdog (tier-2 scan), CLI",
+              "member the OpenClaw session key (quoted), score its latest reported activity ms"),
+    KeyRecord("openclaw_streams", "OpenClawKeys.streams", "ZSET", "ledger.ttl_s, refreshed on a model call",
+              "HTTP door (model call started adds, ended removes), watchdog (recovered)",
+              "watchdog (tier-2 scan), CLI",
+              "member 'S/R' of a run whose model call is in flight, score its start ms"),
+    KeyRecord("kept_answers", "kept_answers_key", "STRING", _REFRESHED,
+              "gateway, unstuck serve/mcp (answer_restore.lua: a kept answer written back, or a"
+              " conflict)", "metrics",
+              "answers a failover lost that their deliverer wrote back ('restored') or could not"
+              " ('conflict'): INCR each (kept_answers.py)"),
     KeyRecord("queue", "broker_queue_key", "LIST", "none (kombu's; not under P)",
               "register script (a plain Redis broker on the ledger's node), Celery", "tool workers"
               " (Celery BRPOP)", "invoke task messages, in kombu's format"),

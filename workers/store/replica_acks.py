@@ -451,6 +451,16 @@ class ReplicaAcks:
         return bool(self.wanted) or isinstance(pool, (SentinelConnectionPool, AsyncSentinelPool))
 
     @property
+    def unacknowledged(self) -> bool:
+        """Whether the primary is written as a lone Redis now, ``redis.min_replica_acks`` unset.
+
+        Through the Sentinels, what is read then may be on no replica: a deliverer keeps it
+        (:mod:`workers.store.kept_answers`).
+        """
+        held = self._waits.get(_ONE)
+        return self.wanted is None and held is not None and held[0].acks <= 0
+
+    @property
     def fencing(self) -> bool:
         """Whether reads are confirmed (known once the first deciding write or read decided it)."""
         return any(wait.acks > 0 for wait, _ in self._waits.values())

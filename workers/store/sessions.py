@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from workers.core.failure_policy import FallbackRule
 from workers.core.models import CallState, SyntheticReason
+from workers.core.reaping import answer_open_call
 from workers.core.run_health import CallActivity, RunStatus
-from workers.core.waiting import answer_open_call
 from workers.store.connection import store_errors
 from workers.store.keys import (
     RunKeys,

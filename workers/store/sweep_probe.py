@@ -13,7 +13,7 @@ from __future__ import annotations
 import redis
 
 from workers.core.models import CallState
-from workers.core.waiting import DueVerdict
+from workers.core.reaping import DueVerdict
 from workers.store.connection import store_errors
 from workers.store.keys import RunKeys, all_index_keys, parse_due_member
 from workers.store.ledger import Ledger

@@ -29,7 +29,7 @@ Arguments and results are recorded only when
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` (they may be sensitive).
 """
 
-from workers.tracing.setup import preload
+from workers.tracing.setup import flush, preload
 from workers.tracing.spans import (
     CallSpans,
     active,
@@ -57,6 +57,7 @@ __all__ = [
     "answering_here",
     "child_lost",
     "collected",
+    "flush",
     "joined",
     "joined_asgi",
     "ledger_reader",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from workers.core.waiting import ReapRules, reaps
+from workers.core.reaping import ReapRules, reaps
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger

@@ -17,10 +17,13 @@ from celery import Celery
 from workers import tracing
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.run_health import watchdog_late
+from workers.errors import StoreError
 from workers.runtime import Runtime, now_ms, worker_id
+from workers.store.openclaw_calls import OpenClawCalls
 from workers.store.sessions import SessionStore
 from workers.store.watchdog_liveness import WatchdogLiveness
 from workers.watchdog.alerts import AlertSink
+from workers.watchdog.openclaw_sweep import OpenClawSweep
 from workers.watchdog.sweep import Watchdog, clean_stale_lanes
 
 __all__ = ["WatchdogService"]
@@ -44,6 +47,14 @@ class WatchdogService:
             alerts=AlertSink(rt.settings.watchdog.webhook_url, publish=self._publish_alert),
             revoke=self._revoke,
         )
+        openclaw_alerts = AlertSink(
+            rt.settings.alerts.webhook_url or rt.settings.watchdog.webhook_url, publish=self._publish_alert
+        )
+        self.openclaw = OpenClawSweep(
+            OpenClawCalls(rt.ledger.client, prefix=rt.ledger.prefix, ttl_s=rt.ledger.ttl_s),
+            rt.settings,
+            alert=openclaw_alerts.emit,
+        )
 
     def _revoke(self, task_ids: list[str]) -> None:
         # Never terminate: a tool already running finishes under its own limits.
@@ -61,16 +72,29 @@ class WatchdogService:
     def sweep(self) -> int:
         """One watchdog sweep; returns how many calls it answered (0 when another sweep held the lock)."""
         with tracing.span("unstuck.watchdog.sweep") as note:
-            report = self.watchdog.sweep(now_ms())
+            started_ms = now_ms()
+            report = self.watchdog.sweep(started_ms)
             note("unstuck.sweep.calls_answered", report.calls_answered)
         if report.locked_out:
             log.info("watchdog sweep skipped: another sweep holds the lock")
             return 0
+        self._guard_openclaw(started_ms)
         if report.calls_answered or report.timed_out or report.recovered or report.alerts:
             log.warning("watchdog sweep: %s", report)
             self.events.flush(timeout_s=2.0)
         self._note_completed()
         return report.calls_answered
+
+    def _guard_openclaw(self, started_ms: int) -> None:
+        # OpenClaw's calls are a guard beside the sweep: a store error there is logged and the
+        # sweep still counts as done, so the watchdog's own liveness never depends on it.
+        try:
+            guarded = self.openclaw.sweep(started_ms)  # the sweep's own clock reading: one per sweep
+        except StoreError as exc:
+            log.warning("watchdog openclaw sweep failed: %s", exc)
+            return
+        if guarded.killed or guarded.overdue or guarded.stuck:
+            log.warning("watchdog openclaw sweep: %s", guarded)
 
     def _note_completed(self) -> None:
         """Record the sweep; alert when the gap since the previous one shows the watchdog fell behind."""

@@ -17,8 +17,9 @@ from pydantic import ValidationError
 
 from workers import tracing
 from workers.core.failure_policy import delivered
+from workers.core.job_digest import job_digest
 from workers.core.memory_limits import OomCause
-from workers.core.models import CallJob, ClaimStatus, ToolResult, job_digest
+from workers.core.models import CallJob, ClaimStatus, ToolResult
 from workers.core.refusal import RefusalReason
 from workers.core.results import answer_by_deadline, not_allowed_result
 from workers.runtime import Runtime, now_ms, runtime, worker_id

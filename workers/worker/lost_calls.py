@@ -21,10 +21,11 @@ import psutil
 from pydantic import ValidationError
 
 from workers import tracing
+from workers.core.call_limits import escaped_soft_limit_reason
 from workers.core.failure_policy import delivered
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.memory_limits import lost_child_reason, resolve_memory_limit_mb
-from workers.core.models import CallJob, SyntheticReason, ToolResult, escaped_soft_limit_reason
+from workers.core.models import CallJob, SyntheticReason, ToolResult
 from workers.core.results import answer_by_deadline
 from workers.errors import StoreError
 from workers.runtime import Runtime, now_ms, runtime, worker_id

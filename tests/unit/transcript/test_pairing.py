@@ -58,9 +58,9 @@ CASES: list[tuple[str, list[Any], list[Any], int, int]] = [
         1,
     ),
     (
-        "real result with its id beats an adopted id-less one",
+        "an id-less result adopted first holds its call against a later one with the id (OpenClaw's)",
         [asst("c1"), res(None, "legacy"), R1],
-        [asst("c1"), R1],
+        [asst("c1"), {**res(None, "legacy"), "toolCallId": "c1", "isError": True}],
         1,
         0,
     ),
@@ -163,20 +163,58 @@ def test_text_only_failed_turn_untouched() -> None:
 
 
 @pytest.mark.parametrize("is_error", [False, True])
-def test_result_without_id_adopted_by_single_call_keeps_its_kind(is_error: bool) -> None:
+def test_result_without_id_adopted_by_single_call_is_an_error_by_openclaws_legacy_id_fill(
+    is_error: bool,
+) -> None:
     result = repair_pairing([asst("c1"), res(None, "legacy", isError=is_error)])
+    assert result.messages[1]["toolCallId"] == "c1"
+    assert result.messages[1]["isError"] is True
+
+
+@pytest.mark.parametrize("is_error", [False, True])
+def test_result_without_id_adopted_by_name_keeps_its_kind(is_error: bool) -> None:
+    result = repair_pairing([asst("c1"), res(None, "legacy", isError=is_error)], idless="by_name")
     assert result.messages[1]["toolCallId"] == "c1"
     assert result.messages[1]["isError"] is is_error
 
 
-def test_result_without_id_not_adopted_while_an_earlier_call_of_its_name_holds_a_placeholder() -> None:
+def test_by_name_a_real_result_with_its_id_beats_an_adopted_id_less_one() -> None:
+    result = repair_pairing([asst("c1"), res(None, "legacy"), R1], idless="by_name")
+    assert result.messages == [asst("c1"), R1]
+    assert result.report.dropped_duplicate_count == 1
+
+
+def test_result_without_id_not_adopted_by_name_while_an_earlier_call_of_its_name_holds_a_placeholder() -> (
+    None
+):
     # Given an earlier call answered only by a placeholder, then a later call of the same name
     given = [asst("c1"), syn("c1"), U1, asst("c2"), U2, res(None, "whose?")]
     # When
-    result = repair_pairing(given)
+    result = repair_pairing(given, idless="by_name")
     # Then the id-less result could be either's: it is dropped, not given to the later call
     assert result.messages == [asst("c1"), syn("c1"), U1, asst("c2"), syn("c2"), U2]
     assert result.report.dropped_orphan_count == 1
+
+
+def test_legacy_result_without_id_goes_to_the_single_call_of_its_frame_whatever_came_before() -> None:
+    # Given an earlier call of the same name still unanswered, and a failed turn's call too
+    failed = asst("c0", stop="error")
+    given = [failed, U1, asst("c1"), syn("c1"), U1, asst("c2"), U2, res(None, "mine")]
+    # When OpenClaw's legacy id fill decides (its frames attribute an id-less result locally)
+    result = repair_pairing(given)
+    # Then the only call of its frame adopts it, as an error; the failed turn gets no synthetic
+    adopted = {**res(None, "mine"), "toolCallId": "c2", "isError": True}
+    assert result.messages == [failed, U1, asst("c1"), syn("c1"), U1, asst("c2"), adopted, U2]
+    assert result.report.dropped_orphan_count == 0
+
+
+def test_legacy_result_without_id_outside_a_single_call_frame_is_an_orphan() -> None:
+    # Given a turn of two calls answered by one id-less result after a user turn
+    given = [A1, U1, res(None, "x")]
+    # When / Then it is dropped, never moved by name (OpenClaw's cross-frame recovery needs an id)
+    result = repair_pairing(given)
+    assert result.report.dropped_orphan_count == 1
+    assert [m.get("toolCallId") for m in result.messages if m["role"] == "toolResult"] == ["c1", "c2"]
 
 
 def test_result_without_id_and_conflicting_name_is_orphan() -> None:

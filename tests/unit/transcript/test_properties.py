@@ -100,10 +100,12 @@ def test_full_pipeline_for_each_provider(messages: list[Any], provider: tuple[st
 
 
 @settings(max_examples=300, deadline=None)
-@given(transcripts, st.sampled_from(["preserve", "drop"]))
-def test_no_real_result_of_a_surviving_call_is_dropped(messages: list[Any], errored: Any) -> None:
+@given(transcripts, st.sampled_from(["preserve", "drop"]), st.sampled_from(["legacy", "by_name"]))
+def test_no_real_result_of_a_surviving_call_is_dropped(
+    messages: list[Any], errored: Any, idless: Any
+) -> None:
     # Given calls whose id is used by exactly one call in the whole transcript
-    repaired = repair_pairing(messages, errored_turns=errored)
+    repaired = repair_pairing(messages, errored_turns=errored, idless=idless)
     call_counts = Counter(call_id for m in messages for call_id, _ in call_blocks(m))
     for index, message in enumerate(messages):
         for call_id, _ in call_blocks(message):
@@ -115,6 +117,13 @@ def test_no_real_result_of_a_surviving_call_is_dropped(messages: list[Any], erro
             survives = any(m is message for m in repaired.messages)
             if call_counts[call_id] != 1 or not later_real or not survives:
                 continue
-            # Then its first real result is what the output holds for it
+            # Then its first real result is what the output holds for it, unless (OpenClaw's
+            # legacy id fill) an id-less result its own turn adopted first holds it, as an error
             kept = [m for m in repaired.messages if m.get("role") == "toolResult" and result_id(m) == call_id]
+            if idless == "legacy" and kept != [later_real[0]]:
+                assert len(kept) == 1
+                assert kept[0]["isError"] is True
+                assert any(result_id(m) is None and m | {"toolCallId": call_id, "isError": True} == kept[0]
+                           for m in messages[index + 1 :])  # fmt: skip
+                continue
             assert kept == [later_real[0]]

@@ -19,7 +19,7 @@ from workers.core.transcript import (
     resolve_policy,
     sanitize_tool_call_id,
 )
-from workers.core.transcript.adapters import decode, default_model_api, encode
+from workers.core.transcript.adapters import decode, default_model_api, encode, idless_results
 from workers.errors import ConfigError
 
 ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -27,7 +27,9 @@ ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
 def repair_wire(fmt: str, wire: list[Any], **overrides: Any) -> Any:
     policy = resolve_policy(None, default_model_api(fmt), overrides=overrides or None)
-    return encode(fmt, repair_transcript(decode(fmt, wire), policy).messages, wire)
+    return encode(
+        fmt, repair_transcript(decode(fmt, wire), policy, idless=idless_results(fmt)).messages, wire
+    )
 
 
 # -- 1. Anthropic ids: the provider's rule decides, not the id's origin -------------------------
@@ -292,7 +294,8 @@ def test_gemini_extra_response_is_reported_as_a_dropped_duplicate() -> None:
     # Given two calls of one name answered three times in the next turn
     wire = GEMINI_BY_POSITION[1][1]
     # When
-    report = repair_transcript(decode("gemini", wire), resolve_policy(None, "google-generative-ai")).report
+    policy = resolve_policy(None, "google-generative-ai")
+    report = repair_transcript(decode("gemini", wire), policy, idless="by_name").report
     # Then the third answer is the one dropped, as a duplicate
     assert [p.dropped_duplicate_count for p in report.pairing] == [1]
     assert [m["content"][0]["text"] for p in report.pairing for m in p.discarded] == ["three"]

@@ -27,7 +27,7 @@ from openai.types.responses import ResponseInputItemParam
 
 from tests.unit.transcript.wire_scenarios import OPENCLAW_TEXT, Result, Scenario
 from workers.core.transcript import DEFAULT_MISSING_TEXT, repair_transcript, resolve_policy
-from workers.core.transcript.adapters import decode, default_model_api, encode
+from workers.core.transcript.adapters import decode, default_model_api, encode, idless_results
 
 _ANTHROPIC_ID: Final = re.compile(r"^[a-zA-Z0-9_-]+$")
 _OUT: Final = re.compile(r"^out-(\d+)-\d+$")
@@ -54,7 +54,9 @@ _SDK: Final[dict[str, Callable[[Any], object]]] = {
 def repair_wire(fmt: str, wire: list[Any]) -> Any:
     """What ``unstuck repair --format fmt`` does: decode, repair with the format's policy, encode."""
     policy = resolve_policy(None, default_model_api(fmt))
-    return encode(fmt, repair_transcript(decode(fmt, wire), policy).messages, wire)
+    return encode(
+        fmt, repair_transcript(decode(fmt, wire), policy, idless=idless_results(fmt)).messages, wire
+    )
 
 
 def sdk_problems(fmt: str, wire: Any) -> list[str]:

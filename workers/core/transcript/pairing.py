@@ -6,12 +6,15 @@ exactly one unresolved call can own them. Output puts each turn's results right 
 order, followed by whatever else the frame held.
 
 Where calls share an id, a result carrying a call's name goes to that call, else to the earliest
-free one (names and order decide). A result with no id is adopted by the single call of its frame
-unless an earlier call of that name is unanswered too (no result, or only a
-placeholder), and moved elsewhere only when exactly one unanswered call so far has its name (the
-Gemini adapter leaves ids out where no call of the turn before has the response's name, so that
-these rules decide). Adoption keeps the result's ``isError``: a
-success the tool reported stays a success.
+free one (names and order decide). A result with no id follows one of two rules (``idless``):
+
+- ``legacy`` (OpenClaw's own, for its transcripts): an old session's id-less result is adopted
+  by the single call of its frame unless the names conflict, with ``isError`` forced true (the
+  model is told it cannot trust whose it is); anywhere else it is an orphan.
+- ``by_name`` (the Gemini adapter's, whose id-less responses are the provider's normal form,
+  not damage): adoption keeps the result's kind, waits while an earlier call of that name is
+  unanswered (no result, or only a placeholder), and a result is moved elsewhere only when
+  exactly one unanswered call so far has its name.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from workers.core.transcript.model import (
 )
 from workers.core.transcript.report import PairingReport
 
-__all__ = ["ErroredTurns", "PairingResult", "repair_pairing"]
+__all__ = ["ErroredTurns", "IdlessResults", "PairingResult", "repair_pairing"]
 
 ErroredTurns = Literal["preserve", "drop"]
+IdlessResults = Literal["legacy", "by_name"]
 
 # How much a held result is worth: a real result with its id beats an id-less one adopted by
 # guess, which beats a synthetic stand-in; only a better result may replace a held one.
@@ -94,6 +98,7 @@ def repair_pairing(
     missing_text: str = DEFAULT_MISSING_TEXT,
     lookup: ResultLookup | None = None,
     allow_synthetic: bool = True,
+    idless: IdlessResults = "legacy",
 ) -> PairingResult:
     """Give every call of every non-failed turn exactly one result, right after its turn.
 
@@ -105,14 +110,17 @@ def repair_pairing(
         allow_synthetic: False inserts no synthetic result: a call with no result (none found
             by ``lookup`` either) is removed from its turn, and listed in the report's
             ``unanswered``, so that no provider sees a call without its answer.
+        idless: how a result without an id finds its call (the module's docstring).
     """
     tally = _Tally()
     prefix, frames = _split_frames(messages, tally)
-    open_names: set[str | None] = set()  # names of earlier calls still unanswered (or placeholders)
+    # by_name: names of earlier calls still unanswered (or placeholders); legacy: no such wait
+    open_names: set[str | None] | None = set() if idless == "by_name" else None
     for frame in frames:
         _claim_locally(frame, tally, open_names)
-        open_names.update(o.clean for o in frame.occurrences if o.rank < _ADOPTED)
-    _recover_across_frames(frames, tally)
+        if open_names is not None:
+            open_names.update(o.clean for o in frame.occurrences if o.rank < _ADOPTED)
+    _recover_across_frames(frames, tally, by_name=open_names is not None)
     output: list[Message] = list(prefix)
     filler = _Filler(lookup, missing_text, allow_synthetic)
     dropped_turns = 0
@@ -161,7 +169,7 @@ def _split_frames(messages: list[Any], tally: _Tally) -> tuple[list[Message], li
     return prefix, frames
 
 
-def _claim_locally(frame: _Frame, tally: _Tally, open_names: set[str | None]) -> None:
+def _claim_locally(frame: _Frame, tally: _Tally, open_names: set[str | None] | None) -> None:
     pending, frame.set_aside = frame.set_aside, []
     if not pending:
         return
@@ -179,7 +187,7 @@ def _claim_locally(frame: _Frame, tally: _Tally, open_names: set[str | None]) ->
         if not owners:  # no call here with the result's id and name: the id may be another turn's
             frame.set_aside.append((index, result))
             continue
-        rank = _ADOPTED if result is not message else _rank(result)
+        rank = _ADOPTED if result is not message and open_names is not None else _rank(result)
         free = next((o for o in owners if o.result is None), None)
         if free is not None:
             _attach(free, index, result, rank)
@@ -187,7 +195,7 @@ def _claim_locally(frame: _Frame, tally: _Tally, open_names: set[str | None]) ->
             _resolve_duplicate(owners, index, result, rank, tally)
 
 
-def _adopt_legacy_id(frame: _Frame, message: Message, open_names: set[str | None]) -> Message:
+def _adopt_legacy_id(frame: _Frame, message: Message, open_names: set[str | None] | None) -> Message:
     if len(frame.occurrences) != 1:
         return message
     occurrence = frame.occurrences[0]
@@ -195,6 +203,8 @@ def _adopt_legacy_id(frame: _Frame, message: Message, open_names: set[str | None
     call_name = occurrence.clean
     if result_name and call_name and result_name != call_name:
         return message
+    if open_names is None:  # OpenClaw's legacy id fill: whose it is was guessed, so it is an error
+        return {**message, "toolCallId": occurrence.call_id, "isError": True}
     if (result_name or call_name) in open_names:
         return message  # an earlier call of that name is unanswered too: whose it is is unclear
     # Adopted with its own kind: a success the tool reported stays a success.
@@ -213,7 +223,7 @@ def _resolve_duplicate(
     _attach(holder, index, result, rank)
 
 
-def _recover_across_frames(frames: list[_Frame], tally: _Tally) -> None:
+def _recover_across_frames(frames: list[_Frame], tally: _Tally, *, by_name: bool) -> None:
     unresolved: dict[str, list[_Occurrence]] = {}
     unresolved_by_name: dict[str | None, list[_Occurrence]] = {}
     for frame in frames:
@@ -222,7 +232,10 @@ def _recover_across_frames(frames: list[_Frame], tally: _Tally) -> None:
                 unresolved.setdefault(occurrence.key, []).append(occurrence)
                 unresolved_by_name.setdefault(occurrence.clean, []).append(occurrence)
         for index, result in frame.set_aside:
-            if result_id(result) is None:
+            if result_id(result) is None and not by_name:
+                tally.orphans += 1  # OpenClaw's rule: an id-less result its frame did not adopt
+                tally.discard(index, result)
+            elif result_id(result) is None:
                 _recover_by_name(unresolved_by_name, index, result, tally)
             else:
                 _recover_one(unresolved, index, result, tally)

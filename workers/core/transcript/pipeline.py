@@ -8,7 +8,7 @@ from typing import Any
 
 from workers.core.transcript.ids import sanitize_tool_call_ids
 from workers.core.transcript.model import ResultLookup
-from workers.core.transcript.pairing import repair_pairing
+from workers.core.transcript.pairing import IdlessResults, repair_pairing
 from workers.core.transcript.policy import TranscriptPolicy
 from workers.core.transcript.report import PairingReport, RepairReport
 from workers.core.transcript.sanitize import sanitize_tool_call_inputs, strip_result_details
@@ -32,6 +32,7 @@ def repair_transcript(
     allowed_tool_names: Iterable[str] | None = None,
     lookup: ResultLookup | None = None,
     strip_details: bool = False,
+    idless: IdlessResults = "legacy",
 ) -> RepairedTranscript:
     """Sanitise inputs and blocks, pair calls, sanitise ids, fix turn order, strip ``details``.
 
@@ -51,7 +52,7 @@ def repair_transcript(
     )
     pairings: list[PairingReport] = []
     if policy.repair_tool_use_result_pairing:
-        paired = repair_pairing(current, **_pairing_options(policy), lookup=lookup)
+        paired = repair_pairing(current, **_pairing_options(policy), lookup=lookup, idless=idless)
         current = paired.messages
         pairings.append(paired.report)
     ids_report = None
@@ -64,7 +65,7 @@ def repair_transcript(
         )
         ids_report = rewritten.report
         if rewritten.messages is not current and _pairing_may_break(policy, rewritten.invented_result_ids):
-            again = repair_pairing(rewritten.messages, **_pairing_options(policy))
+            again = repair_pairing(rewritten.messages, **_pairing_options(policy), idless=idless)
             pairings.append(again.report)
             current = again.messages
         else:

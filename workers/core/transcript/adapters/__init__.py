@@ -8,9 +8,10 @@ from typing import Any, Final
 from workers.core.transcript.adapters import anthropic, gemini, openai_chat, openai_responses
 from workers.core.transcript.adapters.wire import unwrap, wrap
 from workers.core.transcript.model import Message
+from workers.core.transcript.pairing import IdlessResults
 from workers.core.transcript.validate import validate_transcript
 
-__all__ = ["FORMATS", "decode", "default_model_api", "encode"]
+__all__ = ["FORMATS", "decode", "default_model_api", "encode", "idless_results"]
 
 _Decoder = Callable[[list[Any], str], list[Message]]
 _Encoder = Callable[[list[Message]], list[dict[str, Any]]]
@@ -54,3 +55,13 @@ def encode(fmt: str, messages: list[Message], original: object) -> Any:
 def default_model_api(fmt: str) -> str | None:
     """The model API a format implies, used for the policy when none is given."""
     return _ADAPTERS[fmt][3] if fmt in _ADAPTERS else None
+
+
+def idless_results(fmt: str) -> IdlessResults:
+    """How pairing treats a result without an id in a transcript decoded from ``fmt``.
+
+    Gemini's responses carry no id by design (its adapter leaves one out where position cannot
+    tell), so they are matched by name and keep their kind; anywhere else an id-less result is
+    an old OpenClaw session's, and OpenClaw's legacy id fill applies.
+    """
+    return "by_name" if fmt == "gemini" else "legacy"

@@ -1,0 +1,156 @@
+"""OpenClaw's own calls through the guard the HTTP door runs: ledger records, loop verdicts, sweep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.harness import UNSTUCK, wait_until
+from workers.core.openclaw_calls import OpenClawCallState
+from workers.gateway.openclaw_guard import OpenClawGuard
+from workers.runtime import open_ledger
+from workers.settings import Settings
+from workers.watchdog.openclaw_sweep import OpenClawSweep, marked_processes
+
+pytestmark = pytest.mark.timeout(60)
+
+EXEC = {"command": "sleep 600", "timeoutSeconds": 0}
+
+
+@pytest.fixture
+def guard(settings: Settings) -> OpenClawGuard:
+    tuned = settings.model_copy(
+        update={
+            "openclaw": settings.openclaw.model_copy(update={"budgets_s": {"exec": 5.0, "*": 120.0}}),
+            "tools": settings.tools.model_copy(update={"loop_detection": {"enabled": True}}),
+        }
+    )
+    return OpenClawGuard(tuned, open_ledger(tuned))
+
+
+def test_a_call_is_recorded_with_its_budget_and_ends_once(guard: OpenClawGuard) -> None:
+    answer = guard.start("s", "r", "main", "exec", "c1", EXEC, now_ms=1_000)
+    assert answer["block"] is False
+    assert answer["deadline_ms"] == 6_000
+    assert [c.call_id for c in guard.calls.due(6_000)] == ["c1"]
+    assert guard.calls.due(5_999) == []
+    assert guard.end("s", "c1", is_error=False, text="ok", now_ms=2_000)["ended"] is True
+    assert guard.end("s", "c1", is_error=False, text="ok", now_ms=2_500)["ended"] is False
+    call = guard.calls.get("s", "c1")
+    assert call is not None
+    assert call.state is OpenClawCallState.DONE
+    assert call.ended_ms == 2_000
+    assert guard.calls.due(10_000) == []
+
+
+def test_the_same_exec_repeated_is_blocked_with_the_detectors_message(guard: OpenClawGuard) -> None:
+    verdicts = []
+    for i in range(30):
+        # The plugin's marker differs per call; the detector must not see it.
+        params = {**EXEC, "command": "ls", "env": {"UNSTUCK_CALL_ID": f"c{i}"}}
+        answer = guard.start("s", "r", "main", "exec", f"c{i}", params, now_ms=1_000 + i)
+        verdicts.append(answer)
+        if answer["block"]:
+            break
+        guard.end("s", f"c{i}", is_error=False, text="same output", now_ms=1_000 + i)
+    assert verdicts[-1]["block"] is True, "30 identical exec calls were never blocked"
+    assert "ls" in verdicts[-1]["message"] or "exec" in verdicts[-1]["message"]
+    blocked = guard.calls.get("s", f"c{len(verdicts) - 1}")
+    assert blocked is not None
+    assert blocked.state is OpenClawCallState.BLOCKED
+
+
+def test_the_sweep_kills_an_overdue_exec_tree_by_its_marker(guard: OpenClawGuard, settings: Settings) -> None:
+    call_id = f"call-{uuid.uuid4().hex}"
+    env = {"UNSTUCK_CALL_ID": call_id, "PATH": "/usr/bin:/bin"}
+    # A shell with a child, as OpenClaw's exec runs it.
+    shell = subprocess.Popen(
+        ["/bin/sh", "-c", f"{sys.executable} -c 'import time; time.sleep(600)'; true"], env=env
+    )
+    try:
+        wait_until(lambda: len(marked_processes(call_id)) >= 2, timeout_s=10, what="the marked tree")
+        start_ms = int(time.time() * 1000)
+        guard.start("s2", "r", "main", "exec", call_id, EXEC, now_ms=start_ms)
+        alerts: list[dict[str, object]] = []
+        sweep = OpenClawSweep(guard.calls, settings, alert=alerts.append)
+        assert sweep.sweep(start_ms + 4_000).killed == []  # inside its budget
+        report = sweep.sweep(start_ms + 5_000)
+        assert report.killed == [call_id]
+        assert shell.wait(timeout=10) != 0
+        wait_until(lambda: not marked_processes(call_id), timeout_s=10, what="the tree gone")
+        assert [a["kind"] for a in alerts] == ["openclaw_call_killed"]
+        call = guard.calls.get("s2", call_id)
+        assert call is not None
+        assert call.state is OpenClawCallState.KILLED
+        # The plugin's own end, after the kill, does not overwrite it: one end per call.
+        assert (
+            guard.end("s2", call_id, is_error=True, text="killed", now_ms=start_ms + 6_000)["ended"] is False
+        )
+    finally:
+        for proc in marked_processes(call_id):
+            proc.kill()
+        if shell.poll() is None:
+            shell.kill()
+        shell.wait()
+
+
+def test_an_overdue_call_of_another_tool_is_alerted_once(guard: OpenClawGuard, settings: Settings) -> None:
+    guard.start("s3", "r", "main", "web_fetch", "w1", {"url": "http://x"}, now_ms=0)
+    alerts: list[dict[str, object]] = []
+    sweep = OpenClawSweep(guard.calls, settings, alert=alerts.append, kill=lambda _c: 0)
+    sweep.sweep(121_000)
+    sweep.sweep(122_000)
+    assert [a["kind"] for a in alerts if a["kind"] == "openclaw_call_overdue"] == ["openclaw_call_overdue"]
+
+
+def test_a_silent_session_with_an_open_call_is_alerted(guard: OpenClawGuard, settings: Settings) -> None:
+    guard.start("s4", "r", "main", "read", "r1", {}, now_ms=0)
+    alerts: list[dict[str, object]] = []
+    sweep = OpenClawSweep(guard.calls, settings, alert=alerts.append, kill=lambda _c: 0)
+    stuck_ms = int(settings.openclaw.stuck_after_s * 1000)
+    assert sweep.sweep(stuck_ms).stuck == []
+    assert sweep.sweep(stuck_ms + 1_000).stuck == ["s4"]
+
+
+def test_a_background_exec_stays_open_until_its_process_is_gone(
+    guard: OpenClawGuard, settings: Settings
+) -> None:
+    guard.start("s5", "r", "main", "exec", "b1", EXEC, now_ms=0)
+    # exec moved to the background after yieldMs: its tool call returned, its process runs on
+    assert (
+        guard.end("s5", "b1", is_error=False, text="Command still running", now_ms=1_000, running=True)[
+            "ended"
+        ]
+        is False
+    )
+    running = guard.calls.get("s5", "b1")
+    assert running is not None
+    assert running.state is OpenClawCallState.OPEN
+    alerts: list[dict[str, object]] = []
+    sweep = OpenClawSweep(guard.calls, settings, alert=alerts.append, kill=lambda _c: 0)
+    sweep.sweep(6_000)  # past the budget, no marked process left: it ended by itself
+    gone = guard.calls.get("s5", "b1")
+    assert gone is not None
+    assert gone.state is OpenClawCallState.DONE
+    assert alerts == []
+
+
+def test_the_operator_sees_and_aborts_a_session(guard: OpenClawGuard, env: dict[str, str]) -> None:
+    now = int(time.time() * 1000)
+    guard.start("ops", "r", "main", "web_fetch", "w9", {"url": "http://x"}, now_ms=now)
+    listed = subprocess.run(
+        [UNSTUCK, "openclaw", "sessions", "--json"], env=env, capture_output=True, text=True
+    )
+    rows = json.loads(listed.stdout)
+    assert [(r["session_key"], r["state"], [c["call_id"] for c in r["open_calls"]]) for r in rows] == [
+        ("ops", "running", ["w9"])
+    ]
+    # Without openclaw.cli no run can be aborted from here: the operator is told which call is left
+    aborted = subprocess.run([UNSTUCK, "openclaw", "abort", "ops"], env=env, capture_output=True, text=True)
+    assert aborted.returncode == 1
+    assert "w9" in aborted.stdout
