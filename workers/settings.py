@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from workers.config_file import ConfigFileSource, Seconds
+from workers.config_file import ConfigFileSource, Seconds, read_upstreams
 from workers.core.breaker import BreakerPolicy
 from workers.core.did_you_mean import unknown_key_message
 from workers.core.failure_policy import (
@@ -46,7 +46,7 @@ from workers.core.failure_policy import (
     check_reasons,
 )
 from workers.core.loops.config import agent_path, parse_loop_block, raised_thresholds
-from workers.core.mcp_upstreams import Upstream, parse_upstreams
+from workers.core.mcp_upstreams import Upstream
 from workers.core.models import RetryPolicy
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url, parse_sentinel_url
 from workers.core.tool_policy import BUILTIN_TOOLS, ToolPolicy, ToolRules, unknown_groups
@@ -737,30 +737,12 @@ class McpSettings(BaseModel):
 
     @model_validator(mode="after")
     def _read_upstreams(self) -> McpSettings:
-        if self.upstreams_file:
-            self._upstreams = read_upstreams(self.upstreams_file)
+        self._upstreams = read_upstreams(self.upstreams_file) if self.upstreams_file else {}
         return self
 
     def upstreams(self) -> dict[str, Upstream]:
         """The checked entries of ``upstreams_file`` (read once, when the settings load)."""
         return dict(self._upstreams)
-
-
-def read_upstreams(path: str) -> dict[str, Upstream]:
-    """Read and check the upstreams file at ``path``.
-
-    Raises:
-        ConfigError: the file cannot be read, is not JSON, or an entry does not fit (named).
-    """
-    where = f"mcp.upstreams_file {path}"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except OSError as exc:
-        raise ConfigError([(where, f"cannot be read: {exc.strerror or exc}")]) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError([(where, f"is not JSON: {exc}")]) from None
-    return parse_upstreams(data, source=where)
 
 
 class Settings(BaseSettings):
