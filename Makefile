@@ -186,6 +186,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.durability
 	$(BIN)/python -m bench.memory_limits
 	$(BIN)/python -m bench.tracing
+	$(BIN)/python -m bench.mcp_upstreams
 
 # FAULTS=failover: a primary, a replica and three Sentinels; FAULTS=cluster-failover: a Redis
 # Cluster with a replica per primary (docs/failover.md). SEED=N replays a run's seed.

@@ -65,7 +65,7 @@ MAX_MODULE_LINES = 600
 # Cohesive modules allowed past the ceiling, with theirs: one model is not split across files.
 LONGER_MODULES = {
     # Every setting's Field carries the description docs/configuration.md is rendered from.
-    "workers/settings.py": 870,
+    "workers/settings.py": 880,  # 870 before mcp.upstreams_file (its entries checked at load)
     # One ledger on two clients: each operation built once, sent by a sync and an asyncio sender.
     "workers/store/ledger.py": 880,
     # Every Redis record declared once (key, type, TTL, writers, readers, fields) and read by name.

@@ -27,6 +27,7 @@ the key path as written in the file.
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import tomllib
 from pathlib import Path
@@ -47,9 +48,17 @@ from pydantic.alias_generators import to_camel
 from pydantic_settings import PydanticBaseSettingsSource
 
 from workers.core.did_you_mean import known_keys, unknown_key_message
+from workers.core.mcp_upstreams import Upstream, parse_upstreams
 from workers.errors import ConfigError
 
-__all__ = ["MAX_SECONDS", "ConfigFileSource", "Seconds", "read_config_file", "translate_reference_config"]
+__all__ = [
+    "MAX_SECONDS",
+    "ConfigFileSource",
+    "Seconds",
+    "read_config_file",
+    "read_upstreams",
+    "translate_reference_config",
+]
 
 log = logging.getLogger(__name__)
 
@@ -303,3 +312,20 @@ def _check_own_block(settings_cls: type[BaseModel], block: dict[str, Any]) -> No
             ]
     if problems:
         raise ConfigError(problems)
+
+
+def read_upstreams(path: str) -> dict[str, Upstream]:
+    """Read and check the upstreams file at ``path``.
+
+    Raises:
+        ConfigError: the file cannot be read, is not JSON, or an entry does not fit (named).
+    """
+    where = f"mcp.upstreams_file {path}"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        raise ConfigError([(where, f"cannot be read: {exc.strerror or exc}")]) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError([(where, f"is not JSON: {exc}")]) from None
+    return parse_upstreams(data, source=where)

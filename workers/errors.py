@@ -52,6 +52,7 @@ __all__ = [
     "StoreError",
     "StreamIdleTimeout",
     "ToolCallError",
+    "ToolCrashed",
     "ToolExecutionError",
     "ToolNotFound",
     "TranscriptError",
@@ -104,6 +105,10 @@ class ToolExecutionError(ToolCallError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         self.retryable = retryable
         super().__init__(message)
+
+
+class ToolCrashed(ToolExecutionError):
+    """Raised on a tool's behalf when the process serving it ended during the call: ``crashed``."""
 
 
 class CallFailed(ToolCallError):

@@ -145,7 +145,9 @@ def build_runtime(settings: Settings) -> Runtime:
     return Runtime(
         settings=settings,
         ledger=open_ledger(settings),
-        tools=load_tools(settings.tool_modules, builtins=settings.tools.builtins),
+        tools=load_tools(
+            settings.tool_modules, builtins=settings.tools.builtins, upstreams=settings.mcp.upstreams()
+        ),
         rules=settings.tools.failure_rules(),
     )
 

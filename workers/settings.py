@@ -26,6 +26,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -33,7 +34,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from workers.config_file import ConfigFileSource, Seconds
+from workers.config_file import ConfigFileSource, Seconds, read_upstreams
 from workers.core.breaker import BreakerPolicy
 from workers.core.did_you_mean import unknown_key_message
 from workers.core.failure_policy import (
@@ -45,6 +46,7 @@ from workers.core.failure_policy import (
     check_reasons,
 )
 from workers.core.loops.config import agent_path, parse_loop_block, raised_thresholds
+from workers.core.mcp_upstreams import Upstream
 from workers.core.models import RetryPolicy
 from workers.core.sentinel_url import SentinelAccess, is_sentinel_url, parse_sentinel_url
 from workers.core.tool_policy import BUILTIN_TOOLS, ToolPolicy, ToolRules, unknown_groups
@@ -728,6 +730,19 @@ class McpSettings(BaseModel):
     model_config = _FROZEN  # the margin is checked where it is used (workers.servers.mcp_late_results)
     client_timeout_s: PositiveFloat = Field(60.0, description="MCP clients' timeout (requestTimeoutMs)")
     answer_margin_s: PositiveFloat = Field(2.0, description="answer still_running this long before it")
+    upstreams_file: str = Field(
+        "", description='MCP servers unstuck serves as <name>__<tool>: a JSON {"mcpServers": {...}} file'
+    )
+    _upstreams: dict[str, Upstream] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _read_upstreams(self) -> McpSettings:
+        self._upstreams = read_upstreams(self.upstreams_file) if self.upstreams_file else {}
+        return self
+
+    def upstreams(self) -> dict[str, Upstream]:
+        """The checked entries of ``upstreams_file`` (read once, when the settings load)."""
+        return dict(self._upstreams)
 
 
 class Settings(BaseSettings):

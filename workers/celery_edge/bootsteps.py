@@ -20,6 +20,7 @@ from workers.celery_edge.names import INVOKE_TASK
 from workers.core.redact import install_log_redaction
 from workers.errors import ConfigError, StoreError, WorkerConfigError
 from workers.runtime import runtime
+from workers.tools.upstreams import start_sessions
 from workers.worker.lease_keeper import LeaseKeeper, renew_interval_s
 from workers.worker.memory_guard import install_memory_guard, memory_guard
 
@@ -120,11 +121,17 @@ def install_worker_steps(celery: Celery) -> None:
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)
     signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
     signals.worker_process_init.connect(_start_tracing, weak=False)
+    signals.worker_process_init.connect(_start_upstreams, weak=False)
     signals.worker_process_shutdown.connect(_flush_spans, weak=False)
 
 
 def _start_tracing(**_: Any) -> None:
     tracing.active()  # a pool child sets its tracer provider up before its first call, if traced
+
+
+def _start_upstreams(**_: Any) -> None:
+    # The MCP upstreams' sessions start with the pool child, not inside its first call's limits.
+    start_sessions(runtime().settings.mcp.upstreams())
 
 
 def _flush_spans(**_: Any) -> None:

@@ -121,7 +121,11 @@ def _tool_limits(settings: Settings) -> list[ToolLimits]:
     configured = settings.tools.timeouts_s
     default_s = settings.agents.defaults.tools.timeout_s
     tools = []
-    for name, spec in sorted(load_tools(settings.tool_modules, builtins=settings.tools.builtins).items()):
+    for name, spec in sorted(
+        load_tools(
+            settings.tool_modules, builtins=settings.tools.builtins, upstreams=settings.mcp.upstreams()
+        ).items()
+    ):
         if name in configured:
             soft_s, path = configured[name], f"tools.timeouts.{name}"
         elif spec.soft_timeout_s is not None:
@@ -159,7 +163,20 @@ def collect_warnings(settings: Settings) -> list[ConfigWarning]:
         allow=settings.tools.allow,
         deny=settings.tools.deny,
     )
-    return found + _failure_tool_warnings(settings)
+    return found + _failure_tool_warnings(settings) + _upstream_warnings()
+
+
+def _upstream_warnings() -> list[ConfigWarning]:
+    """Each MCP upstream that could not start (tools were loaded just before): left out, and why."""
+    from workers.tools.upstreams import upstream_failures
+
+    return [
+        ConfigWarning(
+            f"mcp.upstreams_file: mcpServers.{failure.name}",
+            f"cannot start ({failure.command}); its tools are left out: {failure.error}",
+        )
+        for failure in upstream_failures()
+    ]
 
 
 def _failure_tool_warnings(settings: Settings) -> list[ConfigWarning]:
@@ -167,7 +184,7 @@ def _failure_tool_warnings(settings: Settings) -> list[ConfigWarning]:
 
     tools = settings.tools
     return check_failure_tools(
-        load_tools(settings.tool_modules, builtins=tools.builtins),
+        load_tools(settings.tool_modules, builtins=tools.builtins, upstreams=settings.mcp.upstreams()),
         {
             "tools.fallbacks": tools.fallbacks,
             "tools.retry": tools.retry,

@@ -26,7 +26,7 @@ def preflight(settings: Settings) -> None:
     """Fail fast, with the fix, when Redis is unreachable or tool modules do not import."""
     from workers.tools.loader import load_tools
 
-    load_tools(settings.tool_modules, builtins=settings.tools.builtins)
+    load_tools(settings.tool_modules, builtins=settings.tools.builtins, upstreams=settings.mcp.upstreams())
     failure = ping_error(
         settings.redis.url,
         socket_timeout_s=settings.redis.socket_timeout_s,

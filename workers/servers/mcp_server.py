@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -60,11 +61,14 @@ from workers.servers.mcp_late_results import (
     wanted_call_id,
 )
 from workers.servers.mcp_sessions import CallTarget, RunTracker, agent_of, resolve_target
+from workers.servers.mcp_tasks import McpTasks
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.records import CALL, CallField, Row
+from workers.tools.definitions import parameters_schema
 from workers.tools.registry import ToolSpec, registered_tools
+from workers.tools.upstreams import on_tools_changed, start_sessions
 
 __all__ = [
     "MALFORMED_ARGUMENTS",
@@ -78,6 +82,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MALFORMED_ARGUMENTS: Final = "unstuck/malformed_arguments"
+_MAX_LISTERS: Final = 1024  # client sessions told of an upstream's tool changes
 _MAX_WAITING: Final = 512  # calls waited on at once; more queue for a thread
 _PROGRESS_POLL_S: Final = 0.5
 PROGRESS_EVERY_S: Final = 10.0  # a silent call still reports progress this often
@@ -95,11 +100,18 @@ Args = TypeVarTuple("Args")
 
 def _spec_entry(spec: ToolSpec, settings: Settings, agent_id: str) -> types.Tool:
     timeout_s = settings.tool_timeout_s(agent_id, spec.name, spec.soft_timeout_s)
+    annotations = (
+        types.ToolAnnotations.model_validate(spec.annotations)
+        if spec.annotations is not None
+        else types.ToolAnnotations(idempotent_hint=spec.idempotent)
+    )
     return types.Tool(
         name=spec.name,
         description=spec.description or None,
-        input_schema=spec.arguments_model.model_json_schema(),
-        annotations=types.ToolAnnotations(idempotent_hint=spec.idempotent),
+        input_schema=parameters_schema(spec),
+        annotations=annotations,
+        # Never "required": OpenClaw drops tools that require tasks; a plain call still works.
+        execution=types.ToolExecution(task_support="optional"),
         meta={"unstuck/timeout_s": timeout_s},
     )
 
@@ -173,6 +185,10 @@ class McpDoor:
         self._fallbacks = settings.tools.failure_rules().fallbacks  # for what the door answers itself
         self._in_flight: dict[tuple[str, str], anyio.CancelScope] = {}
         self.open_calls = 0  # tools/call requests not yet answered
+        self.tasks = McpTasks()  # task-augmented calls; the transport runs tasks.serve()
+        self._listers: dict[int, Any] = {}  # the sessions that listed the tools, by id
+        self._follows_upstreams = bool(settings.mcp.upstreams())
+        self.tools_changed = threading.Event()  # set from an upstream session's thread
 
     @classmethod
     def from_settings(
@@ -185,7 +201,11 @@ class McpDoor:
         """A door with its own gateway and ledger connection (tools load here)."""
         gateway, ledger = ToolGateway(settings), open_ledger(settings)
         gateway.watch_answers(ledger)  # a cancelled call's task is closed in Flower too
-        return cls(settings, gateway, ledger, stdio_session=stdio_session, progress_every_s=progress_every_s)
+        door = cls(settings, gateway, ledger, stdio_session=stdio_session, progress_every_s=progress_every_s)
+        # Live sessions to the upstreams, so the door follows their tools/list_changed.
+        on_tools_changed(door.tools_changed.set)
+        start_sessions(settings.mcp.upstreams())
+        return door
 
     def server(self) -> Server[Any]:
         """The MCP server: ``tools/list`` and ``tools/call``, nothing else."""
@@ -197,6 +217,7 @@ class McpDoor:
             on_call_tool=self._call_tool,
             get_tool_input_schema=self._input_schema,
         )
+        server.middleware.append(self.tasks.middleware)  # outermost: a task's call passes the rest
         server.middleware.append(accept_any_arguments)
         return server
 
@@ -207,11 +228,15 @@ class McpDoor:
         if name == RESULT_TOOL:
             return dict(result_tool_entry().input_schema)
         spec = registered_tools().get(name)
-        return spec.arguments_model.model_json_schema() if spec is not None else None
+        return parameters_schema(spec) if spec is not None else None
 
     async def _list_tools(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        if self._follows_upstreams:  # told when an upstream's tools change; the newest kept
+            self._listers[id(ctx.session)] = ctx.session
+            while len(self._listers) > _MAX_LISTERS:
+                del self._listers[next(iter(self._listers))]
         meta = params.meta if params is not None else None
         return types.ListToolsResult(
             tools=[*tool_entries(self.settings, agent_of(meta)), result_tool_entry()]
@@ -475,12 +500,23 @@ class McpDoor:
         every_ms = int(min(_MAX_BEAT_INTERVAL_S, self.settings.watchdog.stalled_after_s / 3) * 1000)
         while True:
             await anyio.sleep(min(interval_s, self.settings.api.mcp_run_idle_s / 4))
+            if self.tools_changed.is_set():
+                self.tools_changed.clear()
+                await self._tell_tools_changed()
             for session_key, run_id in self.runs.idle(self._now_ms()):
                 await self._thread(self._end_run, session_key, run_id)
             for session_key, run_id, agent_id in self.runs.due_beats(self._now_ms(), every_ms):
                 beat = functools.partial(self.gateway.heartbeat, agent_id=agent_id, what=_BETWEEN_CALLS)
                 if not await self._thread(beat, session_key, run_id):
                     self.runs.forget(session_key, run_id)  # ended under us: the next call starts anew
+
+    async def _tell_tools_changed(self) -> None:
+        """``notifications/tools/list_changed`` to every client that listed the tools."""
+        for key, session in list(self._listers.items()):
+            try:
+                await session.send_tool_list_changed()
+            except Exception:  # noqa: BLE001 - a client gone away is simply not told
+                del self._listers[key]
 
     async def aclose(self) -> None:
         """End every run the door started and release connections."""

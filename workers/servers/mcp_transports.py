@@ -129,6 +129,7 @@ async def serve_http(settings: Settings, *, host: str, port: int) -> None:
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(door.sweep_idle_runs)
+            tasks.start_soon(door.tasks.serve)
             tasks.start_soon(_announce, server, f"http://{shown}:{port}{MCP_PATH}")
             await server.serve()
             tasks.cancel_scope.cancel()
@@ -165,6 +166,7 @@ async def serve_stdio(settings: Settings) -> None:
     try:
         async with stdio_server() as (read, write), anyio.create_task_group() as tasks:
             tasks.start_soon(door.sweep_idle_runs)
+            tasks.start_soon(door.tasks.serve)
             tasks.start_soon(_exit_on_signal, door, tasks.cancel_scope)
             await server.run(read, write, server.create_initialization_options())
             tasks.cancel_scope.cancel()

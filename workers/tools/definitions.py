@@ -30,6 +30,8 @@ __all__ = ["parameters_schema", "tool_definitions"]
 
 def parameters_schema(spec: ToolSpec) -> dict[str, Any]:
     """The JSON Schema of a tool's arguments (the one its calls are validated against)."""
+    if spec.input_schema is not None:
+        return dict(spec.input_schema)
     schema = spec.arguments_model.model_json_schema()
     schema.pop("title", None)  # the internal model's name, not something the model should see
     return schema

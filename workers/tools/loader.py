@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 
+from workers.core.mcp_upstreams import Upstream
 from workers.errors import ConfigError
 from workers.tools.builtins import enable_builtins
 from workers.tools.registry import ToolSpec, registered_tools
+from workers.tools.upstreams import register_upstreams
 
 __all__ = ["ENTRY_POINT_GROUP", "load_tools"]
 
@@ -16,11 +18,17 @@ ENTRY_POINT_GROUP = "unstuck.tools"
 
 
 def load_tools(
-    modules: Iterable[str], *, builtins: Iterable[str] = (), use_entry_points: bool = True
+    modules: Iterable[str],
+    *,
+    builtins: Iterable[str] = (),
+    use_entry_points: bool = True,
+    upstreams: Mapping[str, Upstream] | None = None,
 ) -> dict[str, ToolSpec]:
     """Import every tool module, register the enabled ``builtins``, and return the registry.
 
-    Built-ins not in ``builtins`` are not registered (and unregistered if they were).
+    Built-ins not in ``builtins`` are not registered (and unregistered if they were). Each of
+    ``upstreams`` (``mcp.upstreams_file``) not listed yet in this process is started and its
+    tools registered as ``<name>__<tool>``; one that cannot start is left out and logged.
 
     Raises:
         ConfigError: naming each module or entry point that does not import.
@@ -42,4 +50,6 @@ def load_tools(
                 )
     if problems:
         raise ConfigError(problems)
+    if upstreams:
+        register_upstreams(upstreams)
     return registered_tools()

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from workers.core.failure_policy import BRANCH_REASONS, FALLBACK_REASONS, BranchRule, check_reasons
@@ -20,9 +21,11 @@ __all__ = [
     "NO_FALLBACK",
     "ToolSpec",
     "get_tool",
+    "register_spec",
     "registered_tools",
     "tool",
     "unregister",
+    "unregister_where",
     "validate_arguments",
 ]
 
@@ -51,6 +54,10 @@ class ToolSpec:
     fallback_reasons: tuple[SyntheticReason, ...] = ()
     fail_branch: BranchRule | None = None
     memory_limit_mb: int | None = None
+    #: An MCP upstream's tool: its JSON Schema (the call's arguments go to ``func`` as one dict).
+    input_schema: dict[str, Any] | None = None
+    #: An MCP upstream's tool annotations (readOnlyHint, ...), served as they came.
+    annotations: dict[str, Any] | None = None
 
     @property
     def has_fallback(self) -> bool:
@@ -59,6 +66,8 @@ class ToolSpec:
 
     def invoke(self, arguments: Mapping[str, Any], ctx: ToolContext) -> Any:
         """Run the tool with validated ``arguments`` (async tools get their own loop)."""
+        if self.input_schema is not None:
+            return self.func(dict(arguments), ctx)
         kwargs = dict(arguments)
         if self.wants_context:
             kwargs["ctx"] = ctx
@@ -237,6 +246,8 @@ def get_tool(name: str) -> ToolSpec:
 
 def validate_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """Arguments checked against the tool's schema; raises ``InvalidArguments`` listing each problem."""
+    if spec.input_schema is not None:
+        return _validated_by_schema(spec.name, spec.input_schema, arguments)
     try:
         model = spec.arguments_model.model_validate(dict(arguments))
     except ValidationError as exc:
@@ -245,3 +256,29 @@ def validate_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str
         ]
         raise InvalidArguments(spec.name, problems) from None
     return {name: getattr(model, name) for name in type(model).model_fields}
+
+
+def _validated_by_schema(
+    name: str, schema: Mapping[str, Any], arguments: Mapping[str, Any]
+) -> dict[str, Any]:
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = [
+        f"{'.'.join(str(p) for p in err.absolute_path) or '<arguments>'}: {err.message}"
+        for err in validator.iter_errors(dict(arguments))
+    ]
+    if problems:
+        raise InvalidArguments(name, problems)
+    return dict(arguments)
+
+
+def register_spec(spec: ToolSpec) -> None:
+    """Register a tool built elsewhere (an MCP upstream's), replacing one of the same name."""
+    _check_limits(spec.name, spec.soft_timeout_s, spec.hard_timeout_s, None, spec.memory_limit_mb)
+    _REGISTRY[spec.name] = spec
+
+
+def unregister_where(keep: Callable[[ToolSpec], bool]) -> None:
+    """Remove every registered tool ``keep`` says no to."""
+    for name, spec in list(_REGISTRY.items()):
+        if not keep(spec):
+            del _REGISTRY[name]

@@ -14,7 +14,7 @@ from workers.core.memory_limits import OomCause, out_of_memory_result
 from workers.core.models import CallJob, RetryPolicy, SyntheticReason, TextBlock, ToolResult
 from workers.core.redact import redact
 from workers.core.results import rejected_result, success_result, synthetic_result, tool_error_result
-from workers.errors import InvalidArguments, ToolNotFound
+from workers.errors import InvalidArguments, ToolCrashed, ToolNotFound
 from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, get_tool, registered_tools, validate_arguments
 from workers.worker.branching import fallback_rule, settle_failure
@@ -148,6 +148,24 @@ def run_tool(
         except Exception as exc:  # noqa: BLE001 - every tool failure becomes a result
             if ctx.cancel_settled():
                 return cancelled_result(job.call, elapsed_ms=clock_ms() - started, attempt=attempt)
+            if isinstance(exc, ToolCrashed):  # the process serving it died (an MCP upstream's)
+                crashed = synthetic_result(
+                    job.call,
+                    SyntheticReason.CRASHED,
+                    elapsed_ms=clock_ms() - started,
+                    attempt=attempt,
+                    detail=f": {exc}",
+                )
+                return settle_failure(
+                    job,
+                    ctx,
+                    spec,
+                    crashed,
+                    rules=rules,
+                    clock_ms=clock_ms,
+                    interrupts=interrupts,
+                    allows=allows,
+                )
             if _retry_fits(retry, exc, attempt, soft_end_ms, clock_ms()):
                 sleep(retry.delay_s(attempt))
                 attempt += 1
