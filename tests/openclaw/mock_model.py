@@ -40,6 +40,21 @@ class MockModel:
     sent: list[Sent] = field(default_factory=list)
     port: int = 0
 
+    def models_config(self) -> dict[str, Any]:
+        """OpenClaw's ``models`` block naming this server as provider ``mock``, model ``mock/mock``."""
+        entry = {
+            "id": "mock",
+            "name": "mock",
+            "api": "openai-completions",
+            "reasoning": False,
+            "input": ["text"],
+            "contextWindow": 128000,
+            "maxTokens": 4000,
+        }
+        api = "openai-completions"
+        provider = {"baseUrl": self.base_url, "apiKey": "mock", "api": api, "models": [entry]}
+        return {"mode": "merge", "providers": {"mock": provider}}
+
     def start(self) -> MockModel:
         model = self
 

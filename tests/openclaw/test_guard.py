@@ -141,19 +141,9 @@ class Turn:
 
 
 def _config(model: MockModel, door_url: str, *, fail_closed: bool = False) -> dict[str, Any]:
-    entry = {
-        "id": "mock",
-        "name": "mock",
-        "api": "openai-completions",
-        "reasoning": False,
-        "input": ["text"],
-        "contextWindow": 128000,
-        "maxTokens": 4000,
-    }
-    provider = {"baseUrl": model.base_url, "apiKey": "mock", "api": "openai-completions", "models": [entry]}
     plugin = {"url": door_url, "token": "", "failClosed": fail_closed, "timeoutMs": 1500}
     return {
-        "models": {"mode": "merge", "providers": {"mock": provider}},
+        "models": model.models_config(),
         "agents": {"defaults": {"model": {"primary": "mock/mock"}}},
         "tools": {"toolSearch": False},
         "plugins": {

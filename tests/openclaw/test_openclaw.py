@@ -142,23 +142,9 @@ def _text(result: ToolResult) -> str:
     return "\n".join(block.text for block in result.content)
 
 
-def _model_config(model: MockModel) -> dict[str, Any]:
-    entry = {
-        "id": "mock",
-        "name": "mock",
-        "api": "openai-completions",
-        "reasoning": False,
-        "input": ["text"],
-        "contextWindow": 128000,
-        "maxTokens": 4000,
-    }
-    provider = {"baseUrl": model.base_url, "apiKey": "mock", "api": "openai-completions", "models": [entry]}
-    return {"mode": "merge", "providers": {"mock": provider}}
-
-
 def _config(model: MockModel, name: str, server: dict[str, Any], tool_search: bool) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "models": _model_config(model),
+        "models": model.models_config(),
         "agents": {"defaults": {"model": {"primary": "mock/mock"}}},
         "mcp": {"servers": {name: server}},
     }
