@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 import workers.watchdog.service as service_module
@@ -12,6 +15,7 @@ from workers.settings import Settings
 from workers.store.events import recent_events
 from workers.store.keys import watchdog_key
 from workers.store.watchdog_liveness import RECORD_TTL_MS, WatchdogLiveness
+from workers.watchdog.openclaw_sweep import OpenClawSweepReport
 from workers.watchdog.operator_view import watchdog_warning
 from workers.watchdog.service import WatchdogService
 
@@ -72,3 +76,39 @@ def test_the_watchdog_service_alerts_when_a_sweep_comes_more_than_two_intervals_
     service.events.close(timeout_s=5)
     app.close()
     ledger.close()
+
+
+def test_a_sweep_never_waits_on_the_openclaw_guard(env: dict[str, str]) -> None:
+    # Given the watchdog's service whose OpenClaw guard hangs (a gateway RPC that never returns)
+    settings = settings_of(env)
+    ledger = open_ledger(settings)
+    app = create_app(settings, role="client")
+    service = WatchdogService(app, Runtime(settings=settings, ledger=ledger, tools={}))
+    entered, release = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def hung_guard(now_ms: int) -> OpenClawSweepReport:
+        runs.append(now_ms)
+        entered.set()
+        release.wait(20)
+        return OpenClawSweepReport()
+
+    service.openclaw.sweep = hung_guard  # type: ignore[method-assign]
+    try:
+        # When two sweeps run while the guard is stuck in its first run
+        started = time.monotonic()
+        service.sweep()
+        assert entered.wait(5)
+        service.sweep()
+        took_s = time.monotonic() - started
+        # Then both sweeps completed at once and were recorded, and the busy guard was not run twice
+        assert took_s < 2.0, took_s
+        record = WatchdogLiveness(ledger).last()
+        assert record is not None
+        assert record.sweeps == 2
+        assert len(runs) == 1
+    finally:
+        release.set()
+        service.events.close(timeout_s=5)
+        app.close()
+        ledger.close()

@@ -9,6 +9,7 @@ since the previous one raises a ``watchdog_late`` alert.
 from __future__ import annotations
 
 import logging
+import threading
 from functools import cached_property
 from typing import Any
 
@@ -55,6 +56,7 @@ class WatchdogService:
             rt.settings,
             alert=openclaw_alerts.emit,
         )
+        self._guard: threading.Thread | None = None
 
     def _revoke(self, task_ids: list[str]) -> None:
         # Never terminate: a tool already running finishes under its own limits.
@@ -86,8 +88,18 @@ class WatchdogService:
         return report.calls_answered
 
     def _guard_openclaw(self, started_ms: int) -> None:
-        # OpenClaw's calls are a guard beside the sweep: a store error there is logged and the
-        # sweep still counts as done, so the watchdog's own liveness never depends on it.
+        # OpenClaw's calls are a guard beside the sweep, never in its way: the guard kills process
+        # trees and calls OpenClaw's gateway through its CLI (seconds each, up to 20 s when the
+        # gateway hangs), so it runs on a thread of its own, one run at a time, and a sweep that
+        # finds the last run still busy leaves it be. The sweep never waits on what it watches.
+        if self._guard is not None and self._guard.is_alive():
+            return
+        self._guard = threading.Thread(
+            target=self._run_openclaw_guard, args=(started_ms,), name="openclaw-guard", daemon=True
+        )
+        self._guard.start()
+
+    def _run_openclaw_guard(self, started_ms: int) -> None:
         try:
             guarded = self.openclaw.sweep(started_ms)  # the sweep's own clock reading: one per sweep
         except StoreError as exc:
