@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import kombu.transport as kombu_transport
 import pytest
 from kombu import Connection
-from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import TRANSPORT_ALIASES, get_transport_cls
 from redis.connection import ConnectionPool
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
@@ -53,8 +54,12 @@ def test_a_pool_that_follows_no_sentinels_never_moves() -> None:
 def test_every_sentinel_url_is_served_by_the_following_transport_even_after_kombu_fails_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given the transport registered for sentinel:// (as configuring the Celery app does)
-    monkeypatch.setitem(TRANSPORT_ALIASES, "sentinel", TRANSPORT_ALIASES["sentinel"])
+    # Given a process that resolved sentinel:// to kombu's own transport first (kombu caches it),
+    # then registered the following transport (as configuring the Celery app does)
+    monkeypatch.setitem(TRANSPORT_ALIASES, "sentinel", "kombu.transport.redis:SentinelTransport")
+    monkeypatch.setattr(kombu_transport, "_transport_cache", {})
+    resolved_first: object = get_transport_cls("sentinel")
+    assert resolved_first is not Transport
     serve_sentinel_urls()
     connection = Connection(
         "sentinel://127.0.0.1:1;sentinel://127.0.0.1:2", transport_options={"master_name": "m"}
