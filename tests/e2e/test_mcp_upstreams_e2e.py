@@ -89,11 +89,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NPM_DIR, check=True, timeout=300)
     server = EmbeddedRedis().start()
     tmp = tmp_path_factory.mktemp("upstreams")
+    (tmp / "tmp").mkdir()
     env = base_env(
         server.url,
         UNSTUCK_TOOL_MODULES="",
         UNSTUCK_WATCHDOG__INTERVAL_S="1",
         UNSTUCK_MCP__UPSTREAMS_FILE=str(_upstreams_file(tmp)),
+        # The upstreams' notes (workers.tools.upstream_reaper) live under the temp dir, shared by
+        # every worker of the user: any new pool child on the machine reaps a dead child's
+        # upstream. A private one keeps this stack's orphans for its own next child to reap.
+        TMPDIR=str(tmp / "tmp"),
     )
     processes = Processes()
     try:
