@@ -193,10 +193,18 @@ class TaskEvents:
         return batch
 
     def _send(self, events: list[Event]) -> None:
-        # Buffered as the worker's are, so the whole batch is one task.multi message.
-        with self._app.events.default_dispatcher(hostname=self.hostname) as dispatcher:
-            dispatcher.buffer_group = frozenset({"task"})
-            dispatcher.buffer_limit = len(events) + 1
-            for event_type, fields in events:
-                dispatcher.send(event_type, **fields)
-            dispatcher.flush()
+        # What app.events.default_dispatcher does, with the buffer set through the dispatcher's
+        # documented arguments: the task group buffered, so the whole batch is one task.multi message.
+        with self._app.producer_pool.acquire(block=True) as producer:
+            dispatcher = self._app.events.Dispatcher(
+                producer.connection,
+                hostname=self.hostname,
+                channel=producer.channel,
+                buffer_while_offline=False,
+                buffer_group=frozenset({"task"}),
+                buffer_limit=len(events) + 1,
+            )
+            with dispatcher:
+                for event_type, fields in events:
+                    dispatcher.send(event_type, **fields)
+                dispatcher.flush()
