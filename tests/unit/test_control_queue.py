@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from celery import Celery
 
 import workers.celery_edge.app
@@ -64,3 +67,20 @@ def test_a_sweep_is_stopped_while_it_still_holds_the_sweep_lock() -> None:
     lock_s = SETTINGS.watchdog.sweep_lock_ttl_s
     for name in (SWEEP_TASK, HOUSEKEEPING_TASK):
         assert annotations[name]["soft_time_limit"] < annotations[name]["time_limit"] < lock_s
+
+
+def test_sending_clients_and_tool_workers_never_import_the_beat_schedule() -> None:
+    # Given a fresh interpreter that builds the gateway's and a tool worker's apps
+    code = (
+        "import sys\n"
+        "from workers.celery_edge.app import create_app\n"
+        "from workers.gateway.client import ToolGateway\n"
+        "from workers.settings import Settings\n"
+        "s = Settings(redis={'url': 'redis://127.0.0.1:1/0'})\n"
+        "create_app(s, role='client'); create_app(s, role='worker')\n"
+        "print('beat_schedule' in sys.modules)\n"
+    )
+    argv = [sys.executable, "-c", code]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    # Then the root beat_schedule module was never loaded
+    assert done.stdout.strip() == "False", done.stderr[-2000:]

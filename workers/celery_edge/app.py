@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 from celery import Celery
 
-from beat_schedule import build_beat_schedule
 from workers.celery_edge.app_config import celery_config, client_app, configured_app
 from workers.settings import Settings, load_settings
 
@@ -49,7 +48,10 @@ def create_app(settings: Settings | None = None, *, role: Role = "worker") -> Ce
 
     celery.steps["consumer"].add(BatchedTaskEvents)
     if role == "control":
-        # Only beat and the watchdog load the schedule; a sending client or a tool worker never does.
+        # Only beat and the watchdog load the schedule; a sending client or a tool worker never
+        # imports it (the root module reads the watchdog's settings).
+        from beat_schedule import build_beat_schedule
+
         celery.conf.beat_schedule = build_beat_schedule(settings)
     if role == "worker":
         from workers.celery_edge.bootsteps import install_worker_steps
