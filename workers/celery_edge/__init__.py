@@ -1,9 +1,12 @@
-"""The Celery edge: every place unstuck subclasses, hooks or imitates Celery or kombu internals.
+"""The Celery edge: every place unstuck subclasses, hooks or imitates Celery or kombu.
 
 Elsewhere ``workers`` uses only Celery's public API (the app, ``send_task``, ``control.revoke``,
 ``events.default_dispatcher().send``) and catches billiard's ``SoftTimeLimitExceeded`` around a
-tool (:mod:`workers.worker.calls`). What each module here relies on, and the test that fails
-when a Celery or kombu release changes it (under ``tests/``):
+tool (:mod:`workers.worker.calls`). Six modules here lean on an internal: ``consumer.py``,
+``messages.py``, ``sentinel_transport.py``, ``request.py``, ``bootsteps.py`` and
+``event_batching.py`` (why no public API does each: docs/architecture.md);
+``unit/test_celery_internals.py`` fails first when a release renames or drops one. What each
+module relies on, and the test that pins its behaviour (under ``tests/``):
 
 ``app.py``: the app of each role (``celery -A workers.celery_edge.app``, ``...app:control_app``)
     - ``conf.worker_consumer`` names the consumer class; ``app.steps["worker"|"consumer"].add``
@@ -21,7 +24,7 @@ when a Celery or kombu release changes it (under ``tests/``):
 ``request.py``: ``GuardedRequest``, the invoke task's request class
     - ``celery.worker.request.Request.on_timeout``, ``on_failure`` (billiard's
       ``TimeLimitExceeded``, ``WorkerLostError``, ``ExceptionWithTraceback.exc``),
-      ``send_event`` and its private ``_eventer``, ``worker_pid``: ``integration/test_backbone.py``
+      ``send_event`` and its ``eventer``, ``worker_pid``: ``integration/test_backbone.py``
       (hard limit, crashed child), ``e2e/test_flower.py`` (the failed task's event).
 ``bootsteps.py``: ``PoolGuard`` and ``LeaseKeeping``, in the tool worker's main process
     - ``bootsteps.Step`` built with the worker and its ``pool_cls``:
@@ -32,14 +35,21 @@ when a Celery or kombu release changes it (under ``tests/``):
     - the ``Events`` step's ``c.event_dispatcher``, ``c.hub.call_later``; the
       ``EventDispatcher``'s ``buffer_limit``, ``on_send_buffered`` and ``flush``:
       ``integration/test_task_events.py`` (Celery's own dispatcher), ``unit/test_event_batching.py``.
+      Kept for its measured gain (docs/architecture.md): 25 Redis commands per call instead of 28,
+      about half the worker main process's CPU per call.
 ``messages.py``: the invoke message as the Redis transport stores it, built without ``send_task``
     - ``app.amqp.as_task_v2``, ``app.thread_oid`` and kombu's Redis envelope (base64 body,
       ``delivery_info``, ``delivery_tag``): ``integration/test_task_messages.py`` compares it with
       what ``send_task`` pushes; its ``kwargsrepr`` is ``celery.utils.saferepr``'s text, built
       without the token stream: ``unit/test_task_messages_repr.py`` compares the two.
 ``task_events.py``: the task events of answers written outside a task, and the gateway's task-sent
-    - ``app.events.default_dispatcher`` and its ``buffer_group`` / ``buffer_limit`` (one
-      ``task.multi`` message per batch): ``integration/test_task_events.py`` (Celery's receiver).
+    - public API only: ``app.producer_pool`` and ``app.events.Dispatcher`` built with its documented
+      ``buffer_group`` / ``buffer_limit`` arguments and ``flush()`` (one ``task.multi`` message per
+      batch): ``integration/test_task_events.py`` (Celery's receiver).
+``sentinel_transport.py``: kombu's Sentinel transport kept on the primary the Sentinels name now
+    - kombu's ``SentinelChannel._sentinel_managed_pool``, the event loop cycle's ``_channels``,
+      ``kombu.transport.TRANSPORT_ALIASES`` and its private ``_transport_cache``:
+      ``integration/test_sentinel_failover.py``, ``unit/test_sentinel_url.py``.
 ``names.py``: the task names and ids (plain strings; no internal).
 ``message_signing.py``: Celery's own message signing (``broker.signing``), public API only
     - ``setup_security`` and the ``auth`` serializer: ``integration/test_signed_messages.py``,

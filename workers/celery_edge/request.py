@@ -72,7 +72,7 @@ class GuardedRequest(Request):
         Both the pool's failure report and the hard-limit handler send one; each is replaced.
         Every event carries the task's name (tool, session and run).
         """
-        eventer = getattr(self, "_eventer", None)  # Celery's; None or disabled: nothing is sent
+        eventer = self.eventer  # None or disabled: Celery sends nothing
         if type == "task-failed" and eventer is not None and eventer.enabled:
             type, fields = self._closing_event(type, fields)
         # The client's task-sent (named after the task, not the call) may reach Flower after

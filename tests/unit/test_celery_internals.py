@@ -1,0 +1,56 @@
+"""The Celery and kombu internals unstuck still leans on exist, with the shapes it calls.
+
+Each is listed, with its reason, in docs/architecture.md and ``workers.celery_edge``'s
+docstring; the integration tests named there pin the behaviour. This test fails first, and
+says which, when a Celery or kombu release renames or drops one of them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+
+import kombu.transport
+from celery.events.dispatcher import EventDispatcher
+from celery.worker import state
+from celery.worker.consumer import Consumer
+from celery.worker.consumer.events import Events
+from celery.worker.request import Request
+from kombu.transport import redis as kombu_redis
+
+
+def _params(func: object) -> list[str]:
+    return list(inspect.signature(func).parameters)  # type: ignore[arg-type]
+
+
+def test_consumer_hooks_of_refusing_consumer() -> None:
+    assert _params(Consumer.create_task_handler)[:1] == ["self"]
+    assert _params(Consumer.on_decode_error) == ["self", "message", "exc"]
+    assert _params(Consumer.on_invalid_task) == ["self", "body", "message", "exc"]
+    assert _params(Consumer.ensure_connected) == ["self", "conn"]
+
+
+def test_request_hooks_of_guarded_request() -> None:
+    assert _params(Request.on_timeout) == ["self", "soft", "timeout"]
+    assert _params(Request.on_failure) == ["self", "exc_info", "send_failed_event", "return_ok"]
+    assert _params(Request.send_event) == ["self", "type", "fields"]
+    assert isinstance(Request.eventer, property)
+    assert "worker_pid" in vars(Request)  # set when the pool accepts the task
+
+
+def test_worker_state_the_lease_keeper_reads() -> None:
+    # Module-level; the requests received and not yet done (a WeakSet in Celery 5.7).
+    assert isinstance(state.reserved_requests, weakref.WeakSet | set)
+
+
+def test_event_dispatcher_hooks_of_batched_task_events() -> None:
+    assert "on_send_buffered" in _params(EventDispatcher.__init__)
+    assert "buffer_limit" in _params(EventDispatcher.__init__)
+    assert callable(EventDispatcher.flush)
+    assert Events.name == "celery.worker.consumer.events.Events"
+
+
+def test_sentinel_internals_of_the_primary_following_transport() -> None:
+    assert callable(vars(kombu_redis.SentinelChannel)["_sentinel_managed_pool"])
+    assert isinstance(kombu.transport.__dict__["_transport_cache"], dict)
+    assert "sentinel" in kombu.transport.TRANSPORT_ALIASES
