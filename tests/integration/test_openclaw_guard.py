@@ -17,6 +17,7 @@ from workers.core.openclaw_calls import OpenClawCallState
 from workers.gateway.openclaw_guard import OpenClawGuard
 from workers.runtime import open_ledger
 from workers.settings import Settings
+from workers.watchdog.openclaw_rpc import GatewayRpc
 from workers.watchdog.openclaw_sweep import OpenClawSweep, marked_processes
 
 pytestmark = pytest.mark.timeout(60)
@@ -259,3 +260,47 @@ def test_stuck_and_tombstoned_sessions_go_to_the_alert_channel(
     argv = json.loads(fake.record.read_text().splitlines()[-1])
     assert argv[:3] == ["gateway", "call", "send"]
     assert argv[argv.index("--url") + 1] == "ws://127.0.0.1:9"
+
+
+class AbortRacingRpc(GatewayRpc):
+    """A gateway whose abort ends the run at once.
+
+    OpenClaw's report of the end reaches unstuck (the plugin's after_tool_call) before the RPC
+    returns, as it does with OpenClaw itself.
+    """
+
+    def __init__(self, settings: Settings, guard: OpenClawGuard) -> None:
+        super().__init__(settings)
+        self.guard = guard
+        self.told: list[tuple[str, str]] = []
+
+    @property
+    def configured(self) -> bool:
+        return True
+
+    def abort(self, session_key: str, run_id: str) -> bool:
+        for call in self.guard.calls.open_calls():
+            if call.session_key == session_key:
+                self.guard.end(session_key, call.call_id, is_error=True, text="aborted", now_ms=121_500)
+        return True
+
+    def tell(self, session_key: str, message: str) -> bool:
+        self.told.append((session_key, message))
+        return True
+
+    def sessions(self, limit: int = 500) -> dict[str, Any] | None:
+        return None
+
+
+def test_an_aborted_call_is_alerted_and_told_though_openclaw_reported_its_end_first(
+    guard: OpenClawGuard, settings: Settings
+) -> None:
+    guard.start("s7", "r7", "main", "web_fetch", "w7", {"url": "http://x"}, now_ms=0)
+    rpc = AbortRacingRpc(settings, guard)
+    alerts: list[dict[str, Any]] = []
+    sweep = OpenClawSweep(guard.calls, settings, alert=alerts.append, kill=lambda _c: 0, rpc=rpc)
+    assert sweep.sweep(121_000).killed == ["w7"]
+    sweep.sweep(122_000)
+    assert [a["kind"] for a in alerts] == ["openclaw_call_aborted"]
+    assert [session for session, _ in rpc.told] == ["s7"]
+    assert "w7" in rpc.told[0][1]

@@ -570,6 +570,10 @@ def test_tool_abort(stack: Stack) -> None:
         wait_until(the_note_arrived, timeout_s=90, interval_s=0.2, what="the note sent into the session")
         with contextlib.suppress(subprocess.TimeoutExpired):
             turn.communicate(timeout=30)
+    except AssertionError:
+        print(f"tool_abort: alerts {stack.alerts}; model sent {model.sent}; accepted {len(server.accepted)}")
+        print((home / "gateway.log").read_text()[-4000:])
+        raise
     finally:
         if turn is not None:
             _stop(turn)

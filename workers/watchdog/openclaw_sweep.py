@@ -209,18 +209,21 @@ class OpenClawSweep:
                 self._calls.end(call.session_key, call.call_id, OpenClawCallState.DONE, now_ms)
                 return True
             how = OpenClawCallState.KILLED
-        elif self._rpc.abort(call.session_key, call.run_id):
-            how = OpenClawCallState.ABORTED
         else:
-            return False
-        if self._calls.end(call.session_key, call.call_id, how, now_ms):
-            report.killed.append(call.call_id)
-            note = overdue_note(call, how)
-            self._alert({**_fields(f"openclaw_call_{how.value}", call, now_ms, note), "ended_ms": now_ms})
-            if self._rpc.configured and not self._rpc.tell(call.session_key, note):
-                log.warning(
-                    "openclaw: could not tell session %s that %s was stopped", call.session_key, call.call_id
-                )
+            current = self._calls.get(call.session_key, call.call_id)
+            if current is None or current.state is not OpenClawCallState.OPEN:
+                return True  # it ended by itself since it was found: its run goes on, untouched
+            if not self._rpc.abort(call.session_key, call.run_id):
+                return False
+            how = OpenClawCallState.ABORTED
+        # unstuck stopped it, so unstuck says so, whoever records the end first: OpenClaw's own
+        # report of it (the plugin's after_tool_call) often lands while the gateway RPC returns.
+        self._calls.end(call.session_key, call.call_id, how, now_ms)
+        report.killed.append(call.call_id)
+        note = overdue_note(call, how)
+        self._alert({**_fields(f"openclaw_call_{how.value}", call, now_ms, note), "ended_ms": now_ms})
+        if self._rpc.configured and not self._rpc.tell(call.session_key, note):
+            log.warning("openclaw: could not tell %s that %s was stopped", call.session_key, call.call_id)
         return True
 
 
