@@ -17,6 +17,7 @@ from workers.core.openclaw_calls import OpenClawCallState
 from workers.gateway.openclaw_guard import OpenClawGuard
 from workers.runtime import open_ledger
 from workers.settings import Settings
+from workers.store.openclaw_calls import tombstone_count
 from workers.watchdog.openclaw_rpc import GatewayRpc
 from workers.watchdog.openclaw_sweep import OpenClawSweep, marked_processes
 
@@ -225,6 +226,8 @@ def test_a_tombstone_reset_and_tombstoned_again_is_alerted_again(
     tuned = _with_openclaw(settings, fake, tombstone_scan_interval_s=1)
     alerts: list[dict[str, Any]] = []
     sweep = OpenClawSweep(guard.calls, tuned, alert=alerts.append, kill=lambda _c: 0)
+    ledger = open_ledger(settings)
+    before = tombstone_count(ledger.client, ledger.prefix)  # other tests' tombstones share the store
     fake.answers({"sessions.list": _tombstoned("agent:main:explicit:t2", "t2")})
     sweep.sweep(1_000)
     fake.answers({"sessions.list": {"sessions": [], "hasMore": True}})  # a partial page forgets nothing
@@ -232,8 +235,10 @@ def test_a_tombstone_reset_and_tombstoned_again_is_alerted_again(
     fake.answers({"sessions.list": _tombstoned("agent:main:explicit:t2", "t2")})
     sweep.sweep(5_000)
     assert len(alerts) == 1
+    assert tombstone_count(ledger.client, ledger.prefix) == before + 1  # the metric
     fake.answers({"sessions.list": {"sessions": [], "hasMore": False}})  # reset: no longer tombstoned
     sweep.sweep(7_000)
+    assert tombstone_count(ledger.client, ledger.prefix) == before
     fake.answers({"sessions.list": _tombstoned("agent:main:explicit:t2", "t2")})
     sweep.sweep(9_000)
     assert [a["kind"] for a in alerts] == ["openclaw_session_tombstoned"] * 2

@@ -21,7 +21,7 @@ from workers.store.keys import OpenClawKeys, quote_part
 from workers.store.lua import load_script
 from workers.store.records import OPENCLAW_CALL, OpenClawCallField, Row
 
-__all__ = ["OpenClawCalls", "StartedCall"]
+__all__ = ["OpenClawCalls", "StartedCall", "tombstone_count"]
 
 F = OpenClawCallField
 
@@ -160,6 +160,12 @@ class OpenClawCalls:
                 continue
             calls.append(call)
         return calls
+
+
+def tombstone_count(client: redis.Redis, prefix: str) -> int:
+    """How many sessions OpenClaw's restart recovery holds tombstoned, as last alerted."""
+    with store_errors():
+        return int(client.scard(OpenClawKeys(prefix).tombstones))
 
 
 def _pair(tombstone: Tombstone) -> tuple[str, str]:

@@ -626,7 +626,7 @@ KEY_RECORDS: Final[tuple[KeyRecord, ...]] = (
               "watchdog (tier-2 scan), CLI",
               "member 'S/R' of a run whose model call is in flight, score its start ms"),
     KeyRecord("openclaw_tombstones", "OpenClawKeys.tombstones", "SET", "ledger.ttl_s, refreshed on a change",
-              "watchdog (a tombstone alerted adds, one no longer reported removes)", "watchdog",
+              "watchdog (a tombstone alerted adds, one no longer reported removes)", "watchdog, metrics",
               "member 'S/I' of a session OpenClaw's restart recovery tombstoned (key, session id),"
               " alerted once"),
     KeyRecord("kept_answers", "kept_answers_key", "STRING", _REFRESHED,
