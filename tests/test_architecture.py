@@ -65,7 +65,9 @@ MAX_MODULE_LINES = 600
 # Cohesive modules allowed past the ceiling, with theirs: one model is not split across files.
 LONGER_MODULES = {
     # Every setting's Field carries the description docs/configuration.md is rendered from.
-    "workers/settings.py": 880,  # 870 before mcp.upstreams_file (its entries checked at load)
+    # 870 before mcp.upstreams_file (its entries checked at load), 880 before openclaw.alert_*
+    # and tombstone_scan_interval_s
+    "workers/settings.py": 884,
     # One ledger on two clients: each operation built once, sent by a sync and an asyncio sender.
     "workers/store/ledger.py": 880,
     # Every Redis record declared once (key, type, TTL, writers, readers, fields) and read by name.

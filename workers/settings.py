@@ -652,6 +652,10 @@ class OpenClawSettings(BaseModel):
     )
     gateway_url: str = Field("", description="the OpenClaw gateway's WebSocket URL; empty: the CLI's default")
     gateway_token: SecretStr = Field(SecretStr(""), description="the OpenClaw gateway's token; empty: none")
+    tombstone_scan_interval_s: PositiveFloat = Field(60.0, description="seconds between two tombstone scans")
+    alert_target: str = Field("", description="send stuck/tombstoned alerts here too (channel:C1); empty: no")
+    alert_channel: str = Field("", description="alert_target's channel (slack, ...); empty: the only one")
+    alert_account: str = Field("", description="the account alert_target is sent from; empty: default")
 
     def budget_s(self, tool: str) -> float:
         """The budget of one call of ``tool``."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,8 @@ from workers.core.openclaw_calls import OpenClawCallState
 from workers.gateway.openclaw_guard import OpenClawGuard
 from workers.runtime import open_ledger
 from workers.settings import Settings
+from workers.store.openclaw_calls import tombstone_count
+from workers.watchdog.openclaw_rpc import GatewayRpc
 from workers.watchdog.openclaw_sweep import OpenClawSweep, marked_processes
 
 pytestmark = pytest.mark.timeout(60)
@@ -154,3 +158,154 @@ def test_the_operator_sees_and_aborts_a_session(guard: OpenClawGuard, env: dict[
     aborted = subprocess.run([UNSTUCK, "openclaw", "abort", "ops"], env=env, capture_output=True, text=True)
     assert aborted.returncode == 1
     assert "w9" in aborted.stdout
+
+
+class FakeOpenClaw:
+    """An ``openclaw`` command that records each ``gateway call`` and answers from ``answers``."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.record = tmp_path / "calls.jsonl"
+        self.answers_file = tmp_path / "answers.json"
+        self.answers({})
+        self.cli = tmp_path / "openclaw"
+        self.cli.write_text(
+            f"#!{sys.executable}\n"
+            "import json, pathlib, sys\n"
+            f"with open({str(self.record)!r}, 'a') as f:\n"
+            "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+            f"answers = json.loads(pathlib.Path({str(self.answers_file)!r}).read_text())\n"
+            "print(json.dumps(answers.get(sys.argv[3], {'ok': True})))\n"
+        )
+        self.cli.chmod(0o755)
+
+    def answers(self, by_method: dict[str, Any]) -> None:
+        self.answers_file.write_text(json.dumps(by_method))
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        """The params of each call of ``method``, in order."""
+        if not self.record.exists():
+            return []
+        argvs = [json.loads(line) for line in self.record.read_text().splitlines()]
+        return [json.loads(a[a.index("--params") + 1]) for a in argvs if a[:3] == ["gateway", "call", method]]
+
+
+def _with_openclaw(settings: Settings, fake: FakeOpenClaw, **extra: Any) -> Settings:
+    update = {"cli": str(fake.cli), "gateway_url": "ws://127.0.0.1:9", **extra}
+    return settings.model_copy(update={"openclaw": settings.openclaw.model_copy(update=update)})
+
+
+def _tombstoned(key: str, session_id: str) -> dict[str, Any]:
+    row = {"key": key, "sessionId": session_id, "status": "failed", "restartRecoveryStatus": "tombstoned"}
+    return {"sessions": [row, {"key": "agent:main:explicit:fine", "sessionId": "f"}], "hasMore": False}
+
+
+def test_a_tombstoned_session_is_alerted_once_across_watchdogs(
+    guard: OpenClawGuard, settings: Settings, tmp_path: Path
+) -> None:
+    fake = FakeOpenClaw(tmp_path)
+    fake.answers({"sessions.list": _tombstoned("agent:main:explicit:t1", "t1")})
+    tuned = _with_openclaw(settings, fake, tombstone_scan_interval_s=60)
+    alerts: list[dict[str, Any]] = []
+    first = OpenClawSweep(guard.calls, tuned, alert=alerts.append, kill=lambda _c: 0)
+    assert first.sweep(1_000).tombstoned == ["agent:main:explicit:t1"]
+    assert first.sweep(2_000).tombstoned == []  # within the interval: sessions.list not read again
+    assert len(fake.calls("sessions.list")) == 1
+    assert first.sweep(62_000).tombstoned == []  # read again: known already
+    restarted = OpenClawSweep(guard.calls, tuned, alert=alerts.append, kill=lambda _c: 0)
+    assert restarted.sweep(63_000).tombstoned == []  # another watchdog, the same tombstone
+    assert [a["kind"] for a in alerts] == ["openclaw_session_tombstoned"]
+    assert alerts[0]["session_key"] == "agent:main:explicit:t1"
+    assert "/reset" in str(alerts[0]["note"])
+    assert fake.calls("send") == []  # no openclaw.alert_target: no channel message
+
+
+def test_a_tombstone_reset_and_tombstoned_again_is_alerted_again(
+    guard: OpenClawGuard, settings: Settings, tmp_path: Path
+) -> None:
+    fake = FakeOpenClaw(tmp_path)
+    tuned = _with_openclaw(settings, fake, tombstone_scan_interval_s=1)
+    alerts: list[dict[str, Any]] = []
+    sweep = OpenClawSweep(guard.calls, tuned, alert=alerts.append, kill=lambda _c: 0)
+    ledger = open_ledger(settings)
+    before = tombstone_count(ledger.client, ledger.prefix)  # other tests' tombstones share the store
+    fake.answers({"sessions.list": _tombstoned("agent:main:explicit:t2", "t2")})
+    sweep.sweep(1_000)
+    fake.answers({"sessions.list": {"sessions": [], "hasMore": True}})  # a partial page forgets nothing
+    sweep.sweep(3_000)
+    fake.answers({"sessions.list": _tombstoned("agent:main:explicit:t2", "t2")})
+    sweep.sweep(5_000)
+    assert len(alerts) == 1
+    assert tombstone_count(ledger.client, ledger.prefix) == before + 1  # the metric
+    fake.answers({"sessions.list": {"sessions": [], "hasMore": False}})  # reset: no longer tombstoned
+    sweep.sweep(7_000)
+    assert tombstone_count(ledger.client, ledger.prefix) == before
+    fake.answers({"sessions.list": _tombstoned("agent:main:explicit:t2", "t2")})
+    sweep.sweep(9_000)
+    assert [a["kind"] for a in alerts] == ["openclaw_session_tombstoned"] * 2
+
+
+def test_stuck_and_tombstoned_sessions_go_to_the_alert_channel(
+    guard: OpenClawGuard, settings: Settings, tmp_path: Path
+) -> None:
+    fake = FakeOpenClaw(tmp_path)
+    fake.answers({"sessions.list": _tombstoned("agent:main:explicit:t3", "t3")})
+    tuned = _with_openclaw(settings, fake, alert_target="channel:C123", alert_channel="slack")
+    guard.calls.model_call("s6", "r", started=True, now_ms=0)  # a model stream gone silent
+    sweep = OpenClawSweep(guard.calls, tuned, alert=lambda _a: None, kill=lambda _c: 0)
+    stuck_ms = int(tuned.openclaw.stuck_after_s * 1000)
+    sweep.sweep(stuck_ms + 1_000)
+    sweep.sweep(stuck_ms + 2_000)  # alerted already: not sent again
+    sent = fake.calls("send")
+    assert [(p["to"], p["channel"]) for p in sent] == [("channel:C123", "slack")] * 2
+    assert "s6" in sent[0]["message"]
+    assert "no activity" in sent[0]["message"]
+    assert "agent:main:explicit:t3" in sent[1]["message"]
+    assert "/new" in sent[1]["message"]
+    assert len({p["idempotencyKey"] for p in sent}) == 2
+    argv = json.loads(fake.record.read_text().splitlines()[-1])
+    assert argv[:3] == ["gateway", "call", "send"]
+    assert argv[argv.index("--url") + 1] == "ws://127.0.0.1:9"
+
+
+class AbortRacingRpc(GatewayRpc):
+    """A gateway whose abort ends the run at once.
+
+    OpenClaw's report of the end reaches unstuck (the plugin's after_tool_call) before the RPC
+    returns, as it does with OpenClaw itself.
+    """
+
+    def __init__(self, settings: Settings, guard: OpenClawGuard) -> None:
+        super().__init__(settings)
+        self.guard = guard
+        self.told: list[tuple[str, str]] = []
+
+    @property
+    def configured(self) -> bool:
+        return True
+
+    def abort(self, session_key: str, run_id: str) -> bool:
+        for call in self.guard.calls.open_calls():
+            if call.session_key == session_key:
+                self.guard.end(session_key, call.call_id, is_error=True, text="aborted", now_ms=121_500)
+        return True
+
+    def tell(self, session_key: str, message: str) -> bool:
+        self.told.append((session_key, message))
+        return True
+
+    def sessions(self, limit: int = 500) -> dict[str, Any] | None:
+        return None
+
+
+def test_an_aborted_call_is_alerted_and_told_though_openclaw_reported_its_end_first(
+    guard: OpenClawGuard, settings: Settings
+) -> None:
+    guard.start("s7", "r7", "main", "web_fetch", "w7", {"url": "http://x"}, now_ms=0)
+    rpc = AbortRacingRpc(settings, guard)
+    alerts: list[dict[str, Any]] = []
+    sweep = OpenClawSweep(guard.calls, settings, alert=alerts.append, kill=lambda _c: 0, rpc=rpc)
+    assert sweep.sweep(121_000).killed == ["w7"]
+    sweep.sweep(122_000)
+    assert [a["kind"] for a in alerts] == ["openclaw_call_aborted"]
+    assert [session for session, _ in rpc.told] == ["s7"]
+    assert "w7" in rpc.told[0][1]

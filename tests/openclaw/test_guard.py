@@ -38,6 +38,7 @@ pytestmark = pytest.mark.skipif(not OPENCLAW, reason="make test-openclaw install
 NODE_BIN = os.environ.get("UNSTUCK_OPENCLAW_NODE_BIN", "")
 PLUGIN = REPO / "integrations" / "openclaw"
 EXEC_BUDGET_S = 5.0
+WEB_BUDGET_S = 5.0
 SWEEP_S = 1.0
 OPENCLAW_REACTION_S = 6.0
 STUCK_AFTER_S = 8.0
@@ -101,7 +102,7 @@ def stack() -> Iterator[Stack]:
         redis.url,
         HOME=tempfile.mkdtemp(prefix="unstuck-guard-watchdog-"),
         PATH=_path(),
-        UNSTUCK_OPENCLAW__BUDGETS_S=json.dumps({"exec": EXEC_BUDGET_S, "*": 120}),
+        UNSTUCK_OPENCLAW__BUDGETS_S=json.dumps({"exec": EXEC_BUDGET_S, "web_fetch": WEB_BUDGET_S, "*": 120}),
         UNSTUCK_OPENCLAW__STUCK_AFTER_S=str(STUCK_AFTER_S),
         UNSTUCK_OPENCLAW__RECOVER="true",
         UNSTUCK_OPENCLAW__CLI=OPENCLAW,
@@ -518,3 +519,78 @@ def test_unstuck_down_with_fail_closed_blocks_the_tools(stack: Stack) -> None:
     assert _one_each(results), results
     assert all("must-not-run" not in t for t in texts), texts  # the command never ran
     assert any("failClosed" in t for t in texts), texts
+
+
+class _Unanswering:
+    """A loopback HTTP server that accepts connections and never answers them (a hung fetch)."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.accepted.append(self._listener.accept()[0])
+
+    def close(self) -> None:
+        self._listener.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_tool_abort(stack: Stack) -> None:
+    """A non-exec tool past its budget is aborted through the gateway and the session told.
+
+    ``sessions.abort`` with the call's ``runId``, then ``sessions.send``: the model goes on, with
+    exactly one result for the call in OpenClaw's transcript.
+    """
+    server = _Unanswering()
+    url = f"http://127.0.0.1:{server.port}/hangs"
+    model = MockModel(plan=[[("web_fetch", {"url": url})]]).start()
+    config = _with_gateway(_config(model, stack.door_url), stack.gateway_port)
+    # OpenClaw's own fetch timeout well past unstuck's budget; loopback allowed for the test's server.
+    web = {"fetch": {"timeoutSeconds": 120, "ssrfPolicy": {"allowedHostnames": ["127.0.0.1"]}}}
+    config["tools"] = {**config["tools"], "web": web}
+    home = _home(config)
+    gateway = _start_gateway(home, stack.gateway_port)
+    turn: subprocess.Popen[str] | None = None
+    told: list[dict[str, Any]] = []
+    try:
+        turn = _background_turn(home, "abort", "Run the plan.")
+        aborted = stack.alert("openclaw_call_aborted", "abort", timeout_s=WEB_BUDGET_S + SWEEP_S + 120)
+        note = str(aborted["note"])
+
+        def the_note_arrived() -> bool:
+            told[:] = [r for r in model.requests if note in json.dumps(r.get("messages"))]
+            return bool(told)
+
+        wait_until(the_note_arrived, timeout_s=90, interval_s=0.2, what="the note sent into the session")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            turn.communicate(timeout=30)
+    except AssertionError:
+        print(f"tool_abort: alerts {stack.alerts}; model sent {model.sent}; accepted {len(server.accepted)}")
+        print((home / "gateway.log").read_text()[-4000:])
+        raise
+    finally:
+        if turn is not None:
+            _stop(turn)
+        model.stop()
+        _stop(gateway)
+        server.close()
+    results = _results(told[0]["messages"])
+    seconds = _answer_seconds(model, 0)
+    fetched = model.sent[0].calls[0][0] if model.sent else ""
+    ended_s = aborted["ended_ms"] / 1000 - _wall(model.sent[0].at) if model.sent else None
+    in_time = ended_s is not None and ended_s <= WEB_BUDGET_S + SWEEP_S + 2
+    left = _leftovers_of(home)
+    ok = _one_each(results) and aborted["tool"] == "web_fetch" and in_time and not left
+    _report("tool_abort", ok, seconds)
+    print(f"tool_abort: aborted {ended_s}s after the call ({fetched}); results {results}; left {left}")
+    assert aborted["tool"] == "web_fetch", aborted
+    assert aborted["call_id"] == fetched, (aborted, fetched)
+    assert _one_each(results), results
+    assert in_time, ended_s
+    assert left == []

@@ -19,6 +19,7 @@ __all__ = [
     "overdue",
     "overdue_note",
     "silent_sessions",
+    "stuck_note",
 ]
 
 #: The env marker the plugin adds to every ``exec`` command: its process tree carries it.
@@ -87,3 +88,12 @@ def silent_sessions(
         if silent_s > stuck_after_s:
             out.append((session, silent_s))
     return out
+
+
+def stuck_note(session_key: str, silent_s: float, *, recover: bool) -> str:
+    """What a channel alert says about a session the tier-2 scan found stuck."""
+    then = "unstuck is recovering it (its run aborted)." if recover else "Nobody has ended it yet."
+    return (
+        f"[unstuck] OpenClaw session {session_key} has had a call or a model stream open with no "
+        f"activity for {silent_s:.0f} s. {then}"
+    )

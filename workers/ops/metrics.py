@@ -24,6 +24,8 @@ counted at the call sites. It exposes::
     unstuck_refused_messages_total{reason}      task messages workers refused to run (counter):
                                                 unreadable, unregistered, mismatch,
                                                 tool_not_allowed
+    unstuck_openclaw_tombstoned_sessions        OpenClaw sessions its restart recovery tombstoned,
+                                                as the watchdog last read sessions.list
     unstuck_duplicate_executions_total          calls a worker claimed again after an earlier
                                                 attempt (counter): second executions, each
                                                 logged by the worker with both attempts
@@ -69,6 +71,7 @@ from workers.store.duplicates import duplicate_count
 from workers.store.kept_answers import kept_counts
 from workers.store.ledger import Ledger
 from workers.store.ledger_scan import CallRow, LedgerScanner
+from workers.store.openclaw_calls import tombstone_count
 from workers.store.refusal import refusal_counts
 from workers.store.watchdog_liveness import WatchdogLiveness
 
@@ -106,6 +109,7 @@ class LedgerTally:
     oldest_submitted_ms: int | None = None
     refused: dict[str, int] = field(default_factory=dict)  # refused task messages by reason
     duplicates: int = 0  # second executions of calls
+    openclaw_tombstones: int = 0  # OpenClaw sessions its restart recovery tombstoned
     kept: dict[str, int] = field(default_factory=dict)  # kept answers written back, conflicts
 
 
@@ -183,6 +187,7 @@ class LedgerCollector(Collector):
         out.pending, out.oldest_submitted_ms = due.pending, due.oldest_submitted_ms
         out.refused = {str(r): n for r, n in refusal_counts(self.ledger.client, self.ledger.prefix).items()}
         out.duplicates = duplicate_count(self.ledger.client, self.ledger.prefix)
+        out.openclaw_tombstones = tombstone_count(self.ledger.client, self.ledger.prefix)
         out.kept = kept_counts(self.ledger.client, self.ledger.prefix)
         return out
 
@@ -234,6 +239,11 @@ def families(found: LedgerTally, now_ms: int) -> Iterator[Metric]:
     for reason, count in sorted(found.refused.items()):
         refused.add_metric([reason], count)
     yield refused
+    yield GaugeMetricFamily(
+        "unstuck_openclaw_tombstoned_sessions",
+        "OpenClaw sessions its restart recovery tombstoned (alerted, not yet reset)",
+        value=found.openclaw_tombstones,
+    )
     yield CounterMetricFamily(
         "unstuck_duplicate_executions",
         "Calls a worker claimed again after an earlier attempt (second executions)",

@@ -424,6 +424,11 @@ class OpenClawKeys:
         """Model calls in flight: member ``S/R`` (session, run), score when the model call started ms."""
         return f"{self.prefix}:{{openclaw}}:streams"
 
+    @property
+    def tombstones(self) -> str:
+        """Sessions OpenClaw's restart recovery tombstoned, alerted once: member ``S/I`` (key, session id)."""
+        return f"{self.prefix}:{{openclaw}}:tombstones"
+
     @staticmethod
     def member(session_key: str, call_id: str) -> str:
         """The open-calls member of a call: ``S/C``, both quoted."""
@@ -468,6 +473,7 @@ KEY_PATTERNS: Final = {
     "OpenClawKeys.open": "P:{openclaw}:open",
     "OpenClawKeys.activity": "P:{openclaw}:activity",
     "OpenClawKeys.streams": "P:{openclaw}:streams",
+    "OpenClawKeys.tombstones": "P:{openclaw}:tombstones",
     "kept_answers_key": "P:kept_answers:<outcome>",
     "broker_queue_key": "<queue>",
 }

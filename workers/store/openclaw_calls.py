@@ -15,12 +15,13 @@ from urllib.parse import unquote
 import redis
 
 from workers.core.openclaw_calls import OpenClawCall, OpenClawCallState
+from workers.core.openclaw_tombstones import Tombstone
 from workers.store.connection import store_errors
 from workers.store.keys import OpenClawKeys, quote_part
 from workers.store.lua import load_script
 from workers.store.records import OPENCLAW_CALL, OpenClawCallField, Row
 
-__all__ = ["OpenClawCalls", "StartedCall"]
+__all__ = ["OpenClawCalls", "StartedCall", "tombstone_count"]
 
 F = OpenClawCallField
 
@@ -127,6 +128,27 @@ class OpenClawCalls:
         pairs: list[Any] = list(rows)
         return [(*OpenClawKeys.parse_member(_text(m)), int(score)) for m, score in pairs]
 
+    def tombstones(self) -> set[Tombstone]:
+        """The tombstoned sessions alerted already and still reported."""
+        with store_errors():
+            members = self._client.smembers(self._keys.tombstones)
+        return {Tombstone(*OpenClawKeys.parse_member(_text(m))) for m in members}
+
+    def note_tombstones(self, new: set[Tombstone], gone: set[Tombstone]) -> list[Tombstone]:
+        """Record ``new`` and forget ``gone``; the new ones this call added: those to alert (once each)."""
+        ordered = sorted(new)
+        if not ordered and not gone:
+            return []
+        with store_errors():
+            pipe = self._client.pipeline(transaction=True)
+            for tombstone in ordered:
+                pipe.sadd(self._keys.tombstones, OpenClawKeys.member(*_pair(tombstone)))
+            for tombstone in gone:
+                pipe.srem(self._keys.tombstones, OpenClawKeys.member(*_pair(tombstone)))
+            pipe.expire(self._keys.tombstones, self._ttl_s)
+            added = pipe.execute()[: len(ordered)]
+        return [tombstone for tombstone, won in zip(ordered, added, strict=True) if won]
+
     def _calls(self, members: list[Any]) -> list[StartedCall]:
         calls = []
         for member in members:
@@ -138,6 +160,16 @@ class OpenClawCalls:
                 continue
             calls.append(call)
         return calls
+
+
+def tombstone_count(client: redis.Redis, prefix: str) -> int:
+    """How many sessions OpenClaw's restart recovery holds tombstoned, as last alerted."""
+    with store_errors():
+        return int(client.scard(OpenClawKeys(prefix).tombstones))
+
+
+def _pair(tombstone: Tombstone) -> tuple[str, str]:
+    return tombstone.session_key, tombstone.session_id
 
 
 def _text(value: Any) -> str:

@@ -132,7 +132,7 @@ class KeyRecord:
 
     name: str
     builder: str
-    redis_type: Literal["ZSET", "LIST", "STREAM", "STRING"]
+    redis_type: Literal["ZSET", "SET", "LIST", "STREAM", "STRING"]
     ttl: str
     writers: str
     readers: str
@@ -625,6 +625,10 @@ KEY_RECORDS: Final[tuple[KeyRecord, ...]] = (
               "HTTP door (model call started adds, ended removes), watchdog (recovered)",
               "watchdog (tier-2 scan), CLI",
               "member 'S/R' of a run whose model call is in flight, score its start ms"),
+    KeyRecord("openclaw_tombstones", "OpenClawKeys.tombstones", "SET", "ledger.ttl_s, refreshed on a change",
+              "watchdog (a tombstone alerted adds, one no longer reported removes)", "watchdog, metrics",
+              "member 'S/I' of a session OpenClaw's restart recovery tombstoned (key, session id),"
+              " alerted once"),
     KeyRecord("kept_answers", "kept_answers_key", "STRING", _REFRESHED,
               "gateway, unstuck serve/mcp (answer_restore.lua: a kept answer written back, or a"
               " conflict)", "metrics",

@@ -2,7 +2,9 @@
 
 The CLI speaks the gateway's WebSocket protocol (handshake, auth, scopes) the way the gateway
 expects, so unstuck does not re-implement it. Used for ``sessions.abort`` (a call past its
-budget that unstuck cannot end itself) and ``sessions.send`` (telling the session what happened).
+budget that unstuck cannot end itself), ``sessions.send`` (telling the session what happened),
+``sessions.list`` (the sessions its restart recovery tombstoned) and ``send`` (an alert to a
+channel, what ``openclaw message send`` does through the gateway).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ __all__ = ["GatewayRpc"]
 log = logging.getLogger(__name__)
 
 _TIMEOUT_S = 20.0
+_SESSIONS_LIMIT = 500  # a tombstone is the newest update of its row: it is near the top
 
 
 class GatewayRpc:
@@ -63,3 +66,23 @@ class GatewayRpc:
     def tell(self, session_key: str, message: str) -> bool:
         """``sessions.send`` a message into the session; whether the gateway accepted it."""
         return self.call("sessions.send", {"key": session_key, "message": message}) is not None
+
+    def sessions(self, limit: int = _SESSIONS_LIMIT) -> dict[str, Any] | None:
+        """``sessions.list``, newest update first (a tombstone is an update); None when not answered."""
+        return self.call("sessions.list", {"limit": limit, "sortBy": "updatedAt"})
+
+    def message(self, text: str, idempotency_key: str) -> bool:
+        """``send`` ``text`` to ``openclaw.alert_target``; whether the gateway accepted it.
+
+        The idempotency key makes a retried alert one message (OpenClaw dedupes on it).
+        """
+        params: dict[str, Any] = {
+            "to": self._openclaw.alert_target,
+            "message": text,
+            "idempotencyKey": idempotency_key,
+        }
+        if self._openclaw.alert_channel:
+            params["channel"] = self._openclaw.alert_channel
+        if self._openclaw.alert_account:
+            params["accountId"] = self._openclaw.alert_account
+        return self.call("send", params) is not None

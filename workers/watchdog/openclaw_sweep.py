@@ -8,7 +8,13 @@
   (``openclaw_call_overdue``). Then the session is told (``sessions.send``). Never re-run.
 * The tier-2 scan: a session with a call open and no reported activity for longer than
   ``openclaw.stuck_after_s`` is alerted (``openclaw_session_stuck``): log, events stream,
-  metric, webhook (``alerts.webhook_url``).
+  webhook (``alerts.webhook_url``).
+* Tombstones: every ``openclaw.tombstone_scan_interval_s`` the gateway's ``sessions.list`` is
+  read; a session its restart recovery tombstoned is alerted once
+  (``openclaw_session_tombstoned``), and counted in the metrics while it stays so.
+
+Stuck and tombstoned sessions are also sent to ``openclaw.alert_target`` through OpenClaw's
+own channels (gateway ``send``), when set: they wait for a person.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from workers.core.openclaw_calls import (
     OpenClawCallState,
     overdue_note,
     silent_sessions,
+    stuck_note,
 )
+from workers.core.openclaw_tombstones import complete, tombstone_changes, tombstone_note, tombstones
 from workers.settings import Settings
 from workers.store.openclaw_calls import OpenClawCalls
 from workers.watchdog.openclaw_rpc import GatewayRpc
@@ -45,6 +53,7 @@ class OpenClawSweepReport:
     killed: list[str] = field(default_factory=list)
     overdue: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
+    tombstoned: list[str] = field(default_factory=list)
 
 
 def marked_processes(call_id: str) -> list[psutil.Process]:
@@ -96,6 +105,7 @@ class OpenClawSweep:
         self._kill = kill
         self._alerted: set[str] = set()  # overdue calls already alerted (not ended by us)
         self._stuck_alerted: dict[str, int | None] = {}  # session -> its activity when alerted
+        self._tombstones_due_ms = 0  # when sessions.list is read next
 
     def sweep(self, now_ms: int) -> OpenClawSweepReport:
         """End or alert every overdue call, then alert the silent sessions."""
@@ -103,7 +113,37 @@ class OpenClawSweep:
         for call in self._calls.due(now_ms):
             self._overdue(call, now_ms, report)
         self._scan(now_ms, report)
+        self._tombstones(now_ms, report)
         return report
+
+    def _tombstones(self, now_ms: int, report: OpenClawSweepReport) -> None:
+        """Alert each session OpenClaw's restart recovery tombstoned, once (the store decides)."""
+        if not self._rpc.configured or now_ms < self._tombstones_due_ms:
+            return
+        self._tombstones_due_ms = now_ms + int(self._settings.openclaw.tombstone_scan_interval_s * 1000)
+        answer = self._rpc.sessions()
+        if answer is None:  # the gateway did not answer: nothing learnt, nothing forgotten
+            return
+        new, gone = tombstone_changes(tombstones(answer), self._calls.tombstones(), complete=complete(answer))
+        for tombstone in self._calls.note_tombstones(new, gone):
+            report.tombstoned.append(tombstone.session_key)
+            note = tombstone_note(tombstone)
+            self._alert(
+                {
+                    "kind": "openclaw_session_tombstoned",
+                    "session_key": tombstone.session_key,
+                    "session_id": tombstone.session_id,
+                    "note": note,
+                }
+            )
+            self._to_channel(note, f"unstuck-tombstone-{tombstone.session_key}-{tombstone.session_id}")
+
+    def _to_channel(self, text: str, idempotency_key: str) -> None:
+        """Send an alert through OpenClaw's own channels when ``openclaw.alert_target`` is set."""
+        if not (self._rpc.configured and self._settings.openclaw.alert_target):
+            return
+        if not self._rpc.message(text, idempotency_key):
+            log.warning("openclaw: could not send the alert to %s", self._settings.openclaw.alert_target)
 
     def _scan(self, now_ms: int, report: OpenClawSweepReport) -> None:
         """Tier 2: alert sessions silent with a call or a model stream open; recover them if asked."""
@@ -125,6 +165,10 @@ class OpenClawSweep:
                     "silent_s": round(silent_s, 1),
                     "runs": runs,
                 }
+            )
+            self._to_channel(
+                stuck_note(session, silent_s, recover=self._settings.openclaw.recover),
+                f"unstuck-stuck-{session}-{activity.get(session)}",
             )
             if self._settings.openclaw.recover:
                 self._recover(
@@ -165,18 +209,21 @@ class OpenClawSweep:
                 self._calls.end(call.session_key, call.call_id, OpenClawCallState.DONE, now_ms)
                 return True
             how = OpenClawCallState.KILLED
-        elif self._rpc.abort(call.session_key, call.run_id):
-            how = OpenClawCallState.ABORTED
         else:
-            return False
-        if self._calls.end(call.session_key, call.call_id, how, now_ms):
-            report.killed.append(call.call_id)
-            note = overdue_note(call, how)
-            self._alert({**_fields(f"openclaw_call_{how.value}", call, now_ms, note), "ended_ms": now_ms})
-            if self._rpc.configured and not self._rpc.tell(call.session_key, note):
-                log.warning(
-                    "openclaw: could not tell session %s that %s was stopped", call.session_key, call.call_id
-                )
+            current = self._calls.get(call.session_key, call.call_id)
+            if current is None or current.state is not OpenClawCallState.OPEN:
+                return True  # it ended by itself since it was found: its run goes on, untouched
+            if not self._rpc.abort(call.session_key, call.run_id):
+                return False
+            how = OpenClawCallState.ABORTED
+        # unstuck stopped it, so unstuck says so, whoever records the end first: OpenClaw's own
+        # report of it (the plugin's after_tool_call) often lands while the gateway RPC returns.
+        self._calls.end(call.session_key, call.call_id, how, now_ms)
+        report.killed.append(call.call_id)
+        note = overdue_note(call, how)
+        self._alert({**_fields(f"openclaw_call_{how.value}", call, now_ms, note), "ended_ms": now_ms})
+        if self._rpc.configured and not self._rpc.tell(call.session_key, note):
+            log.warning("openclaw: could not tell %s that %s was stopped", call.session_key, call.call_id)
         return True
 
 
