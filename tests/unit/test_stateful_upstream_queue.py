@@ -90,16 +90,10 @@ def test_a_worker_for_an_upstream_that_is_not_stateful_is_refused(tmp_path: Path
             }
         )
     )
-    settings = Settings(
-        redis={"url": "redis://127.0.0.1:1/0"},
-        mcp={"upstreams_file": str(path)},
-        worker={"upstream": "plain"},
-    )
-    with pytest.raises(
-        ConfigError,
-        match=r"worker.upstream: 'plain' is no stateful MCP upstream \(stateful ones: \['mem'\]\)",
-    ):
-        preflight(settings)
+    settings = Settings(redis={"url": "redis://127.0.0.1:1/0"}, mcp={"upstreams_file": str(path)})
+    why = r"--upstream: 'plain' is no stateful MCP upstream \(stateful ones: \['mem'\]\)"
+    with pytest.raises(ConfigError, match=why):
+        preflight(settings, upstream="plain")
 
 
 def test_unstuck_up_starts_one_worker_for_each_stateful_upstream(
