@@ -1,9 +1,12 @@
 """MCP servers no one here wrote, behind ``unstuck mcp``, driven by the official Python SDK client.
 
-The upstreams: ``@modelcontextprotocol/server-everything`` (npm, installed with ``npm ci`` into
-``tests/e2e/mcp_upstream_npm``), the misbehaving fixture ``tests/fixtures/mcp_misbehaving.py``
-(hangs, wedges, crashes), the same fixture broken so it cannot start, and a remote server
-nobody listens for. Every call gets one result by its limit, and the next call works.
+The upstreams: ``@modelcontextprotocol/server-everything`` and
+``@modelcontextprotocol/server-filesystem`` (npm, installed with ``npm ci`` into
+``tests/e2e/mcp_upstream_npm``, locked by its package-lock), ``mcp-server-time`` (PyPI, a dev
+dependency locked in ``uv.lock``, run from the venv), the misbehaving fixture
+``tests/fixtures/mcp_misbehaving.py`` (hangs, wedges, crashes), the same fixture broken so it
+cannot start, and a remote server nobody listens for. Every call gets one result by its limit,
+and the next call works.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ pytestmark = [
 
 NPM_DIR = Path(__file__).parent / "mcp_upstream_npm"
 EVERYTHING = NPM_DIR / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
+FILESYSTEM = NPM_DIR / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
 FIXTURE = REPO / "tests" / "fixtures" / "mcp_misbehaving.py"
 SOFT_S, HARD_S = 1.0, 3.0  # hang's and wedge's; the fixture's other tools get 5 s / 8 s
 FREEZE_HARD_S = 1.5
@@ -50,6 +54,7 @@ class Stack:
     door: Proc
     worker: Proc
     grow_file: Path
+    files: Path
 
 
 def _upstreams_file(tmp: Path) -> Path:
@@ -70,6 +75,8 @@ def _upstreams_file(tmp: Path) -> Path:
     }
     servers = {
         "everything": {"command": "node", "args": [str(EVERYTHING), "stdio"]},
+        "fs": {"command": "node", "args": [str(FILESYSTEM), str(tmp / "files")]},
+        "time": {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]},
         "mis": {
             **fixture,
             "unstuck": {"soft_timeout_s": 5, "hard_timeout_s": 8, "memory_limit_mb": 300, "tools": tools},
@@ -85,11 +92,13 @@ def _upstreams_file(tmp: Path) -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A worker (one pool child), the watchdog and the door, the upstreams from one file."""
-    if not EVERYTHING.is_file():
+    if not (EVERYTHING.is_file() and FILESYSTEM.is_file()):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NPM_DIR, check=True, timeout=300)
     server = EmbeddedRedis().start()
     tmp = tmp_path_factory.mktemp("upstreams")
     (tmp / "tmp").mkdir()
+    (tmp / "files").mkdir()
+    (tmp / "files" / "hello.txt").write_text("hello from the filesystem server\n")
     env = base_env(
         server.url,
         UNSTUCK_TOOL_MODULES="",
@@ -108,7 +117,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         watchdog.wait_for_log(" ready.", timeout_s=60)
         # Each pool child starts its own session to each upstream when it starts
         wait_until(lambda: worker.log().count("MCP upstream mis started") >= POOL, timeout_s=60)
-        yield Stack(url, env, processes.procs[1], worker, tmp / "grow")
+        yield Stack(url, env, processes.procs[1], worker, tmp / "grow", (tmp / "files").resolve())
     finally:
         processes.close()
         server.close()
@@ -193,6 +202,30 @@ async def test_upstream_tools_served_and_every_failure_answered(stack: Stack) ->
     assert "MCP upstream broken" in log
     assert "missing API key" in log
     assert "MCP upstream down" in log
+
+
+@pytest.mark.timeout(120)
+async def test_official_filesystem_and_time_servers_served_and_called(stack: Stack) -> None:
+    async with Client(stack.url, read_timeout_seconds=CLIENT_TIMEOUT_S) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        read = await client.call_tool("fs__read_text_file", {"path": str(stack.files / "hello.txt")})
+        outside = await client.call_tool("fs__read_text_file", {"path": "/etc/hostname"})
+        now = await client.call_tool("time__get_current_time", {"timezone": "Europe/Paris"})
+        bad_zone = await client.call_tool("time__get_current_time", {"timezone": "Mars/Olympus"})
+    # Their tools, served under <name>__<tool> with the upstreams' own schemas and annotations
+    served = {"fs__read_text_file", "fs__list_directory", "time__get_current_time", "time__convert_time"}
+    assert served <= set(tools)
+    assert tools["time__get_current_time"].input_schema["required"] == ["timezone"]
+    assert tools["fs__read_text_file"].annotations is not None
+    assert tools["fs__read_text_file"].annotations.read_only_hint is True
+    assert (_text(read), read.is_error) == ("hello from the filesystem server\n", False)
+    # The upstreams' own refusals (isError) come through as tool errors
+    assert (outside.is_error, _reason(outside)) == (True, "tool_error")
+    assert "Access denied" in _text(outside)
+    assert now.is_error is False
+    assert json.loads(_text(now))["timezone"] == "Europe/Paris"
+    assert (bad_zone.is_error, _reason(bad_zone)) == (True, "tool_error")
+    assert "Invalid timezone" in _text(bad_zone)
 
 
 @pytest.mark.timeout(120)

@@ -7,6 +7,7 @@ The consumer step both consuming roles share is :mod:`workers.celery_edge.event_
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -17,6 +18,7 @@ from celery.worker import state
 
 from workers import tracing
 from workers.celery_edge.names import INVOKE_TASK
+from workers.core.mcp_upstreams import served_upstream
 from workers.core.redact import install_log_redaction
 from workers.errors import ConfigError, StoreError, WorkerConfigError
 from workers.runtime import runtime
@@ -121,7 +123,7 @@ def install_worker_steps(celery: Celery) -> None:
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)
     signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
     signals.worker_process_init.connect(_start_tracing, weak=False)
-    signals.worker_process_init.connect(_start_upstreams, weak=False)
+    signals.worker_process_init.connect(functools.partial(_start_upstreams, celery), weak=False)
     signals.worker_process_shutdown.connect(_flush_spans, weak=False)
 
 
@@ -129,9 +131,13 @@ def _start_tracing(**_: Any) -> None:
     tracing.active()  # a pool child sets its tracer provider up before its first call, if traced
 
 
-def _start_upstreams(**_: Any) -> None:
+def _start_upstreams(celery: Celery, **_: Any) -> None:
     # The MCP upstreams' sessions start with the pool child, not inside its first call's limits.
-    start_sessions(runtime().settings.mcp.upstreams())
+    # A worker started for a stateful upstream consumes its queue (unstuck worker --upstream):
+    # the parent selected the queues before it forked this child.
+    settings = runtime().settings
+    serving = served_upstream(settings.broker.queue, celery.amqp.queues.consume_from or ())
+    start_sessions(settings.mcp.upstreams(), serving=serving)
 
 
 def _flush_spans(**_: Any) -> None:

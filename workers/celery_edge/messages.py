@@ -127,11 +127,14 @@ class TaskMessages:
         shadow: str,
         now: datetime,
         headers: Mapping[str, str] | None = None,
+        queue: str | None = None,
     ) -> QueuedMessage:
         """The message of ``name(**kwargs)``, its time limits, expiry and Flower label.
 
-        ``headers`` are added to the message's own (as ``send_task(headers=...)`` adds them).
+        ``headers`` are added to the message's own (as ``send_task(headers=...)`` adds them);
+        ``queue`` replaces this builder's (a stateful MCP upstream's calls have their own).
         """
+        queue = queue or self._queue
         amqp = self._amqp
         message = amqp.as_task_v2(
             task_id,
@@ -157,7 +160,7 @@ class TaskMessages:
             "delivery_mode": _PERSISTENT,
             # As send_task: the seconds left until ``expires`` (never negative), in ms.
             "expiration": str(int(max(0.0, (expires - now).total_seconds()) * 1000)),
-            "delivery_info": {"exchange": "", "routing_key": self._queue},
+            "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0,
             "body_encoding": "base64",
             "delivery_tag": str(uuid.uuid4()),
@@ -169,4 +172,4 @@ class TaskMessages:
             "headers": message_headers,
             "properties": properties,
         }
-        return QueuedMessage(self._queue, json_dumps(envelope))
+        return QueuedMessage(queue, json_dumps(envelope))

@@ -11,8 +11,9 @@ import os
 import sys
 import tempfile
 
+from workers.core.mcp_upstreams import upstream_queue
 from workers.core.redact import redact_url
-from workers.errors import StoreError
+from workers.errors import ConfigError, StoreError
 from workers.settings import Settings
 from workers.store.server import ping_error
 
@@ -22,11 +23,19 @@ FLOWER_TASK_COLUMNS = "name,uuid,state,exception,result,received,runtime,worker"
 """The tasks page's columns: exception and result carry each call's reason (Flower hides them by default)."""
 
 
-def preflight(settings: Settings) -> None:
-    """Fail fast, with the fix, when Redis is unreachable or tool modules do not import."""
+def preflight(settings: Settings, *, upstream: str = "") -> None:
+    """Fail fast, with the fix, when Redis is unreachable or tool modules do not import.
+
+    ``upstream``: the stateful MCP upstream a worker is to serve (``--upstream``): it must be one.
+    """
     from workers.tools.loader import load_tools
 
-    load_tools(settings.tool_modules, builtins=settings.tools.builtins, upstreams=settings.mcp.upstreams())
+    upstreams = settings.mcp.upstreams()
+    if upstream and not (upstream in upstreams and upstreams[upstream].unstuck.stateful):
+        stateful = sorted(name for name, entry in upstreams.items() if entry.unstuck.stateful)
+        why = f"{upstream!r} is no stateful MCP upstream (stateful ones: {stateful or 'none'})"
+        raise ConfigError([("unstuck worker --upstream", why)])
+    load_tools(settings.tool_modules, builtins=settings.tools.builtins, upstreams=upstreams)
     failure = ping_error(
         settings.redis.url,
         socket_timeout_s=settings.redis.socket_timeout_s,
@@ -41,13 +50,19 @@ def preflight(settings: Settings) -> None:
         )
 
 
-def worker_argv(settings: Settings, *, concurrency: int | None, hostname: str, loglevel: str) -> list[str]:
-    """The celery command line of a tool worker: always prefork, events on, the tool queue only."""
+def worker_argv(
+    settings: Settings, *, concurrency: int | None, hostname: str, loglevel: str, upstream: str = ""
+) -> list[str]:
+    """The celery command line of a tool worker: always prefork, events on, the tool queue only.
+
+    A worker for a stateful MCP upstream (``upstream``) takes that upstream's queue instead,
+    with one pool child: its one upstream process is the one every client meets.
+    """
     return [
         sys.executable, "-m", "celery", "-A", "workers.celery_edge.app", "worker",
         "--pool", "prefork",
-        "--concurrency", str(concurrency or settings.worker.concurrency),
-        "--queues", settings.broker.queue,
+        "--concurrency", "1" if upstream else str(concurrency or settings.worker.concurrency),
+        "--queues", upstream_queue(settings.broker.queue, upstream) if upstream else settings.broker.queue,
         "--hostname", hostname,
         "--loglevel", loglevel,
         "--task-events",

@@ -19,6 +19,10 @@ def register(subparsers: Any) -> None:
     worker.add_argument("-c", "--concurrency", type=int, help="pool processes (default: settings)")
     worker.add_argument("-n", "--hostname", default="unstuck@%h", help="worker node name")
     worker.add_argument("-l", "--loglevel", default="INFO")
+    worker.add_argument(
+        "--upstream",
+        help="run only the calls of this stateful MCP upstream (mcp.upstreams_file), with one pool child",
+    )
     worker.set_defaults(func=_worker)
     watchdog = subparsers.add_parser(
         "watchdog", help="start the watchdog: runs the sweeps beat schedules, never a tool"
@@ -34,10 +38,10 @@ def register(subparsers: Any) -> None:
     version.set_defaults(func=_version)
 
 
-def _checked_settings() -> Settings | None:
+def _checked_settings(*, upstream: str = "") -> Settings | None:
     try:
         settings = load_settings()
-        preflight(settings)
+        preflight(settings, upstream=upstream)
     except (ConfigError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
@@ -45,11 +49,17 @@ def _checked_settings() -> Settings | None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    settings = _checked_settings()
+    settings = _checked_settings(upstream=args.upstream or "")
     if settings is None:
         return 2
     return _celery(
-        worker_argv(settings, concurrency=args.concurrency, hostname=args.hostname, loglevel=args.loglevel)
+        worker_argv(
+            settings,
+            concurrency=args.concurrency,
+            hostname=args.hostname,
+            loglevel=args.loglevel,
+            upstream=args.upstream or "",
+        )
     )
 
 

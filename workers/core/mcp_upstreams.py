@@ -5,11 +5,15 @@ unchanged: a stdio entry has ``command``, ``args``, ``env``, ``cwd``; a remote e
 ``headers`` and an optional ``transport``. An entry may add an ``"unstuck"`` object with its
 limits (``soft_timeout_s``, ``hard_timeout_s``, ``memory_limit_mb``, ``retry``) and the same
 keys per tool under ``tools``. Keys unstuck does not know are refused, naming the entry.
+
+An entry marked ``"stateful": true`` (in its ``"unstuck"`` object) keeps state in memory (a
+browser's page, a REPL): its calls go to a queue of their own (:func:`upstream_queue`), which
+one worker with one pool child serves, so every client meets the one upstream process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
 from pydantic import (
@@ -27,15 +31,19 @@ from workers.errors import ConfigError
 
 __all__ = [
     "TOOL_SEPARATOR",
+    "UPSTREAM_QUEUE_INFIX",
     "RemoteUpstream",
     "StdioUpstream",
     "Upstream",
     "UpstreamLimits",
     "parse_upstreams",
     "served_name",
+    "served_upstream",
+    "upstream_queue",
 ]
 
 TOOL_SEPARATOR: Final = "__"
+UPSTREAM_QUEUE_INFIX: Final = ".mcp."
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 # Keys hosts write into their own blocks that mean nothing here (``type`` is VS Code's
 # "stdio"/"http", ``disabled`` Cursor's): accepted so a block moves over as it is.
@@ -89,13 +97,15 @@ class UpstreamLimits(BaseModel):
 
 
 class EntryLimits(UpstreamLimits):
-    """An entry's ``"unstuck"`` object: its limits and per-tool ``tools``."""
+    """An entry's ``"unstuck"`` object: its limits, per-tool ``tools``, and ``stateful``."""
 
     tools: dict[str, UpstreamLimits] = Field(default_factory=dict)
+    #: It keeps state in memory: one process serves every call (see the module doc).
+    stateful: bool = False
 
     def for_tool(self, tool: str) -> UpstreamLimits:
         """The limits of ``tool``: its own, each unset one taken from the entry's."""
-        base = UpstreamLimits(**self.model_dump(exclude={"tools"}))
+        base = UpstreamLimits(**self.model_dump(exclude={"tools", "stateful"}))
         own = self.tools.get(tool)
         return own.over(base) if own is not None else base
 
@@ -138,6 +148,17 @@ Upstream = StdioUpstream | RemoteUpstream
 def served_name(upstream: str, tool: str) -> str:
     """The name unstuck serves an upstream's tool under: ``<name>__<tool>``."""
     return f"{upstream}{TOOL_SEPARATOR}{tool}"
+
+
+def upstream_queue(tool_queue: str, upstream: str) -> str:
+    """The queue of a stateful upstream's calls: ``<tool queue>.mcp.<name>``."""
+    return f"{tool_queue}{UPSTREAM_QUEUE_INFIX}{upstream}"
+
+
+def served_upstream(tool_queue: str, queues: Iterable[str]) -> str:
+    """The stateful upstream whose queue is among ``queues`` (a worker's), or ""."""
+    prefix = f"{tool_queue}{UPSTREAM_QUEUE_INFIX}"
+    return next((queue.removeprefix(prefix) for queue in queues if queue.startswith(prefix)), "")
 
 
 def parse_upstreams(data: object, *, source: str = "mcpServers") -> dict[str, Upstream]:

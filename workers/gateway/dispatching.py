@@ -18,6 +18,7 @@ from workers.celery_edge.names import INVOKE_TASK, INVOKE_TASK_ID, INVOKE_TASK_L
 from workers.core.call_limits import resolve_limits
 from workers.core.failure_policy import delivered
 from workers.core.job_digest import job_digest
+from workers.core.mcp_upstreams import upstream_queue
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
 from workers.core.provider_calls import RejectedCall
 from workers.core.results import not_allowed_result, rejected_result, synthetic_result
@@ -117,6 +118,15 @@ class Dispatcher:
         self._soft_s = lru_cache(maxsize=4096)(settings.tool_timeout_s)
         self._fallbacks = settings.tools.failure_rules().fallbacks
 
+    def _queue(self, tool: str) -> str:
+        """The queue of ``tool``'s calls: the tool queue, or a stateful MCP upstream's own."""
+        try:
+            upstream = get_tool(tool).stateful_upstream
+        except ToolNotFound:  # a redispatch from a process that does not load it: the tool queue
+            upstream = None
+        base = self.settings.broker.queue
+        return base if upstream is None else upstream_queue(base, upstream)
+
     def _agent_restrictions(self, agent_id: str) -> ToolPolicy | None:
         """``agent_id``'s tool policy, or None when it allows every tool."""
         policy = self.settings.tool_policy(agent_id)
@@ -212,7 +222,7 @@ class Dispatcher:
         A ``loop_warning`` rides along in the message, so Flower shows it with the call's task.
         """
         job = self.job(keys, agent_id, call, now_ms, run_deadline_ms)
-        options = InvokeOptions.of(job, self.settings.broker.queue)
+        options = InvokeOptions.of(job, self._queue(job.call.name))
         push = self._queued_message(keys, job, loop_warning, options)
         return Submission(keys, job, self._registration_fields(keys, job), push, options, loop_warning)
 
@@ -258,6 +268,7 @@ class Dispatcher:
             shadow=options.label,
             now=datetime.now(tz=UTC),
             headers=tracing.message_headers(keys.session_key, keys.run_id, job.call.id),
+            queue=options.queue,
         )
         return broker_queue_key(message.queue), message.payload
 
@@ -329,7 +340,7 @@ class Dispatcher:
         process holds no span of the call.
         """
         message_id = task_id(keys, job.call.id, attempt)
-        options = InvokeOptions.of(job, self.settings.broker.queue)
+        options = InvokeOptions.of(job, self._queue(job.call.name))
         try:
             self._app.send_task(
                 INVOKE_TASK,

@@ -207,6 +207,8 @@ class Stack:
         self.beat: Child | None = None
         self.flower: Child | None = None
         self.serve: Child | None = None
+        # One worker per stateful MCP upstream: the one pool child that runs its calls.
+        self.upstream_workers: list[Child] = []
         self._retired: list[Child] = []
 
     @property
@@ -221,7 +223,7 @@ class Stack:
 
     def children(self) -> list[Child]:
         """Running (or exited but not yet stopped) children: worker, watchdog, beat, Flower."""
-        children = (self.worker, self.watchdog, self.beat, self.flower, self.serve)
+        children = (self.worker, self.watchdog, self.beat, self.flower, self.serve, *self.upstream_workers)
         return [c for c in children if c is not None]
 
     def start(self) -> Stack:
@@ -229,13 +231,19 @@ class Stack:
         self._start_redis()
         self._preflight()
         self.worker = self._spawn_worker()
+        self.upstream_workers = [
+            self._spawn_upstream_worker(name)
+            for name, upstream in self.settings.mcp.upstreams().items()
+            if upstream.unstuck.stateful
+        ]
         self.watchdog = Child.spawn("watchdog", self._watchdog_argv(), self.child_env(), self.log_dir)
         self.beat = Child.spawn("beat", self._beat_argv(), self.child_env(), self.log_dir)
         if self.options.flower_port is not None:
             self.flower = self._spawn_flower(self.options.flower_port)
         if self.options.serve_port is not None:
             self.serve = self._spawn_serve(self.options.serve_port)
-        self.worker.wait_for_log(" ready.", timeout_s=self.options.ready_timeout_s)
+        for worker in (self.worker, *self.upstream_workers):
+            worker.wait_for_log(" ready.", timeout_s=self.options.ready_timeout_s)
         self.watchdog.wait_for_log(" ready.", timeout_s=self.options.ready_timeout_s)
         self.beat.wait_for_log("beat: Starting", timeout_s=self.options.ready_timeout_s)
         if self.flower is not None:
@@ -257,6 +265,7 @@ class Stack:
             for child in [*self.children(), *self._retired]:
                 child.stop(self.options.stop_timeout_s)
             self.worker = self.watchdog = self.beat = self.flower = self.serve = None
+            self.upstream_workers = []
             self._retired = []
             if self.embedded is not None:
                 self.embedded.close()
@@ -327,6 +336,16 @@ class Stack:
             loglevel=self.options.loglevel,
         )
         return Child.spawn(f"worker{suffix}", argv, self.child_env(), self.log_dir)
+
+    def _spawn_upstream_worker(self, upstream: str) -> Child:
+        argv = worker_argv(
+            self.settings,
+            concurrency=1,
+            hostname=f"mcp-{upstream}-{self.options.node_name}",
+            loglevel=self.options.loglevel,
+            upstream=upstream,
+        )
+        return Child.spawn(f"worker-mcp-{upstream}", argv, self.child_env(), self.log_dir)
 
     def _watchdog_argv(self) -> list[str]:
         # The tool worker's node name with a watchdog- prefix: unique per stack, so two stacks

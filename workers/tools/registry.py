@@ -58,6 +58,9 @@ class ToolSpec:
     input_schema: dict[str, Any] | None = None
     #: An MCP upstream's tool annotations (readOnlyHint, ...), served as they came.
     annotations: dict[str, Any] | None = None
+    #: A stateful MCP upstream's tool: its name, whose own queue its calls go to
+    #: (``workers.core.mcp_upstreams.upstream_queue``); None: the tool queue.
+    stateful_upstream: str | None = None
 
     @property
     def has_fallback(self) -> bool:

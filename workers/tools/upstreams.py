@@ -6,10 +6,12 @@ schema and annotations, and the limits of the entry's ``"unstuck"`` object. A ca
 like any ``@tool``: a Celery task on a tool worker, in the ledger, under its deadline.
 
 Sessions: each process that runs calls (a worker's pool child) keeps one session per
-upstream, started at its first call and kept between calls. So a stdio upstream runs once per
-pool child: an upstream that keeps state in memory looks like one server only when its tools
-run in one pool child (a worker with ``--concurrency 1`` on its own queue); with more, each
-child's upstream has its own state. The lister's session is closed before a worker forks.
+upstream, started with the child and kept between calls. So a stdio upstream runs once per
+pool child, each with its own state. An upstream marked ``"stateful": true`` keeps state in
+memory and must look like one server: its tools carry ``stateful_upstream``, so the gateway
+sends their calls to the upstream's own queue, which only ``unstuck worker --upstream NAME``
+serves, with one pool child; the other workers never start it. The lister's session is closed
+before a worker forks.
 
 An upstream that cannot start is left out: its tools are not registered, the log and
 ``unstuck config check`` name it with its command and the end of its stderr
@@ -99,8 +101,12 @@ def session_for(upstream: Upstream) -> UpstreamSession:
         return session
 
 
-def start_sessions(upstreams: Mapping[str, Upstream]) -> None:
-    """Start this process's session to each listed upstream, in the background (a pool child's start)."""
+def start_sessions(upstreams: Mapping[str, Upstream], *, serving: str = "") -> None:
+    """Start this process's session to each listed upstream, in the background (a pool child's start).
+
+    ``serving``: the stateful upstream this worker serves (``unstuck worker --upstream``); a
+    stateful upstream is started only by its own worker, a stateless one only by the others.
+    """
 
     def start(session: UpstreamSession) -> None:
         try:
@@ -111,7 +117,8 @@ def start_sessions(upstreams: Mapping[str, Upstream]) -> None:
     for pgid in upstream_reaper.reap_orphans():
         log.warning("killed MCP upstream process group %d: the pool child that ran it died", pgid)
     for upstream in upstreams.values():
-        if _listed.get(upstream.name) == upstream:
+        ours = upstream.name == serving if upstream.unstuck.stateful else not serving
+        if ours and _listed.get(upstream.name) == upstream:
             threading.Thread(target=start, args=(session_for(upstream),), daemon=True).start()
 
 
@@ -182,6 +189,7 @@ def _spec(upstream: Upstream, tool: types.Tool) -> ToolSpec:
         memory_limit_mb=limits.memory_limit_mb,
         input_schema=dict(tool.input_schema),
         annotations=annotations,
+        stateful_upstream=upstream.name if upstream.unstuck.stateful else None,
     )
 
 
