@@ -13,10 +13,11 @@ same commands.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 from workers.answering.rules import FallbackLookup, delivered
 from workers.core.failure_policy import FallbackRule
@@ -30,6 +31,7 @@ from workers.store.records import CallField
 __all__ = ["Answered", "Answers", "Plan"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _Step = tuple[str, tuple[Any, ...], dict[str, Any]]
 _Steps = Generator[_Step, Any, T]
@@ -42,15 +44,25 @@ def _ask(method: str, *args: Any, **kwargs: Any) -> _Step:
     return method, args, kwargs
 
 
+def _plan(method: Callable[P, _Steps[T]]) -> Callable[P, Plan[T]]:
+    """A generator method, returned as a :class:`Plan` for the caller to run on its ledger."""
+
+    @functools.wraps(method)
+    def planned(*args: P.args, **kwargs: P.kwargs) -> Plan[T]:
+        return Plan(method(*args, **kwargs))
+
+    return planned
+
+
 class Plan(Generic[T]):
     """One answering operation, run on either ledger; each step is one ledger method call."""
 
     def __init__(self, steps: _Steps[T]) -> None:
-        self._steps = steps
+        self.steps = steps  # another plan runs it inside its own with ``yield from plan.steps``
 
     def on(self, ledger: Ledger) -> T:
         """Run on the sync ledger; a ``StoreError`` the plan does not handle is raised."""
-        steps, reply, failure = self._steps, None, None
+        steps, reply, failure = self.steps, None, None
         try:
             while True:
                 method, args, kwargs = steps.send(reply) if failure is None else steps.throw(failure)
@@ -63,7 +75,7 @@ class Plan(Generic[T]):
 
     async def on_async(self, ledger: AsyncLedger) -> T:
         """Run on the asyncio ledger: the same steps, each awaited where the ledger's method is async."""
-        steps, reply, failure = self._steps, None, None
+        steps, reply, failure = self.steps, None, None
         try:
             while True:
                 method, args, kwargs = steps.send(reply) if failure is None else steps.throw(failure)
@@ -97,7 +109,8 @@ class Answers:
     """Answers calls for one writer (``writer``: who the ledger names as the answer's author).
 
     ``fallbacks``: ``tools.fallbacks``; ``declared``: the fallbacks the tools declare, where
-    they run (the worker); see :func:`workers.answering.rules.delivered`.
+    they run (the worker); see :func:`workers.answering.rules.delivered`. Each method returns
+    a :class:`Plan`: run it on the caller's ledger (``.on(ledger)``, ``await .on_async(ledger)``).
     """
 
     def __init__(
@@ -117,18 +130,7 @@ class Answers:
 
     # -- one answer ------------------------------------------------------------------------------
 
-    def answer(
-        self,
-        keys: RunKeys,
-        result: ToolResult,
-        *,
-        now_ms: int,
-        writer: str | None = None,
-        submitted_ms: int | None = None,
-    ) -> Plan[Answered]:
-        """Write ``result`` as given; when another writer was first, read back the kept answer."""
-        return Plan(self._answer(keys, self.given(result), now_ms, writer, submitted_ms))
-
+    @_plan
     def offer(
         self,
         keys: RunKeys,
@@ -137,13 +139,33 @@ class Answers:
         now_ms: int,
         writer: str | None = None,
         submitted_ms: int | None = None,
-    ) -> Plan[bool]:
-        """Write ``result`` as given for a writer that needs no answer back; True when it won.
+    ) -> _Steps[bool]:
+        """Write ``result`` as given, first writer wins; True when it won (a loser is kept as late)."""
+        # Only the worker knows when its call was submitted (the asyncio ledger never asks).
+        extra = {} if submitted_ms is None else {"submitted_ms": submitted_ms}
+        given = self.given(result)
+        won = yield _ask("finish", keys, given, now_ms=now_ms, writer=writer or self.writer, **extra)
+        return bool(won)
 
-        A losing result is kept by the ledger as late (audit).
-        """
-        return Plan(self._finish(keys, self.given(result), now_ms, writer, submitted_ms))
+    @_plan
+    def answer(
+        self,
+        keys: RunKeys,
+        result: ToolResult,
+        *,
+        now_ms: int,
+        writer: str | None = None,
+        submitted_ms: int | None = None,
+    ) -> _Steps[Answered]:
+        """:meth:`offer`; when another writer was first, read back the kept answer."""
+        given = self.given(result)
+        offered = self.offer(keys, given, now_ms=now_ms, writer=writer, submitted_ms=submitted_ms)
+        if (yield from offered.steps):
+            return Answered(given, won=True)
+        kept: dict[str, ToolResult] = yield _ask("results", keys, [given.tool_call_id])
+        return Answered(kept.get(given.tool_call_id, given), won=False)
 
+    @_plan
     def hand_on(
         self,
         keys: RunKeys,
@@ -151,23 +173,15 @@ class Answers:
         *,
         now_ms: int,
         store_later: Callable[[RunKeys, ToolResult], None] | None = None,
-    ) -> Plan[ToolResult]:
+    ) -> _Steps[ToolResult]:
         """The call's one answer for an agent waiting now: :meth:`answer`, never failing on the store.
 
         Won: handed on as written (kept until a replica holds it, docs/failover.md). The store
         unreachable: handed on as given, and given to ``store_later`` to write once it is back.
         """
-        return Plan(self._hand_on(keys, self.given(result), now_ms, store_later))
-
-    def _hand_on(
-        self,
-        keys: RunKeys,
-        given: ToolResult,
-        now_ms: int,
-        store_later: Callable[[RunKeys, ToolResult], None] | None,
-    ) -> _Steps[ToolResult]:
+        given = self.given(result)
         try:
-            answered = yield from self._answer(keys, given, now_ms, None, None)
+            answered = yield from self.answer(keys, given, now_ms=now_ms).steps
             if answered.won:
                 yield _ask("handed", keys, {given.tool_call_id: given})
         except StoreError:
@@ -176,77 +190,75 @@ class Answers:
             return given
         return answered.result
 
-    def _answer(
-        self, keys: RunKeys, given: ToolResult, now_ms: int, writer: str | None, submitted_ms: int | None
-    ) -> _Steps[Answered]:
-        if (yield from self._finish(keys, given, now_ms, writer, submitted_ms)):
-            return Answered(given, won=True)
-        call_id = given.tool_call_id
-        kept: dict[str, ToolResult] = yield _ask("results", keys, [call_id])
-        return Answered(kept.get(call_id, given), won=False)
-
-    def _finish(
-        self, keys: RunKeys, given: ToolResult, now_ms: int, writer: str | None, submitted_ms: int | None
-    ) -> _Steps[bool]:
-        # Only the worker knows when its call was submitted (the asyncio ledger never asks).
-        extra = {} if submitted_ms is None else {"submitted_ms": submitted_ms}
-        won = yield _ask("finish", keys, given, now_ms=now_ms, writer=writer or self.writer, **extra)
-        return bool(won)
-
     # -- answers decided elsewhere ---------------------------------------------------------------
 
+    @_plan
     def record_immediate(
         self, keys: RunKeys, result: ToolResult, *, now_ms: int, fields: dict[str, str]
-    ) -> Plan[Immediate]:
+    ) -> _Steps[Immediate]:
         """Register and answer a call that never runs (refused at admission, a loop block).
 
         A call id known already keeps the ledger's answer; a run that refuses new calls is the
         caller's to answer (``registration.refused``).
         """
-        return Plan(self._immediate(keys, self.given(result), now_ms, fields))
-
-    def _immediate(
-        self, keys: RunKeys, given: ToolResult, now_ms: int, fields: dict[str, str]
-    ) -> _Steps[Immediate]:
-        call_id = given.tool_call_id
+        given, call_id = self.given(result), result.tool_call_id
         registration: Registration = yield _ask(
             "register_call", keys, call_id, now_ms=now_ms, deadline_ms=now_ms, fields=fields
         )
         if registration.created:
-            yield from self._finish(keys, given, now_ms, None, None)
+            yield from self.offer(keys, given, now_ms=now_ms).steps
             return Immediate(registration, given)
         if registration.refused and given.reason != SyntheticReason.RUN_ABORTED.value:
             return Immediate(registration, given)  # the caller answers it for the run's end
         kept: dict[str, ToolResult] = yield _ask("results", keys, [call_id])
         return Immediate(registration, kept.get(call_id, given))
 
-    def reap(self, keys: RunKeys, reaps: Sequence[Reap], *, now_ms: int) -> Plan[tuple[int, list[str]]]:
+    @_plan
+    def reap(self, keys: RunKeys, reaps: Sequence[Reap], *, now_ms: int) -> _Steps[tuple[int, list[str]]]:
         """Apply reaping's decisions (:mod:`workers.core.reaping`): answers as given, the rest sent again.
 
         Returns how many were answered here and the ids of the calls whose task the caller sends again.
         """
         given = [r if r.answer is None else replace(r, answer=self.given(r.answer)) for r in reaps]
-        return Plan(self._reap(keys, given, now_ms))
-
-    def _reap(self, keys: RunKeys, reaps: Sequence[Reap], now_ms: int) -> _Steps[tuple[int, list[str]]]:
-        reply: tuple[int, list[str]] = yield _ask("reap", keys, reaps, now_ms=now_ms, writer=self.writer)
+        reply: tuple[int, list[str]] = yield _ask("reap", keys, given, now_ms=now_ms, writer=self.writer)
         return reply
 
-    def open_calls(
+    @_plan
+    def cancel(
         self,
         keys: RunKeys,
-        calls: Sequence[OpenCall],
-        reason: SyntheticReason,
+        call_ids: Sequence[str],
         *,
         now_ms: int,
-        detail: str = "",
+        detail: str,
         on_answering: Callable[[OpenCall], None] | None = None,
-    ) -> Plan[list[OpenCall]]:
-        """Answer ``calls`` (open when read) with ``reason``; the ones this writer answered first.
+    ) -> _Steps[list[OpenCall]]:
+        """Answer ``cancelled`` those of ``call_ids`` no worker holds (the caller marked them first).
 
-        ``on_answering`` is told of each call just before its write.
+        A call claimed since its mark is left to its worker, which sees the mark and answers
+        with the tool's partial output. ``on_answering`` is told of each call before its write.
         """
-        return Plan(self._open_calls(keys, calls, reason, now_ms, detail, on_answering))
+        found: list[OpenCall] = yield _ask("open_calls", keys, call_ids)
+        idle = [call for call in found if call.state is not CallState.RUNNING]
+        cancelled = SyntheticReason.CANCELLED
+        return (yield from self._open_calls(keys, idle, cancelled, now_ms, detail, on_answering))
+
+    @_plan
+    def end_run(
+        self, keys: RunKeys, reason: SyntheticReason, *, now_ms: int, detail: str
+    ) -> _Steps[list[tuple[str, str]]]:
+        """A run's end: answer every unanswered call of the run; returns (call id, task id) answered here."""
+        call_ids: list[str] = yield _ask("run_call_ids", keys)
+        calls: list[OpenCall] = []
+        for start in range(0, len(call_ids), _OPEN_CALLS_PAGE):
+            # In pages: one script over thousands of calls would block Redis too long.
+            calls += yield _ask("open_calls", keys, call_ids[start : start + _OPEN_CALLS_PAGE])
+        answered = yield from self._open_calls(keys, calls, reason, now_ms, detail, None)
+        tasks = []
+        for call in answered:
+            record = yield _ask("record", keys, call.call_id)
+            tasks.append((call.call_id, record.row.text(CallField.TASK_ID) if record else ""))
+        return tasks
 
     def _open_calls(
         self,
@@ -259,59 +271,9 @@ class Answers:
     ) -> _Steps[list[OpenCall]]:
         answered = []
         for call in calls:
-            result = self.given(answer_open_call(call, reason, now_ms=now_ms, detail=detail))
+            result = answer_open_call(call, reason, now_ms=now_ms, detail=detail)
             if on_answering is not None:
                 on_answering(call)
-            if (yield from self._finish(keys, result, now_ms, None, None)):
+            if (yield from self.offer(keys, result, now_ms=now_ms).steps):
                 answered.append(call)
         return answered
-
-    def cancel(
-        self,
-        keys: RunKeys,
-        call_ids: Sequence[str],
-        *,
-        now_ms: int,
-        detail: str,
-        on_answering: Callable[[OpenCall], None] | None = None,
-    ) -> Plan[list[OpenCall]]:
-        """Answer ``cancelled`` those of ``call_ids`` no worker holds (the caller marked them first).
-
-        A call claimed since its mark is left to its worker, which sees the mark and answers
-        with the tool's partial output.
-        """
-        return Plan(self._cancel(keys, call_ids, now_ms, detail, on_answering))
-
-    def _cancel(
-        self,
-        keys: RunKeys,
-        call_ids: Sequence[str],
-        now_ms: int,
-        detail: str,
-        on_answering: Callable[[OpenCall], None] | None,
-    ) -> _Steps[list[OpenCall]]:
-        found: list[OpenCall] = yield _ask("open_calls", keys, call_ids)
-        idle = [call for call in found if call.state is not CallState.RUNNING]
-        cancelled = SyntheticReason.CANCELLED
-        return (yield from self._open_calls(keys, idle, cancelled, now_ms, detail, on_answering))
-
-    def end_run(
-        self, keys: RunKeys, reason: SyntheticReason, *, now_ms: int, detail: str
-    ) -> Plan[list[tuple[str, str]]]:
-        """A run's end: answer every unanswered call of the run; returns (call id, task id) answered here."""
-        return Plan(self._end_run(keys, reason, now_ms, detail))
-
-    def _end_run(
-        self, keys: RunKeys, reason: SyntheticReason, now_ms: int, detail: str
-    ) -> _Steps[list[tuple[str, str]]]:
-        call_ids: list[str] = yield _ask("run_call_ids", keys)
-        calls: list[OpenCall] = []
-        for start in range(0, len(call_ids), _OPEN_CALLS_PAGE):
-            # In pages: one script over thousands of calls would block Redis too long.
-            calls += yield _ask("open_calls", keys, call_ids[start : start + _OPEN_CALLS_PAGE])
-        answered = yield from self._open_calls(keys, calls, reason, now_ms, detail, None)
-        tasks = []
-        for call in answered:
-            record = yield _ask("record", keys, call.call_id)
-            tasks.append((call.call_id, record.row.text(CallField.TASK_ID) if record else ""))
-        return tasks
