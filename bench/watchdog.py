@@ -99,7 +99,7 @@ def _populate_due(client: redis.Redis, now: int, run_id: str, *, heartbeat: bool
     old = now - int(STALLED_AFTER_S * 1000) - 60_000
     for n in range(DUE):
         session = f"agent:main:s{n}"
-        store.begin_run(session, run_id, "main", old, now + 3_600_000, writer="bench")
+        store.begin_run(session, run_id, "main", old, now + 3_600_000)
         keys = ledger.keys(session, run_id)
         job: dict[str, str] = {
             CallField.TOOL: "exec",

@@ -197,7 +197,7 @@ def test_run_past_its_deadline_is_aborted_and_its_lane_freed(
     processes: list[Proc], app: Celery, store: SessionStore
 ) -> None:
     # Given a run with a 2 s budget and a call that would take longer
-    token = store.begin_run("late-s", "r1", "main", now_ms(), now_ms() + 2000, writer="test")
+    token = store.begin_run("late-s", "r1", "main", now_ms(), now_ms() + 2000)
     submit(
         app, store, "late-s", "r1", ToolCall(id="d1", name="slow", arguments={"seconds": 4}), deadline_s=30
     )
@@ -215,7 +215,7 @@ def test_stuck_session_is_alerted_and_recovered(
     processes: list[Proc], store: SessionStore, webhook: tuple[str, list[dict[str, Any]]]
 ) -> None:
     # Given a run marked running with nothing active (its gateway went away between turns)
-    store.begin_run("stuck-s", "r1", "main", now_ms(), now_ms() + 600_000, writer="test")
+    store.begin_run("stuck-s", "r1", "main", now_ms(), now_ms() + 600_000)
     _, received = webhook
     # When / Then: detected, alerted to the webhook, recovered (auto_recover is on)
     wait_until(lambda: any(a.get("session_key") == "stuck-s" for a in received), timeout_s=20, what="alert")
@@ -231,7 +231,7 @@ def test_a_long_tool_that_heartbeats_is_never_stalled(
     processes: list[Proc], app: Celery, store: SessionStore, webhook: tuple[str, list[dict[str, Any]]]
 ) -> None:
     # Given a tool running three times longer than stalled_after_s, heartbeating all along
-    store.begin_run("beat-s", "r1", "main", now_ms(), now_ms() + 600_000, writer="test")
+    store.begin_run("beat-s", "r1", "main", now_ms(), now_ms() + 600_000)
     call = ToolCall(id="b1", name="beating", arguments={"seconds": 6.5, "stop_beating_after": 99})
     submit(app, store, "beat-s", "r1", call, deadline_s=60, soft_s=20)
     keys = store.ledger.keys("beat-s", "r1")

@@ -66,7 +66,7 @@ def _sweep(store: SessionStore, now_ms: int, *, server_side: bool, limit: int = 
 
 def test_every_call_event_raises_run_progress_and_never_lowers_it(store: SessionStore) -> None:
     # Given a running run
-    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN)
     keys, led = store.ledger.keys("s", "r1"), store.ledger
     # When its call is registered, claimed, heartbeats and finishes
     _register(store, keys, "c1", now_ms=T0 + 10, deadline_ms=T0 + 30 * MIN)
@@ -240,7 +240,7 @@ def test_sweep_cleans_members_of_answered_and_queued_calls(store: SessionStore, 
 
 def test_run_summary_counts_open_and_claimed_calls_through_every_change(store: SessionStore) -> None:
     # Given a running run
-    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN)
     keys, led = store.ledger.keys("s", "r1"), store.ledger
 
     def counts() -> tuple[int, int]:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from workers.answering.service import Answers
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, deadline_result, success_result
 from workers.gateway.deferred_answers import Persister
@@ -113,7 +114,7 @@ def test_local_answer_then_watchdog_then_persister_agree(
     _register(ledger, call)
     clock = FakeClock(T0 + 1_000)
     gateway_ledger, redis_is_back = returning
-    persister = Persister(gateway_ledger, writer="gw", now_ms=clock)
+    persister = Persister(gateway_ledger, answers=Answers(writer="gw", fallbacks={}), now_ms=clock)
     # When the gateway waits while Redis is gone: it answers locally, on time
     delivered = _wait_without_store(unreachable, call, clock, persister)
     grace_ms = int(Settings(redis={"url": "redis://x:1/0"}).gateway.grace_s * 1000)
@@ -142,7 +143,7 @@ def test_the_persister_stores_the_local_answer_when_nobody_else_did(
     call = ToolCall(id="c2", name="slow")
     _register(ledger, call)
     clock = FakeClock(T0 + 1_000)
-    persister = Persister(ledger, writer="gw", now_ms=clock)
+    persister = Persister(ledger, answers=Answers(writer="gw", fallbacks={}), now_ms=clock)
     delivered = _wait_without_store(unreachable, call, clock, persister)
     # When Redis is back before any watchdog sweep
     assert persister.drain(timeout_s=10)

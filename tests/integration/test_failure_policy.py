@@ -12,6 +12,7 @@ import pytest
 
 from tests.harness import GatewayOn, Proc, WorkerOn, base_env, settings_in_env
 from workers import ToolCall, ToolGateway
+from workers.answering.service import Answers
 from workers.core.models import SyntheticReason, ToolResult
 from workers.core.results import deadline_result
 from workers.runtime import open_ledger
@@ -20,7 +21,6 @@ from workers.servers.mcp_sessions import CallTarget
 from workers.settings import Settings
 from workers.store.ledger import Ledger
 from workers.store.records import CallField
-from workers.store.sessions import SessionStore
 from workers.watchdog.due_calls import sweep_due_calls
 
 pytestmark = pytest.mark.timeout(120)
@@ -188,8 +188,9 @@ def test_watchdog_answers_carry_the_config_fallback(
     _register(plain_ledger, "watched", "open", tool="stubborn", deadline_ms=NOW_MS + 60_000)
     # When the watchdog's sweep answers the overdue call and its run end cancels the other one
     answered = sweep_due_calls(plain_ledger, now_ms=NOW_MS, settings=configured_settings, writer="watchdog")
-    store = SessionStore(plain_ledger, fallbacks=configured_settings.tools.failure_rules().fallbacks)
-    store.answer_open_calls("watched", "r1", SyntheticReason.CANCELLED, now_ms=NOW_MS, writer="wd", detail="")
+    answers = Answers(writer="wd", fallbacks=configured_settings.tools.failure_rules().fallbacks)
+    keys = plain_ledger.keys("watched", "r1")
+    answers.end_run(keys, SyntheticReason.CANCELLED, now_ms=NOW_MS, detail="").on(plain_ledger)
     # Then both hold the default value as a normal result, saying why
     assert answered == 1
     results = {cid: _stored(plain_ledger, "watched", cid) for cid in ("late", "open")}

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness import store_client
+from workers.answering.service import Answers
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.store.keys import RunKeys
@@ -33,7 +34,7 @@ def store(redis_url: str) -> Iterator[SessionStore]:
 
 
 def _run(store: SessionStore, run_id: str = "r1") -> RunKeys:
-    store.begin_run("s", run_id, "main", T0, T0 + 30 * MIN, writer="gw")
+    store.begin_run("s", run_id, "main", T0, T0 + 30 * MIN)
     return store.ledger.keys("s", run_id)
 
 
@@ -151,8 +152,9 @@ def test_ending_a_run_answers_its_open_calls_only(store: SessionStore) -> None:
     _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
     _register(store, keys, "c2", now_ms=T0, deadline_ms=T0 + MIN)
     _answer(store, keys, "c2", T0 + 1)
-    answered = store.answer_open_calls(
-        "s", "r1", SyntheticReason.CANCELLED, now_ms=T0 + 2, writer="w", detail=" (test)"
+    answers = Answers(writer="w", fallbacks={})
+    answered = answers.end_run(keys, SyntheticReason.CANCELLED, now_ms=T0 + 2, detail=" (test)").on(
+        store.ledger
     )
     assert [call_id for call_id, _ in answered] == ["c1"]
 

@@ -195,7 +195,7 @@ def test_sessions_by_class_idle_streams_and_the_watchdogs_pulse(ledger: Ledger) 
     # and a watchdog whose last sweep completed 4 s ago after a 3 s gap
     store = SessionStore(ledger)
     for session in ("busy", "quiet"):
-        store.begin_run(session, "r1", "main", NOW_MS - 60_000, NOW_MS + 600_000, writer="gw")
+        store.begin_run(session, "r1", "main", NOW_MS - 60_000, NOW_MS + 600_000)
     store.set_class([("busy", "r1", "active"), ("quiet", "r1", "stuck")])
     beats = AgentBeats(store)
     for _ in range(2):

@@ -11,13 +11,14 @@ import pytest
 from redis.cluster import RedisCluster
 
 from tests.harness import CLUSTER_LEG, is_cluster, store_client
+from workers.answering.service import Answers
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.errors import StoreError
 from workers.local.embedded_redis import EmbeddedRedis, free_port
 from workers.settings import Settings
-from workers.store.keys import SessionKeys, all_index_keys, run_member, sweep_lock_key
+from workers.store.keys import RunKeys, SessionKeys, all_index_keys, run_member, sweep_lock_key
 from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore, ensure_run
 from workers.watchdog.alerts import AlertSink
@@ -55,8 +56,8 @@ def _holds_lane(store: SessionStore, session_key: str, run_id: str, token: int) 
 
 def test_lane_is_idempotent_for_its_holder(store: SessionStore) -> None:
     # Given / When
-    first = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
-    again = store.begin_run("s", "r1", "main", T0 + 5, T0 + 30 * MIN, writer="gw")
+    first = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
+    again = store.begin_run("s", "r1", "main", T0 + 5, T0 + 30 * MIN)
     # Then
     assert first == again >= 1
     lane = store.lane("s")
@@ -67,10 +68,15 @@ def test_lane_is_idempotent_for_its_holder(store: SessionStore) -> None:
 
 def test_a_newer_run_supersedes_and_fences_the_old_one(store: SessionStore) -> None:
     # Given an old run with one unanswered call
-    old = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    old = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
     _register(store, "s", "r1", "c1", T0 + MIN)
-    # When a new run of the same session begins
-    new = store.begin_run("s", "r2", "main", T0 + 10, T0 + 30 * MIN, writer="gw")
+    # When a new run of the same session begins (the gateway answers the old run's calls)
+    answers = Answers(writer="gw", fallbacks={})
+
+    def answer_superseded(keys: RunKeys) -> object:
+        return answers.end_run(keys, SyntheticReason.CANCELLED, now_ms=T0 + 10, detail="").on(store.ledger)
+
+    new = store.begin_run("s", "r2", "main", T0 + 10, T0 + 30 * MIN, answer_superseded=answer_superseded)
     # Then the old run is aborted, its call answered cancelled, and it can no longer write
     assert new > old
     info = store.run("s", "r1")
@@ -82,22 +88,22 @@ def test_a_newer_run_supersedes_and_fences_the_old_one(store: SessionStore) -> N
     assert not store.end_run("s", "r1", RunStatus.COMPLETED, T0 + 20)
     assert not _holds_lane(store, "s", "r1", old)
     assert _holds_lane(store, "s", "r2", new)
-    assert store.begin_run("s", "r1", "main", T0 + 30, T0 + 30 * MIN, writer="gw") == 0
+    assert store.begin_run("s", "r1", "main", T0 + 30, T0 + 30 * MIN) == 0
 
 
 def test_tokens_keep_growing_after_the_counter_expired(store: SessionStore) -> None:
     # Given a held lane whose fence counter was lost
-    token = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    token = store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
     store.client.delete(SessionKeys("t", "s").fence)
     # When
-    newer = store.begin_run("s", "r2", "main", T0 + 1, T0 + 30 * MIN, writer="gw")
+    newer = store.begin_run("s", "r2", "main", T0 + 1, T0 + 30 * MIN)
     # Then
     assert newer > token
 
 
 def test_indexes_follow_the_run(store: SessionStore) -> None:
     # Given
-    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
     member = run_member("s", "r1")
     index = store.ledger.keys("s", "r1").index
     # When progress is reported, even out of order
@@ -119,7 +125,7 @@ def test_indexes_follow_the_run(store: SessionStore) -> None:
 
 def test_the_ledger_run_record_and_the_session_agree(store: SessionStore) -> None:
     # Given the gateway's ensure_run after begin_run (both write the run hash)
-    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
     keys = store.ledger.keys("s", "r1")
     # When
     deadline = ensure_run(store.ledger, keys, now_ms=T0 + 1, deadline_ms=T0 + 99 * MIN, agent_id="main")
@@ -129,9 +135,9 @@ def test_the_ledger_run_record_and_the_session_agree(store: SessionStore) -> Non
 
 def test_every_key_written_has_a_ttl(store: SessionStore, redis_url: str) -> None:
     # Given a run with a call, superseded, and a sweep lock held
-    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
     _register(store, "s", "r1", "c1", T0 + MIN)
-    store.begin_run("s", "r2", "main", T0 + 1, T0 + 30 * MIN, writer="gw")
+    store.begin_run("s", "r2", "main", T0 + 1, T0 + 30 * MIN)
     store.try_sweep_lock("tok", 30_000)
     # When / Then: only the documented global indexes live without a TTL
     client = store_client(redis_url)
@@ -184,7 +190,7 @@ def _watchdog(store: SessionStore, *, recover: bool) -> tuple[Watchdog, list[dic
 
 def test_sweep_times_out_runs_past_their_deadline(store: SessionStore) -> None:
     # Given a run whose budget ends before its call's deadline
-    store.begin_run("s", "r1", "main", T0, T0 + MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + MIN)
     _register(store, "s", "r1", "c1", T0 + 5 * MIN)
     watchdog, _ = _watchdog(store, recover=False)
     # When
@@ -201,7 +207,7 @@ def test_sweep_times_out_runs_past_their_deadline(store: SessionStore) -> None:
 
 def test_sweep_alerts_once_on_stuck_and_recovers_when_asked(store: SessionStore) -> None:
     # Given a run with a queued call nobody runs, quiet past the threshold
-    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN)
     _register(store, "s", "r1", "c1", T0 + 50 * MIN)
     watchdog, sent = _watchdog(store, recover=False)
     # When two sweeps run without recovery
@@ -222,7 +228,7 @@ def test_sweep_alerts_once_on_stuck_and_recovers_when_asked(store: SessionStore)
 
 def test_sweep_reads_real_activity_and_moves_the_index(store: SessionStore) -> None:
     # Given a run whose call heartbeats (the gateway wrote nothing since the start)
-    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN)
     _register(store, "s", "r1", "c1", T0 + 50 * MIN)
     keys = store.ledger.keys("s", "r1")
     store.ledger.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
@@ -243,7 +249,7 @@ def test_a_runs_progress_is_never_earlier_than_its_start(store: SessionStore) ->
     # the later of it and started_ms): every write path must keep progress_ms >= started_ms,
     # whatever the writers' clocks say.
     # Given a run opened by a host whose clock is ahead of everyone else's
-    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN)
     keys = store.ledger.keys("s", "r1")
 
     def progress_and_start() -> tuple[int, int]:
@@ -262,7 +268,7 @@ def test_a_runs_progress_is_never_earlier_than_its_start(store: SessionStore) ->
     )  # fmt: skip
     store.ledger.claim(keys, "c2", worker_id="w:1", now_ms=T0 - 7_000, tool="echo", job_digest="d")
     store.ledger.heartbeat(keys, "c2", now_ms=T0 - 6_000, details={})
-    store.begin_run("s", "r1", "main", T0 - 5_000, T0 + 60 * MIN, writer="gw")  # the same run again
+    store.begin_run("s", "r1", "main", T0 - 5_000, T0 + 60 * MIN)  # the same run again
     # Then the start is kept and the progress never went below it
     assert progress_and_start() == (T0, T0)
     # And a later report moves the progress, never the start
@@ -272,8 +278,8 @@ def test_a_runs_progress_is_never_earlier_than_its_start(store: SessionStore) ->
 
 def test_stale_lanes_are_found_and_cleaned(store: SessionStore) -> None:
     # Given one live lane and one whose run record vanished
-    store.begin_run("live", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
-    store.begin_run("gone", "r1", "main", T0, T0 + 60 * MIN, writer="gw")
+    store.begin_run("live", "r1", "main", T0, T0 + 60 * MIN)
+    store.begin_run("gone", "r1", "main", T0, T0 + 60 * MIN)
     store.client.delete(store.ledger.keys("gone", "r1").run)
     # When
     stale = stale_lanes(store, T0 + 1)
@@ -290,7 +296,7 @@ def _mixed_runs(store: SessionStore) -> None:
     led = store.ledger
     for session in ("active", "long", "s p{x}/é", "stalled", "stuck", "late", "gone", "ended", "lost"):
         deadline = T0 + MIN if session == "late" else T0 + 60 * MIN
-        store.begin_run(session, "r1", "main", T0, deadline, writer="gw")
+        store.begin_run(session, "r1", "main", T0, deadline)
     _register(store, "active", "r1", "c1", T0 + 50 * MIN)
     done = synthetic_result(
         ToolCall(id="c1", name="echo"), SyntheticReason.CANCELLED, elapsed_ms=1, attempt=1

@@ -43,7 +43,7 @@ def test_every_due_run_is_judged_once_across_pages(
     now = T0
     for n in range(RUNS):
         deadline = now - 1 if n % 3 == 2 else now + 3_600_000
-        store.begin_run(f"s{n}", "r", "main", started, deadline, writer="t")
+        store.begin_run(f"s{n}", "r", "main", started, deadline)
         if n % 3 == 0:
             store.client.hset(store.ledger.keys(f"s{n}", "r").run, "progress_ms", now - 1000)
     settings = Settings(watchdog={"stalled_after_s": STALLED_MS / 1000})

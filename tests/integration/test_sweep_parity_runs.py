@@ -318,7 +318,7 @@ def write_run(store: SessionStore, n: int, case: RunCase) -> None:
     """Write one stored run under ``store``'s prefix, in session ``s<n>``."""
     session, client = f"s{n}", store.client
     keys = store.ledger.keys(session, RUN)
-    token = store.begin_run(session, RUN, "main", case.started_ms, DEADLINES[case.deadline], writer="gw")
+    token = store.begin_run(session, RUN, "main", case.started_ms, DEADLINES[case.deadline])
     _write_run_call(store.ledger, keys, case.call, case.last_ms)
     # The summary as the case has it (it may drift from the calls), the progress index score
     # and the lane: written directly, no write path leaves them so on purpose.

@@ -117,7 +117,7 @@ def test_the_register_script_pushes_only_a_new_call_of_a_running_run(ledger: Led
     queue = broker_queue_key("q.test")
     keys = ledger.keys("s", "r1")
     sessions = SessionStore(ledger)
-    sessions.begin_run("s", "r1", "main", now_ms=1_000, deadline_ms=60_000, writer="test")
+    sessions.begin_run("s", "r1", "main", now_ms=1_000, deadline_ms=60_000)
 
     def register(call_id: str) -> Registration:
         push = (queue, f"message of {call_id}")

@@ -8,11 +8,14 @@ from typing import Any
 import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 
+from workers.answering.service import Answers
+from workers.core.failure_policy import NO_RULES, FailureRules
 from workers.core.memory_limits import OomCause
-from workers.core.models import CallJob, RetryPolicy, SyntheticReason, ToolCall
+from workers.core.models import CallJob, RetryPolicy, SyntheticReason, ToolCall, ToolResult
 from workers.errors import ToolExecutionError
 from workers.tools.context import ToolContext
-from workers.tools.registry import get_tool, tool
+from workers.tools.registry import registered_tools, tool
+from workers.worker.branching import declared_fallbacks
 from workers.worker.execution import interrupted_result, memory_exceeded_result, run_tool
 
 SUBMITTED_MS = 1_000_000
@@ -72,6 +75,12 @@ def _register(func: Any, **options: Any) -> str:
 def _run(job: CallJob, clock: FakeClock | None = None, **kwargs: Any) -> Any:
     clock = clock or FakeClock()
     return run_tool(job, _ctx(), clock_ms=clock.ms, sleep=clock.sleep, **kwargs)
+
+
+def written(result: ToolResult, rules: FailureRules = NO_RULES) -> ToolResult:
+    """What the worker writes for ``result``: its answering service adds the fallbacks (config, decorator)."""
+    declared = declared_fallbacks(registered_tools())
+    return Answers(writer="w", fallbacks=rules.fallbacks, declared=declared).given(result)
 
 
 # --- success and errors ---------------------------------------------------------------------------
@@ -230,8 +239,10 @@ def test_fallback_answers_a_failure_as_a_normal_result(fallback: object) -> None
 
     name = _register(fails, fallback=fallback)
     # When
-    result = _run(_job(name))
-    # Then
+    raw = _run(_job(name))
+    result = written(raw)
+    # Then the tool's run returns the failure; the answer written is the fallback
+    assert raw.is_error
     assert not result.is_error
     assert result.details["fallback"] is True
     assert result.details["synthetic"] is True
@@ -247,7 +258,7 @@ def test_fallback_only_after_retries_are_spent() -> None:
         raise Flaky("x")
 
     name = _register(fails, fallback="fb", retry=RetryPolicy(attempts=3, backoff_s=0.0, retry_on=(Flaky,)))
-    result = _run(_job(name))
+    result = written(_run(_job(name)))
     assert (result.text, result.details["attempt"], len(calls)) == ("fb", 3, 3)
 
 
@@ -371,7 +382,7 @@ def test_interrupted_result_maps_the_reason_to_its_limit(reason: SyntheticReason
     name = _register(lambda: None)
     job = _job(name, soft_s=2.5, hard_s=4.0, heartbeat_s=1.5)
     # When
-    result = interrupted_result(job, get_tool(name), reason, elapsed_ms=2_600, attempt=1)
+    result = interrupted_result(job, reason, elapsed_ms=2_600, attempt=1)
     # Then
     assert result.is_error
     assert result.details == {"synthetic": True, "reason": reason.value, "elapsed_ms": 2_600, "attempt": 1}
@@ -382,7 +393,7 @@ def test_interrupted_result_maps_the_reason_to_its_limit(reason: SyntheticReason
 @pytest.mark.parametrize("reason", [SyntheticReason.TIMEOUT_SOFT, SyntheticReason.HEARTBEAT_TIMEOUT])
 def test_interrupted_result_uses_the_fallback(reason: SyntheticReason) -> None:
     name = _register(lambda: None, fallback={"partial": True})
-    result = interrupted_result(_job(name), get_tool(name), reason, elapsed_ms=10, attempt=2)
+    result = written(interrupted_result(_job(name), reason, elapsed_ms=10, attempt=2))
     assert not result.is_error
     assert result.text == '{"partial": true}'
     assert result.details["fallback"] is True
@@ -392,8 +403,8 @@ def test_interrupted_result_uses_the_fallback(reason: SyntheticReason) -> None:
 
 def test_interrupted_result_without_a_spec() -> None:
     # The tool may not even be loadable in the process writing the answer.
-    result = interrupted_result(
-        _job("gone"), None, SyntheticReason.TIMEOUT_HARD, elapsed_ms=15_000, attempt=1
+    result = written(
+        interrupted_result(_job("gone"), SyntheticReason.TIMEOUT_HARD, elapsed_ms=15_000, attempt=1)
     )
     assert result.is_error
     assert result.reason == SyntheticReason.TIMEOUT_HARD.value
@@ -421,11 +432,12 @@ def test_out_of_memory_takes_the_tools_fallback_and_names_the_limit() -> None:
 
     name = _register(table, fallback={"rows": []})
     job = _job(name)
-    answered = memory_exceeded_result(job, OomCause.ALLOCATION_REFUSED, limit_mb=256, elapsed_ms=5, attempt=1)
+    answered = written(
+        memory_exceeded_result(job, OomCause.ALLOCATION_REFUSED, limit_mb=256, elapsed_ms=5, attempt=1)
+    )
     assert (answered.is_error, answered.text, answered.reason) == (False, '{"rows": []}', "out_of_memory")
     killed = interrupted_result(
         _job("no_such_tool"),
-        None,
         SyntheticReason.OUT_OF_MEMORY,
         elapsed_ms=9,
         attempt=1,

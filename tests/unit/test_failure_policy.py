@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 
-from tests.unit.test_execution import FakeClock, _ctx, _job, _register
+from tests.unit.test_execution import FakeClock, _ctx, _job, _register, written
+from workers.answering.rules import apply_fallback
 from workers.core.failure_policy import (
     FALLBACK_REASONS,
     BranchRule,
     FailureRules,
     FallbackRule,
-    apply_fallback,
     branch_answer,
 )
 from workers.core.models import RetryPolicy, SyntheticReason, ToolCall
@@ -140,15 +140,13 @@ def test_decorator_refuses_unknown_reasons_and_a_branch_to_itself() -> None:
 
 
 def _run(name: str, rules: FailureRules | None = None, clock: FakeClock | None = None, **kw: Any) -> Any:
+    """What the worker writes for a call of ``name``: its run, then the answering service's fallbacks."""
     clock = clock or FakeClock()
-    return run_tool(
-        _job(name, {"url": "u"}),
-        _ctx(),
-        clock_ms=clock.ms,
-        sleep=clock.sleep,
-        rules=rules or FailureRules(),
-        **kw,
+    rules = rules or FailureRules()
+    result = run_tool(
+        _job(name, {"url": "u"}), _ctx(), clock_ms=clock.ms, sleep=clock.sleep, rules=rules, **kw
     )
+    return written(result, rules)
 
 
 def test_decorator_fail_branch_answers_a_tool_error() -> None:
@@ -291,7 +289,7 @@ def test_soft_timeout_runs_the_branch_once_before_the_fallback() -> None:
     assert result.text == "cached after timeout"
     assert result.details["branch_reason"] == "timeout_soft"
     # A second failure of the same call does not run the branch again: the fallback answers
-    again = soft_timeout_result(job, ctx, attempt=1, clock_ms=clock.ms)
+    again = written(soft_timeout_result(job, ctx, attempt=1, clock_ms=clock.ms))
     assert (again.text, again.details["reason"]) == ("fb", "timeout_soft")
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from workers.core.failure_policy import FallbackRule, delivered
+from workers.answering.service import Answers
+from workers.core.failure_policy import FallbackRule
 from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
 from workers.core.reaping import ActionKind, OpenCall, Reap, ReapRules, reaps
 from workers.core.results import deadline_result, success_result
@@ -103,14 +104,15 @@ def test_the_prepared_answer_wins_over_the_deadline_result_when_answering_locall
 
 
 def test_what_is_answered_locally_is_what_the_ledger_would_store_with_the_tools_fallback() -> None:
+    # The machine decides the raw deadline answer; the answering service adds the fallback
     fallbacks = {"echo": FallbackRule({"status": "unknown"})}
-    machine = _machine({"c1": T0}, tools={"c1": "echo"}, submitted={"c1": T0 - 4_000}, fallbacks=fallbacks)
+    machine = _machine({"c1": T0}, tools={"c1": "echo"}, submitted={"c1": T0 - 4_000})
     raw = deadline_result(ToolCall(id="c1", name="echo"), submitted_ms=T0 - 4_000, deadline_ms=T0)
     step = machine.step(T0 + MARGIN_MS)
-    assert step == AnswerLocally([delivered(raw, fallbacks)])
-    assert isinstance(step, AnswerLocally)
-    assert not step.results[0].is_error
-    assert step.results[0].reason == SyntheticReason.DEADLINE_EXCEEDED.value
+    assert step == AnswerLocally([raw])
+    given = Answers(writer="gw", fallbacks=fallbacks).given(raw)
+    assert not given.is_error
+    assert given.reason == SyntheticReason.DEADLINE_EXCEEDED.value
 
 
 def test_the_pause_after_a_store_error_ends_at_the_soonest_deadline_plus_margin() -> None:
@@ -127,14 +129,14 @@ def test_calls_the_batch_has_answers_for_are_not_waited_for() -> None:
 
 def test_a_lost_idempotent_call_is_handed_back_when_the_driver_can_send_tasks() -> None:
     lost = _open("c1")
-    planned = reaps([lost], ReapRules(min_rerun_ms=3_000), now_ms=T0, fallbacks={})
+    planned = reaps([lost], ReapRules(min_rerun_ms=3_000), now_ms=T0)
     assert planned == [Reap(lost, ActionKind.REQUEUE)]
 
 
 def test_without_redispatch_a_lost_call_is_answered_worker_lost_and_nothing_is_republished() -> None:
     lost, unclaimed = _open("c1"), _open("c2", state=CallState.PENDING, submitted_ms=T0 - 10_000)
     rules = ReapRules(min_rerun_ms=3_000, can_redispatch=False, republish_after_ms=1_000)
-    [planned] = reaps([lost, unclaimed], rules, now_ms=T0, fallbacks={})
+    [planned] = reaps([lost, unclaimed], rules, now_ms=T0)
     assert planned.kind is ActionKind.ANSWER
     assert planned.answer is not None
     assert planned.answer.reason == SyntheticReason.WORKER_LOST.value
@@ -143,7 +145,7 @@ def test_without_redispatch_a_lost_call_is_answered_worker_lost_and_nothing_is_r
 def test_an_unclaimed_message_is_republished_when_the_driver_can_send_tasks() -> None:
     unclaimed = _open("c2", state=CallState.PENDING, submitted_ms=T0 - 10_000)
     rules = ReapRules(min_rerun_ms=3_000, republish_after_ms=1_000)
-    assert reaps([unclaimed], rules, now_ms=T0, fallbacks={}) == [Reap(unclaimed, ActionKind.REPUBLISH)]
+    assert reaps([unclaimed], rules, now_ms=T0) == [Reap(unclaimed, ActionKind.REPUBLISH)]
 
 
 def test_an_overdue_call_is_answered_with_the_deadline_result() -> None:
@@ -161,12 +163,15 @@ def test_a_reaped_answer_is_delivered_with_the_tools_fallback() -> None:
     lost = _open("c2")
     rules = ReapRules(min_rerun_ms=3_000, can_redispatch=False)
     # When the watchdog's rules reap both, and a waiting machine reaps the overdue one
-    by_watchdog = reaps([overdue, lost], rules, now_ms=T0, fallbacks=fallbacks)
-    [by_gateway] = _machine({"c1": T0}, fallbacks=fallbacks).reaps([overdue], now_ms=T0)
-    # Then the overdue call gets the default, the same bytes from both; worker_lost stays an error
-    answers = {reap.call.call_id: reap.answer for reap in by_watchdog}
+    by_watchdog = reaps([overdue, lost], rules, now_ms=T0)
+    [by_gateway] = _machine({"c1": T0}).reaps([overdue], now_ms=T0)
+    # Then both decide the same raw answer, and the answering service gives it the default;
+    # worker_lost stays an error
+    service = Answers(writer="any", fallbacks=fallbacks)
+    answers = {reap.call.call_id: service.given(reap.answer) for reap in by_watchdog if reap.answer}
     raw = deadline_result(ToolCall(id="c1", name="echo"), submitted_ms=overdue.submitted_ms, deadline_ms=T0)
-    assert answers["c1"] == by_gateway.answer == delivered(raw, fallbacks)
+    assert by_gateway.answer == raw
+    assert answers["c1"] == service.given(raw)
     assert (answers["c1"].is_error, answers["c1"].text) == (False, "cached")
     assert answers["c2"] is not None
     assert (answers["c2"].is_error, answers["c2"].reason) == (True, SyntheticReason.WORKER_LOST.value)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from workers.answering.service import Answers
 from workers.core.models import SyntheticReason
 from workers.core.run_health import RunStatus
 from workers.errors import ConfigError, StoreError
@@ -60,8 +61,7 @@ def _guarded(command: Callable[[argparse.Namespace, Settings, SessionStore], int
     def run(args: argparse.Namespace) -> int:
         try:
             settings = load_settings()
-            fallbacks = settings.tools.failure_rules().fallbacks  # for the calls `kill` answers
-            return command(args, settings, SessionStore(open_ledger(settings), fallbacks=fallbacks))
+            return command(args, settings, SessionStore(open_ledger(settings)))
         except (ConfigError, StoreError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -184,15 +184,16 @@ def _kill(args: argparse.Namespace, settings: Settings, store: SessionStore) -> 
         # SIGTERM to its process groups and SIGKILL after limits.cancel_grace_s.
         keys = store.ledger.keys(info.session_key, info.run_id)
         CancelMarks(store.ledger).request(keys, store.ledger.run_call_ids(keys), now_ms=now_ms())
+    answers = Answers(writer=f"{worker_id()}/cli", fallbacks=settings.tools.failure_rules().fallbacks)
     answered = end_and_answer(
         store,
+        answers,
         info.session_key,
         info.run_id,
         status=RunStatus.ABORTED,
         reason=SyntheticReason.CANCELLED,
         detail=" by an operator (session kill)",
         now_ms=now_ms(),
-        writer=f"{worker_id()}/cli",
         revoke=lambda ids: app.control.revoke(ids, terminate=False),
     )
     store.release_lane(info.session_key, info.run_id)

@@ -1,9 +1,10 @@
 """What a failed call turns into: a default value (fallback) or an alternative tool (fail-branch).
 
-Pure rules, shared by every writer of results. A *fallback* turns a failure result into a
-normal (non-error) result holding a declared value; its details keep ``synthetic``, the
-failure's ``reason`` and say ``fallback: true``, so the model gets a usable answer and
-operators still see what happened. A *fail-branch* names another tool to try once when the
+Pure rules, read from config and the tools' decorators; the answering service
+(:mod:`workers.answering`) applies the fallbacks when it writes an answer. A *fallback* turns
+a failure result into a normal (non-error) result holding a declared value; its details
+keep ``synthetic``, the failure's ``reason`` and say ``fallback: true``, so the model gets a
+usable answer and operators still see what happened. A *fail-branch* names another tool to try once when the
 first fails for chosen reasons; the one result says which branch answered.
 
 Which failures qualify: the tool's own failures and unstuck's answers for a call that did
@@ -17,8 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from workers.core.models import RetryPolicy, SyntheticReason, ToolCall, ToolResult
-from workers.core.results import fallback_result
+from workers.core.models import RetryPolicy, SyntheticReason, ToolResult
 
 __all__ = [
     "BRANCH_REASONS",
@@ -27,10 +27,8 @@ __all__ = [
     "BranchRule",
     "FailureRules",
     "FallbackRule",
-    "apply_fallback",
     "branch_answer",
     "check_reasons",
-    "delivered",
 ]
 
 _R = SyntheticReason
@@ -104,37 +102,6 @@ class FailureRules:
 
 
 NO_RULES: Final = FailureRules()
-
-
-def apply_fallback(result: ToolResult, rule: FallbackRule | None) -> ToolResult:
-    """``result``, or the rule's value as a normal result when ``result`` is a failure it covers.
-
-    Deterministic (the same failure gives the same bytes whoever applies it) and idempotent
-    (a fallback result is not an error, so it is never replaced twice).
-    """
-    if rule is None or not result.is_error or not rule.covers(result.reason):
-        return result
-    answer = fallback_result(
-        ToolCall(id=result.tool_call_id, name=result.tool_name),
-        rule.value,
-        SyntheticReason(str(result.reason)),
-        elapsed_ms=int(result.details.get("elapsed_ms", 0)),
-        attempt=int(result.details.get("attempt", 0)),
-    )
-    # The failure's own facts stay (error_type, a cancelled tool's partial, retry_after_s, the
-    # branch that answered); the fallback's keys say what the model got instead.
-    return answer.model_copy(update={"details": {**result.details, **answer.details}})
-
-
-def delivered(result: ToolResult, fallbacks: Mapping[str, FallbackRule]) -> ToolResult:
-    """What the agent is given for ``result``: the one place ``tools.fallbacks`` is applied.
-
-    Every writer composes its answer with this before handing it to the ledger, which stores
-    what it is given: the worker, the gateway (its own answers, reaped and local ones), the
-    watchdog, a cancel and the MCP door store the same bytes for the same failure, so the
-    agent is given what the ledger holds.
-    """
-    return apply_fallback(result, fallbacks.get(result.tool_name))
 
 
 def branch_answer(first: ToolResult, branch: ToolResult, branch_tool: str) -> ToolResult:

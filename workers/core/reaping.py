@@ -3,17 +3,16 @@
 A call past its deadline, whose worker or message is lost, or that was never dispatched is
 answered, re-run or sent again: :func:`decide` and :func:`reaps` decide it for the gateway's
 checks (:mod:`workers.core.waiting`) and for the watchdog's sweep, and the store applies the
-decisions (``Ledger.reap``). :func:`answer_open_call` composes the answer every such writer
-stores.
+decisions (through :class:`workers.answering.service.Answers`, which applies the fallbacks).
+:func:`answer_open_call` composes the raw answer every such writer starts from.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from workers.core.failure_policy import FallbackRule, delivered
 from workers.core.models import CallState, SyntheticReason, ToolCall, ToolResult
 from workers.core.results import deadline_result, synthetic_result
 
@@ -176,15 +175,13 @@ def answer_open_call(
     reason: SyntheticReason,
     *,
     now_ms: int,
-    fallbacks: Mapping[str, FallbackRule],
     detail: str = "",
 ) -> ToolResult:
-    """The answer to an unanswered call, as delivered: the one composition every writer uses.
+    """The answer to an unanswered call, before its fallback: the one composition every writer uses.
 
     Past-deadline answers are :func:`~workers.core.results.deadline_result` (the same bytes
     whoever writes them); the others name the time since submission and the call's budget.
-    ``fallbacks`` (``tools.fallbacks``) replace it with the tool's default where one covers
-    ``reason`` (:func:`~workers.core.failure_policy.delivered`).
+    The answering service applies the tool's fallback when it writes it.
     """
     answered = ToolCall(id=call.call_id, name=call.tool or "unknown")
     if reason is SyntheticReason.DEADLINE_EXCEEDED:
@@ -198,7 +195,7 @@ def answer_open_call(
             limit_s=max(0, call.deadline_ms - call.submitted_ms) / 1000,
             detail=detail,
         )
-    return delivered(result, fallbacks)
+    return result
 
 
 @dataclass(frozen=True)
@@ -228,10 +225,8 @@ class ReapRules:
     republish_after_ms: int | None = None
 
 
-def reaps(
-    snapshot: Iterable[OpenCall], rules: ReapRules, *, now_ms: int, fallbacks: Mapping[str, FallbackRule]
-) -> list[Reap]:
-    """What to do with the open calls of one run at ``now_ms``; answers come as delivered (``fallbacks``)."""
+def reaps(snapshot: Iterable[OpenCall], rules: ReapRules, *, now_ms: int) -> list[Reap]:
+    """What to do with the open calls of one run at ``now_ms``; answers come raw (no fallback yet)."""
     calls = list(snapshot)
     actions = decide(
         calls,
@@ -248,6 +243,6 @@ def reaps(
             planned.append(Reap(call, action.kind))
             continue
         reason = action.reason or SyntheticReason.WORKER_LOST
-        answer = answer_open_call(call, reason, now_ms=now_ms, fallbacks=fallbacks)
+        answer = answer_open_call(call, reason, now_ms=now_ms)
         planned.append(Reap(call, ActionKind.ANSWER, answer))
     return planned

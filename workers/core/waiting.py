@@ -21,7 +21,6 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from workers.core.failure_policy import FallbackRule, delivered
 from workers.core.models import ToolCall, ToolResult
 from workers.core.reaping import OpenCall, Reap, ReapRules, reaps
 from workers.core.results import deadline_result
@@ -109,8 +108,8 @@ class Waiting:
     ``deadlines``: call id -> deadline (ms) of every call waited for; ``answered`` those the
     batch has answers for already; ``prepared``: answers prepared while the store was
     unreachable; ``tools`` and ``submitted`` name each call's tool and submission (ms) for
-    the deadline result; ``read_first``: the calls to read before the first block;
-    ``fallbacks``: ``tools.fallbacks``, applied to what is answered locally or reaped.
+    the deadline result; ``read_first``: the calls to read before the first block. Answers
+    come raw: the answering service applies the fallbacks when it writes or hands them on.
     """
 
     deadlines: Mapping[str, int]
@@ -122,7 +121,6 @@ class Waiting:
     tools: Mapping[str, str] = field(default_factory=dict)
     submitted: Mapping[str, int] = field(default_factory=dict)
     read_first: Sequence[str] = ()
-    fallbacks: Mapping[str, FallbackRule] = field(default_factory=dict)
     answers: dict[str, ToolResult] = field(default_factory=dict)
     _phase: _Phase = field(default=_Phase.STORE, init=False)
     _started: bool = field(default=False, init=False)
@@ -169,7 +167,7 @@ class Waiting:
 
     def reaps(self, snapshot: Iterable[OpenCall], *, now_ms: int) -> list[Reap]:
         """What a :class:`Check` applies to the open calls read."""
-        return reaps(snapshot, self.rules, now_ms=now_ms, fallbacks=self.fallbacks)
+        return reaps(snapshot, self.rules, now_ms=now_ms)
 
     def checked(self, next_check_ms: int) -> None:
         """A :class:`Check` is done; the next one is due at ``next_check_ms``."""
@@ -187,7 +185,7 @@ class Waiting:
     def _past_margin(self, now_ms: int) -> list[ToolResult]:
         """Answers for the calls past deadline + margin: what any writer stores by then.
 
-        The answer prepared without a store, else the canonical deadline result, as delivered.
+        The answer prepared without a store, else the canonical deadline result (no fallback yet).
         """
         due = []
         for call_id in self.waiting:
@@ -199,5 +197,5 @@ class Waiting:
             prepared = self.prepared.get(call_id) or deadline_result(
                 call, submitted_ms=submitted_ms, deadline_ms=deadline_ms
             )
-            due.append(delivered(prepared, self.fallbacks))
+            due.append(prepared)
         return due

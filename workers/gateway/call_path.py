@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from workers.core.failure_policy import delivered
 from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
@@ -79,7 +78,6 @@ class CallPath:
         self._writer = writer
         self._now_ms = now_ms
         self._run_deadlines: dict[tuple[str, str], int] = {}
-        self._fallbacks = settings.tools.failure_rules().fallbacks
         # Fixed per agent by the settings: asked once, not on every call.
         self._detects = cache(loops.detects)
         self._run_timeout_ms = cache(self._agent_run_timeout_ms)
@@ -136,7 +134,7 @@ class CallPath:
         results = [batch.answers[call.id] for call in calls]
         if batch.abort is not None:
             raise abort_run(
-                self._sessions, self._ledger, batch.keys, batch.abort, results, self._now_ms, self._writer
+                self._sessions, self._dispatcher.answers, batch.keys, batch.abort, results, self._now_ms
             )
         return results
 
@@ -251,28 +249,28 @@ class CallPath:
             attempt=0,
             detail=" (result store unreachable)",
         )
-        batch.fallbacks[call.id] = delivered(result, self._fallbacks)
+        batch.fallbacks[call.id] = self._dispatcher.answers.given(result)
 
     # -- answering and the run ---------------------------------------------------------------
 
     def answer_now(self, batch: Batch, call: ToolCall, result: ToolResult) -> None:
-        """Record a stage's answer once; the stored one wins for a resubmitted call id."""
-        result = delivered(result, self._fallbacks)  # a default for circuit_open, if one is set
+        """Record a stage's answer once (with its fallback); the stored one wins for a resubmitted call id."""
         batch.tools[call.id] = call.name
         batch.deadlines[call.id] = self._now_ms()
         try:
-            registration = self._dispatcher.record_immediate(batch.keys, result)
-            batch.guard_armed = batch.guard_armed or registration.guard_armed
-            if registration.refused and result.reason != SyntheticReason.RUN_ABORTED.value:
-                # The run ended (a loop abort, a timeout, a newer run): that answer wins.
-                self._refuse(batch, call, registration.run_status)
-            elif registration.created:
-                batch.answers[call.id] = result
-            else:
-                batch.answers[call.id] = self._ledger.results(batch.keys, [call.id]).get(call.id, result)
+            immediate = self._dispatcher.record_immediate(batch.keys, result)
         except StoreError as exc:
             log.warning("store unavailable while answering %s: %s", call.id, exc)
-            batch.fallbacks[call.id] = result  # answered by the waiter, stored first if it can
+            # Answered by the waiter, stored first if it can.
+            batch.fallbacks[call.id] = self._dispatcher.answers.given(result)
+            return
+        registration = immediate.registration
+        batch.guard_armed = batch.guard_armed or registration.guard_armed
+        if registration.refused and result.reason != SyntheticReason.RUN_ABORTED.value:
+            # The run ended (a loop abort, a timeout, a newer run): that answer wins.
+            self._refuse(batch, call, registration.run_status)
+        else:
+            batch.answers[call.id] = immediate.result
 
     def _refuse(self, batch: Batch, call: ToolCall, run_status: RunStatus) -> None:
         """Answer a call its run no longer accepts; a loop abort is raised to the caller later."""
@@ -286,6 +284,18 @@ class CallPath:
         detail = f" by the loop detector ({record.detector})" if record else f" (run {run_status})"
         result = synthetic_result(call, SyntheticReason.RUN_ABORTED, elapsed_ms=0, attempt=0, detail=detail)
         self.answer_now(batch, call, result)
+
+    def _answer_superseded(self, now_ms: int) -> Callable[[RunKeys], object]:
+        """How a run this batch's run supersedes gets its open calls answered: ``cancelled``, at once."""
+        detail = " because a newer run of this session took over"
+        answers = self._dispatcher.answers
+
+        def answer(keys: RunKeys) -> object:
+            return answers.end_run(keys, SyntheticReason.CANCELLED, now_ms=now_ms, detail=detail).on(
+                self._ledger
+            )
+
+        return answer
 
     def ensure_run(self, keys: RunKeys, agent_id: str) -> None:
         """Create the run record on first use (a heartbeat before any call)."""
@@ -317,7 +327,9 @@ class CallPath:
         try:
             # Take the session's lane (superseding an older run of the session); a run that
             # already ended gets token 0, and its calls are then refused at registration.
-            self._sessions.begin_run(*run, batch.agent_id, now, deadline_ms, writer=self._writer)
+            self._sessions.begin_run(
+                *run, batch.agent_id, now, deadline_ms, answer_superseded=self._answer_superseded(now)
+            )
             state = open_run(
                 self._ledger, batch.keys, now_ms=now, deadline_ms=deadline_ms, agent_id=batch.agent_id
             )

@@ -13,13 +13,13 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from workers import tracing
-from workers.core.failure_policy import FallbackRule
-from workers.core.models import CallState, SyntheticReason
-from workers.core.reaping import answer_open_call
+from workers.answering.service import Answers
+from workers.core.models import CallState
+from workers.core.reaping import OpenCall
 from workers.errors import StoreError
 from workers.store.cancel import CancelMarks
 from workers.store.keys import RunKeys
@@ -40,18 +40,10 @@ _NOT_STARTED = " before it started (cancel requested)"
 class Canceller:
     """Requests cancels for one gateway; every method raises ``StoreError`` when Redis fails."""
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        *,
-        writer: str,
-        now_ms: Callable[[], int],
-        fallbacks: Mapping[str, FallbackRule],
-    ) -> None:
+    def __init__(self, ledger: Ledger, *, answers: Answers, now_ms: Callable[[], int]) -> None:
         self._ledger = ledger
-        self._fallbacks = fallbacks  # tools.fallbacks: a default may answer a cancelled call
+        self._answers = answers  # a default (tools.fallbacks) may answer a cancelled call
         self._marks = CancelMarks(ledger)
-        self._writer = writer
         self._now_ms = now_ms
 
     def cancel(self, keys: RunKeys, call_ids: Sequence[str] | None = None) -> int:
@@ -60,14 +52,13 @@ class Canceller:
         now = self._now_ms()
         requests = self._marks.request(keys, ids, now_ms=now)
         idle = [r.call_id for r in requests if r.state is not CallState.RUNNING]
-        for call in self._ledger.open_calls(keys, idle):
-            if call.state is CallState.RUNNING:
-                continue  # claimed since the mark: its worker sees the mark and answers
-            result = answer_open_call(
-                call, SyntheticReason.CANCELLED, now_ms=now, fallbacks=self._fallbacks, detail=_NOT_STARTED
-            )
+
+        def answering(call: OpenCall) -> None:
             tracing.answering_here(keys.session_key, keys.run_id, call.call_id)
-            self._ledger.finish(keys, result, now_ms=now, writer=self._writer)
+
+        self._answers.cancel(keys, idle, now_ms=now, detail=_NOT_STARTED, on_answering=answering).on(
+            self._ledger
+        )
         return len(requests)
 
     async def cancel_if_cancelled(self, awaitable: Awaitable[T], keys: RunKeys, call_ids: Sequence[str]) -> T:

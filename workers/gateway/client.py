@@ -74,8 +74,9 @@ class ToolGateway:
             self._now_ms,
             on_sent=self._task_events.sent,
         )
-        self._sessions = SessionStore(self._rt.ledger, fallbacks=self._rt.rules.fallbacks)
-        self._persister = Persister(self._rt.ledger, writer=self._writer, now_ms=self._now_ms)
+        self._sessions = SessionStore(self._rt.ledger)
+        answers = self._dispatcher.answers
+        self._persister = Persister(self._rt.ledger, answers=answers, now_ms=self._now_ms)
         self._waiter = Waiter(
             self._rt.ledger,
             self.settings,
@@ -88,9 +89,7 @@ class ToolGateway:
         )
         history = RedisLoopHistory.on_ledger(self._rt.ledger)
         self._loops = LoopGate(self.settings, history, emit=self._emit_event)
-        self._canceller = Canceller(
-            self._rt.ledger, writer=self._writer, now_ms=self._now_ms, fallbacks=self._rt.rules.fallbacks
-        )
+        self._canceller = Canceller(self._rt.ledger, answers=answers, now_ms=self._now_ms)
         # Without breakers configured the gate would only say "admitted": the path skips it.
         breakers = (
             BreakerGate(

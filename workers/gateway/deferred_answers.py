@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workers.answering.service import Answers
 from workers.core.models import ToolResult
 from workers.errors import StoreError
 from workers.store.keys import RunKeys
@@ -44,13 +45,13 @@ class Persister:
         self,
         ledger: Ledger,
         *,
-        writer: str,
+        answers: Answers,
         now_ms: Callable[[], int],
         retry_s: float = 0.25,
         keep_trying_s: float = 600.0,
     ) -> None:
         self._ledger = ledger
-        self._writer = writer
+        self._answers = answers
         self._now_ms = now_ms
         self._retry_s = retry_s
         self._keep_trying_ms = int(keep_trying_s * 1000)
@@ -111,8 +112,11 @@ class Persister:
         call_id = item.result.tool_call_id
         while not self._stopped:
             try:
-                self._ledger.finish(item.keys, item.result, now_ms=self._now_ms(), writer=self._writer)
-                stored = self._ledger.results(item.keys, [call_id]).get(call_id)
+                stored = (
+                    self._answers.answer(item.keys, item.result, now_ms=self._now_ms())
+                    .on(self._ledger)
+                    .result
+                )
                 break
             except StoreError:
                 if self._now_ms() >= item.give_up_ms:

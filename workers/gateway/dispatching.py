@@ -13,10 +13,10 @@ from typing import Any
 from celery import Celery
 
 from workers import tracing
+from workers.answering.service import Answers, Immediate
 from workers.celery_edge.messages import TaskMessages, fast_publish_possible
 from workers.celery_edge.names import INVOKE_TASK, INVOKE_TASK_ID, INVOKE_TASK_LABEL
 from workers.core.call_limits import resolve_limits
-from workers.core.failure_policy import delivered
 from workers.core.job_digest import job_digest
 from workers.core.mcp_upstreams import upstream_queue
 from workers.core.models import CallJob, SyntheticReason, ToolCall, ToolResult
@@ -116,7 +116,8 @@ class Dispatcher:
         # Fixed by the settings per agent (and tool): computed once, not on every call.
         self._restrictions = cache(self._agent_restrictions)
         self._soft_s = lru_cache(maxsize=4096)(settings.tool_timeout_s)
-        self._fallbacks = settings.tools.failure_rules().fallbacks
+        # What the gateway answers itself goes through the answering service (tools.fallbacks).
+        self.answers = Answers(writer=writer, fallbacks=settings.tools.failure_rules().fallbacks)
 
     def _queue(self, tool: str) -> str:
         """The queue of ``tool``'s calls: the tool queue, or a stateful MCP upstream's own."""
@@ -186,26 +187,19 @@ class Dispatcher:
             heartbeat_s=limits.heartbeat_s,
         )
 
-    def record_immediate(self, keys: RunKeys, result: ToolResult) -> Registration:
-        """Record a call answered without running (unless its id existed already).
+    def record_immediate(self, keys: RunKeys, result: ToolResult) -> Immediate:
+        """Record a call answered without running; its one answer (the stored one for a known id).
 
-        ``result`` is what the agent is given (the caller applied ``tools.fallbacks``). The
-        registration also tells whether the run's compaction guard is armed: a call answered at
+        The registration also tells whether the run's compaction guard is armed: a call answered at
         submission counts for the guard like one that ran.
         """
-        now = self._now_ms()
-        ledger = self._ledger
         fields: dict[str, str] = {
             CallField.TOOL: result.tool_name,
             CallField.IDEMPOTENT: "0",
             CallField.DISPATCHED: "1",
         }
-        registration = ledger.register_call(
-            keys, result.tool_call_id, now_ms=now, deadline_ms=now, fields=fields
-        )
-        if registration.created:
-            ledger.finish(keys, result, now_ms=now, writer=self._writer)
-        return registration
+        plan = self.answers.record_immediate(keys, result, now_ms=self._now_ms(), fields=fields)
+        return plan.on(self._ledger)
 
     def plan(
         self,
@@ -314,7 +308,7 @@ class Dispatcher:
         )
 
     def dispatch_failed(self, job: CallJob, exc: Exception) -> ToolResult:
-        """The answer to a call whose message the broker did not take, as delivered (``tools.fallbacks``)."""
+        """The answer to a call whose message the broker did not take (before its fallback)."""
         log.warning("dispatch of %s failed: %s", job.call.id, exc)
         result = synthetic_result(
             job.call,
@@ -323,7 +317,7 @@ class Dispatcher:
             attempt=0,
             detail=f" ({type(exc).__name__})",
         )
-        return delivered(result, self._fallbacks)
+        return result
 
     def dispatch(
         self,
@@ -355,9 +349,9 @@ class Dispatcher:
                 headers=tracing.message_headers(keys.session_key, keys.run_id, job.call.id, kept),
             )
         except Exception as exc:  # noqa: BLE001 - any broker failure means the call cannot run
-            result = self.dispatch_failed(job, exc)
-            self._ledger.finish(keys, result, now_ms=self._now_ms(), writer=self._writer)
-            return result
+            given = self.answers.given(self.dispatch_failed(job, exc))
+            self.answers.offer(keys, given, now_ms=self._now_ms()).on(self._ledger)
+            return given
         self._announce_sent(options, message_id)
         if attempt:
             self._ledger.mark_dispatched(keys, job.call.id, message_id)

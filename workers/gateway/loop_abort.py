@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from workers.answering.service import Answers
 from workers.core.models import SyntheticReason, ToolResult
 from workers.core.run_health import RunStatus
 from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
 from workers.gateway.waiter import Abort
 from workers.store.keys import RunKeys
-from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore, mark_run_aborted
 
 __all__ = ["abort_run"]
@@ -20,12 +20,11 @@ log = logging.getLogger(__name__)
 
 def abort_run(
     sessions: SessionStore,
-    ledger: Ledger,
+    answers: Answers,
     keys: RunKeys,
     abort: Abort,
     results: list[ToolResult],
     now_ms: Callable[[], int],
-    writer: str,
 ) -> LoopDetected:
     """Record an abort decided in this batch (one already recorded is not), answer the run's open calls.
 
@@ -36,15 +35,9 @@ def abort_run(
         try:
             now = now_ms()
             sessions.end_run(session, run, RunStatus.ABORTED, now, reason=abort.detector, release=False)
-            mark_run_aborted(ledger, keys, abort.record, now_ms=now)
-            sessions.answer_open_calls(
-                session,
-                run,
-                SyntheticReason.RUN_ABORTED,
-                now_ms=now,
-                writer=writer,
-                detail=f" by the loop detector ({abort.detector})",
-            )
+            mark_run_aborted(sessions.ledger, keys, abort.record, now_ms=now)
+            detail = f" by the loop detector ({abort.detector})"
+            answers.end_run(keys, SyntheticReason.RUN_ABORTED, now_ms=now, detail=detail).on(sessions.ledger)
             sessions.close_run(session, run, now_ms())
         except StoreError as exc:
             log.warning("could not record the abort of run %s: %s", keys.run_id, exc)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.core.failure_policy import FallbackRule
+from workers.answering.service import Answers
 from workers.core.loops import LoopVerdict, PendingCall
 from workers.core.models import ToolCall, ToolResult
 from workers.core.reaping import OpenCall, ReapRules
@@ -139,7 +139,6 @@ class Batch:
 def _waiting(
     batch: Batch,
     settings: Settings,
-    fallbacks: Mapping[str, FallbackRule],
     *,
     first_check_ms: int,
     undispatched_after_ms: int | None,
@@ -168,7 +167,6 @@ def _waiting(
         tools=batch.tools,
         submitted=batch.submitted,
         read_first=[cid for cid in batch.waiting if cid != batch.registered_last],
-        fallbacks=fallbacks,
     )
 
 
@@ -184,10 +182,10 @@ class Waiter:
     redispatch: Callable[[RunKeys, str], None]
     on_check: Callable[[RunKeys], None] | None = None
     store_later: Callable[[RunKeys, ToolResult], None] | None = None
-    fallbacks: Mapping[str, FallbackRule] = field(init=False)  # tools.fallbacks, for what it answers
+    answers: Answers = field(init=False)  # what it answers goes through the answering service
 
     def __post_init__(self) -> None:
-        self.fallbacks = self.settings.tools.failure_rules().fallbacks
+        self.answers = Answers(writer=self.writer, fallbacks=self.settings.tools.failure_rules().fallbacks)
 
     def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> dict[str, ToolResult]:
         """The answers to ``batch.waiting``, each call's by its deadline plus grace."""
@@ -196,7 +194,6 @@ class Waiter:
         machine = _waiting(
             batch,
             self.settings,
-            self.fallbacks,
             first_check_ms=first_check_ms,
             undispatched_after_ms=undispatched_after_ms,
         )
@@ -211,11 +208,14 @@ class Waiter:
                 case Store(results) as store:
                     with contextlib.suppress(StoreError):  # answered locally once the margin passes
                         for result in results:
-                            ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer)
+                            self.answers.offer(keys, result, now_ms=self.now_ms()).on(ledger)
                         machine.learn(ledger.results(keys, store.call_ids))
                 case AnswerLocally(results):
                     for result in results:
-                        machine.learn({result.tool_call_id: self._answer_locally(keys, result)})
+                        answer = self.answers.hand_on(
+                            keys, result, now_ms=self.now_ms(), store_later=self.store_later
+                        )
+                        machine.learn({result.tool_call_id: answer.on(ledger)})
                 case Block(call_ids, timeout_s):
                     try:  # the wake-up and the reads of its results: one round trip
                         woken = ledger.wait_for_results(
@@ -239,24 +239,10 @@ class Waiter:
             self.on_check(keys)  # the run is visibly alive while its calls run
         now_ms = self.now_ms()
         reaps = machine.reaps(self.ledger.open_calls(keys, call_ids), now_ms=now_ms)
-        _, resend = self.ledger.reap(keys, reaps, now_ms=now_ms, writer=self.writer)
+        _, resend = self.answers.reap(keys, reaps, now_ms=now_ms).on(self.ledger)
         for call_id in resend:
             self.redispatch(keys, call_id)
         machine.learn(self.ledger.results(keys, call_ids))
-
-    def _answer_locally(self, keys: RunKeys, result: ToolResult) -> ToolResult:
-        """Store ``result`` (first writer wins) and return what the ledger holds, or keep it for later."""
-        call_id = result.tool_call_id
-        try:
-            if not self.ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer):
-                # Another writer won just now: deliver what the ledger holds.
-                result = self.ledger.results(keys, [call_id]).get(call_id, result)
-            else:  # handed on as written: kept until a replica holds it (docs/failover.md)
-                self.ledger.handed(keys, {call_id: result})
-        except StoreError:
-            if self.store_later is not None:
-                self.store_later(keys, result)
-        return result
 
 
 @dataclass
@@ -275,10 +261,10 @@ class AsyncWaiter:
     offload: Offload
     store_later: Callable[[RunKeys, ToolResult], None] | None = None
     waiting_batches: int = 0
-    fallbacks: Mapping[str, FallbackRule] = field(init=False)  # tools.fallbacks, for what it answers
+    answers: Answers = field(init=False)  # what it answers goes through the answering service
 
     def __post_init__(self) -> None:
-        self.fallbacks = self.settings.tools.failure_rules().fallbacks
+        self.answers = Answers(writer=self.writer, fallbacks=self.settings.tools.failure_rules().fallbacks)
 
     async def wait(self, batch: Batch, *, undispatched_after_ms: int | None = None) -> dict[str, ToolResult]:
         """The answers to ``batch.waiting``, each by its deadline plus grace (``batch`` is only read)."""
@@ -299,7 +285,6 @@ class AsyncWaiter:
         machine = _waiting(
             batch,
             self.settings,
-            self.fallbacks,
             first_check_ms=first_check_ms,
             undispatched_after_ms=undispatched_after_ms,
         )
@@ -314,11 +299,14 @@ class AsyncWaiter:
                 case Store(results) as store:
                     with contextlib.suppress(StoreError):
                         for result in results:
-                            await ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer)
+                            await self.answers.offer(keys, result, now_ms=self.now_ms()).on_async(ledger)
                         machine.learn(await ledger.results(keys, store.call_ids))
                 case AnswerLocally(results):
                     for result in results:
-                        machine.learn({result.tool_call_id: await self._answer_locally(keys, result)})
+                        answer = self.answers.hand_on(
+                            keys, result, now_ms=self.now_ms(), store_later=self.store_later
+                        )
+                        machine.learn({result.tool_call_id: await answer.on_async(ledger)})
                 case Block(call_ids, timeout_s):
                     try:
                         woken = await ledger.wait_for_results(
@@ -344,20 +332,7 @@ class AsyncWaiter:
             log.warning("progress of %s/%s not recorded: %s", keys.session_key, keys.run_id, exc)
         now_ms = self.now_ms()
         reaps = machine.reaps(await self.ledger.open_calls(keys, call_ids), now_ms=now_ms)
-        _, resend = await self.ledger.reap(keys, reaps, now_ms=now_ms, writer=self.writer)
+        _, resend = await self.answers.reap(keys, reaps, now_ms=now_ms).on_async(self.ledger)
         for call_id in resend:
             await self.offload(self.redispatch, keys, call_id)
         machine.learn(await self.ledger.results(keys, call_ids))
-
-    async def _answer_locally(self, keys: RunKeys, result: ToolResult) -> ToolResult:
-        """``Waiter._answer_locally``, awaited."""
-        call_id = result.tool_call_id
-        try:
-            if not await self.ledger.finish(keys, result, now_ms=self.now_ms(), writer=self.writer):
-                result = (await self.ledger.results(keys, [call_id])).get(call_id, result)
-            else:
-                self.ledger.handed(keys, {call_id: result})
-        except StoreError:
-            if self.store_later is not None:
-                self.store_later(keys, result)
-        return result

@@ -41,7 +41,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 
 from workers import tracing
-from workers.core.failure_policy import delivered
+from workers.answering.service import Answers
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, rejected_result, synthetic_result
 from workers.core.run_health import RunStatus
@@ -182,7 +182,8 @@ class McpDoor:
         self._limiter = anyio.CapacityLimiter(_MAX_WAITING)
         self.still_running = StillRunningCalls()
         self._answer_within_s = answer_within_s(settings.mcp)
-        self._fallbacks = settings.tools.failure_rules().fallbacks  # for what the door answers itself
+        # What the door answers itself goes through the answering service (tools.fallbacks).
+        self._answers = Answers(writer=self._writer, fallbacks=settings.tools.failure_rules().fallbacks)
         self._in_flight: dict[tuple[str, str], anyio.CancelScope] = {}
         self.open_calls = 0  # tools/call requests not yet answered
         self.tasks = McpTasks()  # task-augmented calls; the transport runs tasks.serve()
@@ -316,13 +317,12 @@ class McpDoor:
         try:
             record = self.ledger.record(keys, call.id)
             attempt = record.row.integer(CallField.ATTEMPT) if record is not None else 0
-            # Stored as it is: no fallback covers still_running (failure_policy.FALLBACK_REASONS).
             result = still_running_result(call, elapsed_ms=now - started_ms, attempt=attempt)
-            if self.ledger.finish(keys, result, now_ms=now, writer=self._writer):
+            answered = self._answers.answer(keys, result, now_ms=now).on(self.ledger)
+            if answered.won:
                 self.still_running.add(StillRunningCall(target, call.name, started_ms))
-                return result
-            return self.ledger.results(keys, [call.id])[call.id]
-        except (StoreError, KeyError) as exc:
+            return answered.result
+        except StoreError as exc:
             # The ledger cannot be read or written: the gateway's own wait answers by the deadline.
             log.warning("still_running answer of %s not recorded: %s", call.id, exc)
             return self._call_blocking(target, call)
@@ -342,7 +342,7 @@ class McpDoor:
                 if late is not None
                 else not_ready_result(call, waited, now_ms=self._now_ms())
             )
-        result = delivered(result, self._fallbacks)
+        result = self._answers.given(result)
         await self._thread(self._record, target, result)
         return result
 
@@ -362,7 +362,7 @@ class McpDoor:
 
     def _record(self, target: CallTarget, result: ToolResult) -> None:
         try:
-            self.ledger.finish(self._keys(target), result, now_ms=self._now_ms(), writer=self._writer)
+            self._answers.offer(self._keys(target), result, now_ms=self._now_ms()).on(self.ledger)
         except StoreError as exc:
             log.warning("answer of %s not recorded: %s", result.tool_call_id, exc)
 
@@ -414,28 +414,28 @@ class McpDoor:
         error = InvalidArguments(call.name, [f"<arguments>: must be a JSON object, got {json_type}"])
         result = rejected_result(call, error, 0)  # a refusal: no fallback covers it
         try:
-            self.ledger.finish(self._keys(target), result, now_ms=self._now_ms(), writer=self._writer)
+            self._answers.offer(self._keys(target), result, now_ms=self._now_ms()).on(self.ledger)
         except StoreError as exc:
             log.warning("refusal of %s not recorded: %s", call.id, exc)
         return result
 
     def _cancelled_answer(self, target: CallTarget, call: ToolCall, started_ms: int) -> ToolResult:
         """Answer the call ``cancelled`` (first writer wins) and return its one result."""
-        self._answer_cancelled(target, call, started_ms)
-        try:
-            answered = self.ledger.results(self._keys(target), [call.id]).get(call.id)
-        except StoreError:
-            answered = None
+        answered = self._answer_cancelled(target, call, started_ms)
+        if answered is not None:
+            return answered
         elapsed_ms = self._now_ms() - started_ms
-        cancelled = synthetic_result(call, SyntheticReason.CANCELLED, elapsed_ms=elapsed_ms, attempt=0)
-        return answered or cancelled
+        return self._answers.given(
+            synthetic_result(call, SyntheticReason.CANCELLED, elapsed_ms=elapsed_ms, attempt=0)
+        )
 
-    def _answer_cancelled(self, target: CallTarget, call: ToolCall, started_ms: int) -> bool:
+    def _answer_cancelled(self, target: CallTarget, call: ToolCall, started_ms: int) -> ToolResult | None:
         """Cancel the call as ``ToolGateway.cancel`` does, and answer it ``cancelled`` now.
 
         The gateway's cancel marks it, so its worker stops the tool (a cancel means the same
         from every door); the door's own answer, unless something answered first, is written
-        at once because its client is gone or has moved on. True when this answer won.
+        at once because its client is gone or has moved on. The call's one answer (the kept
+        one), None when the store is unreachable.
         """
         keys = self._keys(target)
         try:
@@ -457,11 +457,10 @@ class McpDoor:
                 result = answer_by_deadline(
                     result, call, submitted_ms=submitted_ms, deadline_ms=deadline_ms, now_ms=now
                 )
-            given = delivered(result, self._fallbacks)
-            return self.ledger.finish(keys, given, now_ms=now, writer=self._writer)
+            return self._answers.answer(keys, result, now_ms=now).on(self.ledger).result
         except StoreError as exc:
             log.warning("cancel of %s not recorded (answered at its deadline instead): %s", call.id, exc)
-            return False
+            return None
 
     async def _relay_progress(self, ctx: Context, target: CallTarget, started_ms: int) -> None:
         keys, seen_ms, count = self._keys(target), 0, 0

@@ -23,13 +23,11 @@ Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic st
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workers.core.failure_policy import FallbackRule
-from workers.core.models import CallState, SyntheticReason
-from workers.core.reaping import answer_open_call
+from workers.core.models import CallState
 from workers.core.run_health import CallActivity, RunStatus
 from workers.store.connection import store_errors
 from workers.store.keys import (
@@ -63,7 +61,6 @@ __all__ = [
 ]
 
 LANE_LEASE_MARGIN_MS = 60_000
-_OPEN_CALLS_PAGE = 500  # calls per ledger_open.lua script when answering a run's open calls
 RECENT_CALLS = 20
 _OLDER_PAGE = 200  # calls read per step past the recent ones, when the run counts more open
 
@@ -242,10 +239,8 @@ def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: 
 class SessionStore:
     """Redis access for lanes, run records and run indexes; raises ``StoreError`` on Redis failure."""
 
-    def __init__(self, ledger: Ledger, *, fallbacks: Mapping[str, FallbackRule] | None = None) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        # tools.fallbacks, for the calls this store answers when a run ends (none: errors stay).
-        self.fallbacks: Mapping[str, FallbackRule] = dict(fallbacks or {})
         self.client = ledger.client
         self.prefix = ledger.prefix
         self._acquire = load_script(self.client, "session_acquire.lua")
@@ -403,12 +398,20 @@ class SessionStore:
     # -- the gateway's calls ------------------------------------------------------------------
 
     def begin_run(
-        self, session_key: str, run_id: str, agent_id: str, now_ms: int, deadline_ms: int, *, writer: str
+        self,
+        session_key: str,
+        run_id: str,
+        agent_id: str,
+        now_ms: int,
+        deadline_ms: int,
+        *,
+        answer_superseded: Callable[[RunKeys], object] | None = None,
     ) -> int:
         """Take the session's lane for ``run_id``; returns its fencing token, 0 if the run already ended.
 
         Idempotent for the run holding the lane. A run holding the lane before is superseded:
-        marked ``aborted`` and its unanswered calls answered ``cancelled`` (by ``writer``).
+        marked ``aborted``, then ``answer_superseded`` answers its unanswered calls (the
+        answering service's ``cancelled``; without it they are answered by their deadline).
         """
         run_keys = RunKeys(self.prefix, session_key, run_id)
         sess = self.session(session_key)
@@ -434,7 +437,7 @@ class SessionStore:
             pipe.expire(index.by_progress, self.ledger.ttl_s)
             pipe.execute()
         if previous:
-            self._supersede(session_key, str(previous), int(prev_token), now_ms, writer)
+            self._supersede(session_key, str(previous), int(prev_token), now_ms, answer_superseded)
         return int(token)
 
     def touch_progress(self, session_key: str, run_id: str, now_ms: int) -> bool:
@@ -529,37 +532,22 @@ class SessionStore:
         with store_errors():
             self._unindex(session_key, run_id, now_ms, ended=False)
 
-    def answer_open_calls(
-        self, session_key: str, run_id: str, reason: SyntheticReason, *, now_ms: int, writer: str, detail: str
-    ) -> list[tuple[str, str]]:
-        """Answer every unanswered call of a run with ``reason``; returns (call id, task id) answered."""
-        keys = RunKeys(self.prefix, session_key, run_id)
-        call_ids = self.ledger.run_call_ids(keys)
-        open_calls = [  # in pages: one script over thousands of calls would block Redis too long
-            call
-            for start in range(0, len(call_ids), _OPEN_CALLS_PAGE)
-            for call in self.ledger.open_calls(keys, call_ids[start : start + _OPEN_CALLS_PAGE])
-        ]
-        answered: list[tuple[str, str]] = []
-        for call in open_calls:
-            result = answer_open_call(call, reason, now_ms=now_ms, fallbacks=self.fallbacks, detail=detail)
-            if self.ledger.finish(keys, result, now_ms=now_ms, writer=writer):
-                record = self.ledger.record(keys, call.call_id)
-                answered.append((call.call_id, record.row.text(CallField.TASK_ID) if record else ""))
-        return answered
-
-    def _supersede(self, session_key: str, run_id: str, token: int, now_ms: int, writer: str) -> None:
+    def _supersede(
+        self,
+        session_key: str,
+        run_id: str,
+        token: int,
+        now_ms: int,
+        answer_superseded: Callable[[RunKeys], object] | None,
+    ) -> None:
         keys = RunKeys(self.prefix, session_key, run_id)
         with store_errors():
             ended = bool(
                 self._end(keys=[keys.run], args=[RunStatus.ABORTED.value, now_ms, "superseded", str(token)])
             )
             self._unindex(session_key, run_id, now_ms, ended=ended)
-        if ended:
-            detail = " because a newer run of this session took over"
-            self.answer_open_calls(
-                session_key, run_id, SyntheticReason.CANCELLED, now_ms=now_ms, writer=writer, detail=detail
-            )
+        if ended and answer_superseded is not None:
+            answer_superseded(keys)
 
     def _unindex(self, session_key: str, run_id: str, now_ms: int, *, ended: bool) -> None:
         member, index = run_member(session_key, run_id), self.run_keys(session_key, run_id).index

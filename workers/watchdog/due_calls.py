@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from workers.answering.service import Answers
 from workers.core.reaping import ReapRules, reaps
 from workers.settings import Settings
 from workers.store.keys import RunKeys
@@ -36,9 +37,9 @@ def sweep_due_calls(
         runs[keys].append(call_id)
     # The watchdog sends no tasks: a lost call is answered, a lost message waits for its deadline.
     rules = ReapRules(min_rerun_ms=lease_ms, can_redispatch=False, undispatched_after_ms=lease_ms)
-    fallbacks = settings.tools.failure_rules().fallbacks
+    answers = Answers(writer=writer, fallbacks=settings.tools.failure_rules().fallbacks)
     answered = 0
     for keys, call_ids in runs.items():
-        planned = reaps(ledger.open_calls(keys, call_ids), rules, now_ms=now_ms, fallbacks=fallbacks)
-        answered += ledger.reap(keys, planned, now_ms=now_ms, writer=writer)[0]
+        planned = reaps(ledger.open_calls(keys, call_ids), rules, now_ms=now_ms)
+        answered += answers.reap(keys, planned, now_ms=now_ms).on(ledger)[0]
     return answered

@@ -42,7 +42,7 @@ class WatchdogService:
         self._app = app
         self._ledger = rt.ledger
         self.watchdog = Watchdog(
-            SessionStore(rt.ledger, fallbacks=rt.rules.fallbacks),
+            SessionStore(rt.ledger),
             rt.settings,
             writer=f"{worker_id()}/watchdog",
             alerts=AlertSink(rt.settings.watchdog.webhook_url, publish=self._publish_alert),

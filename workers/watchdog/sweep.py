@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from workers.answering.service import Answers
 from workers.core.models import SyntheticReason
 from workers.core.run_health import (
     CallActivity,
@@ -94,6 +95,7 @@ def run_view(info: RunInfo, calls: Iterable[CallActivity] | None = None) -> RunV
 
 def end_and_answer(
     sessions: SessionStore,
+    answers: Answers,
     session_key: str,
     run_id: str,
     *,
@@ -101,7 +103,6 @@ def end_and_answer(
     reason: SyntheticReason,
     detail: str,
     now_ms: int,
-    writer: str,
     revoke: Revoke | None,
 ) -> int:
     """End a run, answer its unanswered calls with ``reason``, revoke their tasks; returns calls answered.
@@ -111,9 +112,8 @@ def end_and_answer(
     result, if any, is kept as late).
     """
     sessions.end_run(session_key, run_id, status, now_ms, reason=reason.value, release=False)
-    answered = sessions.answer_open_calls(
-        session_key, run_id, reason, now_ms=now_ms, writer=writer, detail=detail
-    )
+    keys = sessions.run_keys(session_key, run_id)
+    answered = answers.end_run(keys, reason, now_ms=now_ms, detail=detail).on(sessions.ledger)
     sessions.close_run(session_key, run_id, now_ms)
     task_ids = [task_id for _, task_id in answered if task_id]
     if revoke is not None and task_ids:
@@ -142,6 +142,7 @@ class Watchdog:
         self.sessions = sessions
         self.settings = settings
         self.writer = writer
+        self.answers = Answers(writer=writer, fallbacks=settings.tools.failure_rules().fallbacks)
         self.alerts = alerts
         self.revoke = revoke
         self.limit = limit
@@ -257,13 +258,13 @@ class Watchdog:
     ) -> None:
         answered = end_and_answer(
             self.sessions,
+            self.answers,
             v.session_key,
             v.run_id,
             status=status,
             reason=reason,
             detail=detail,
             now_ms=now_ms,
-            writer=self.writer,
             revoke=self.revoke,
         )
         log.warning(

@@ -3,22 +3,18 @@
 A call that failed for a reason its fail-branch covers runs the branch tool once, with the
 same arguments and context, inside what is left of the call's own limits (the task's soft
 and hard limits still apply: a branch cannot outlive the call). The branch's outcome is the
-call's one result, naming the branch. Then the fallback, if one covers what is left.
+call's one result, naming the branch. The fallback, if one covers what is left, is applied by
+the answering service when the worker writes the answer (:func:`declared_fallbacks`).
 
 Rules: config (``tools.failBranch``/``tools.fallbacks``) wins over the decorator's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from workers.core.failure_policy import (
-    BranchRule,
-    FailureRules,
-    FallbackRule,
-    apply_fallback,
-    branch_answer,
-)
+from workers.answering.rules import FallbackLookup
+from workers.core.failure_policy import BranchRule, FailureRules, FallbackRule, branch_answer
 from workers.core.models import CallJob, ToolResult
 from workers.core.redact import redact
 from workers.core.results import success_result, tool_error_result
@@ -26,16 +22,20 @@ from workers.errors import InvalidArguments, ToolNotFound
 from workers.tools.context import ToolContext
 from workers.tools.registry import ToolSpec, get_tool, validate_arguments
 
-__all__ = ["branch_rule", "fallback_rule", "settle_failure"]
+__all__ = ["branch_rule", "declared_fallbacks", "settle_failure"]
 
 
-def fallback_rule(spec: ToolSpec | None, rules: FailureRules, tool: str) -> FallbackRule | None:
-    """The fallback of ``tool``: from config, else from its decorator, else none."""
-    if tool in rules.fallbacks:
-        return rules.fallbacks[tool]
-    if spec is not None and spec.has_fallback:
-        return FallbackRule(spec.fallback, spec.fallback_reasons)
-    return None
+def declared_fallbacks(tools: Mapping[str, ToolSpec]) -> FallbackLookup:
+    """The fallbacks ``tools`` declare in their decorators (config's ``tools.fallbacks`` win over them).
+
+    Given to the worker's answering service, which applies them when it writes the answer.
+    """
+
+    def declared(tool: str) -> FallbackRule | None:
+        spec = tools.get(tool)
+        return FallbackRule(spec.fallback, spec.fallback_reasons) if spec and spec.has_fallback else None
+
+    return declared
 
 
 def branch_rule(spec: ToolSpec | None, rules: FailureRules, tool: str) -> BranchRule | None:
@@ -54,7 +54,9 @@ def settle_failure(
     interrupts: tuple[type[BaseException], ...] = (),
     allows: Callable[[str], bool] = lambda _tool: True,
 ) -> ToolResult:
-    """``failure`` answered by the fail-branch (once per call) and then the fallback, as configured.
+    """``failure`` answered by the fail-branch (once per call), as configured.
+
+    Its fallback comes when the answer is written (:func:`declared_fallbacks`).
 
     ``allows`` is the agent's tool policy: a branch the agent may not call is skipped, so a
     fail-branch never opens a way around ``tools.allow``/``deny``.
@@ -67,7 +69,7 @@ def settle_failure(
             result = _run_branch(job, ctx, failure, branch.tool, clock_ms=clock_ms, interrupts=interrupts)
         else:
             result = _skipped(failure, f"{branch.tool}: not allowed for this agent")
-    return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
+    return result
 
 
 def _skipped(failure: ToolResult, why: str) -> ToolResult:

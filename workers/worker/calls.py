@@ -16,7 +16,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from workers import tracing
-from workers.core.failure_policy import delivered
+from workers.answering.service import Answered, Answers
 from workers.core.job_digest import job_digest
 from workers.core.memory_limits import OomCause
 from workers.core.models import CallJob, ClaimStatus, ToolResult
@@ -28,7 +28,7 @@ from workers.tools.context import ToolContext
 from workers.worker.cancel import cancel_check
 from workers.worker.duplicates import note_duplicate
 from workers.worker.execution import bounded_result, memory_exceeded_result, run_tool, soft_timeout_result
-from workers.worker.lost_calls import answer_if_holder_died, memory_limit_mb, stored_answer
+from workers.worker.lost_calls import answer_if_holder_died, memory_limit_mb, stored_answer, worker_answers
 from workers.worker.memory_guard import memory_guard
 from workers.worker.refusal import record_refusal, refuse_claim
 
@@ -69,23 +69,27 @@ def answer_call(
         job_digest=job_digest(parsed),
         submitted_ms=parsed.submitted_ms,
     )
-    if refuse_claim(rt.ledger, keys, parsed, claim, task_id=task_id, writer=worker_id(), now_ms=now_ms()):
+    answers = worker_answers(rt, worker_id())
+    if refuse_claim(rt.ledger, keys, parsed, claim, task_id=task_id, answers=answers, now_ms=now_ms()):
         return Refused(f"refused: {claim.status.value}")
     if claim.status is ClaimStatus.BUSY and not answer_if_holder_died({"job": job}):
         return None  # a second delivery while the holder still runs: the holder's task reports
-    stored = None
     note_duplicate(rt.ledger, keys, parsed.call.id, claim, worker=worker_id())
-    if claim.status is ClaimStatus.CLAIMED:
-        flush = rt.settings.worker.flush_spans_each_call
-        with tracing.run_span(
-            trace_from, keys, parsed.call, claim.attempt, flush=flush, ledger=rt.ledger
-        ) as span:
-            stored = span.ended(_answer(rt, keys, parsed, task_id, claim.attempt))
-    return stored or stored_answer(rt, keys, parsed.call.id)
+    if claim.status is not ClaimStatus.CLAIMED:
+        return stored_answer(rt, keys, parsed.call.id)
+    flush = rt.settings.worker.flush_spans_each_call
+    with tracing.run_span(
+        trace_from, keys, parsed.call, claim.attempt, flush=flush, ledger=rt.ledger
+    ) as span:
+        answered = _answer(rt, answers, keys, parsed, task_id, claim.attempt)
+        span.ended(answered.result if answered.won else None)
+    return answered.result
 
 
-def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: int) -> ToolResult | None:
-    """Run the claimed call (or refuse it) and store its answer; returns it if it was first.
+def _answer(
+    rt: Runtime, answers: Answers, keys: RunKeys, parsed: CallJob, task_id: str, attempt: int
+) -> Answered:
+    """Run the claimed call (or refuse it) and store its answer; the call's one answer (the kept one).
 
     A result that came too late is kept for audit.
     """
@@ -110,14 +114,11 @@ def _answer(rt: Runtime, keys: RunKeys, parsed: CallJob, task_id: str, attempt: 
         deadline_ms=parsed.deadline_ms,
         now_ms=finished_ms,
     )
-    # A failed tool's result has its fallback already; a cancel or the deadline gets it here.
-    given = delivered(answer, rt.rules.fallbacks)
     submitted_ms = parsed.submitted_ms
-    won = rt.ledger.finish(keys, given, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
+    answered = answers.answer(keys, answer, now_ms=finished_ms, submitted_ms=submitted_ms).on(rt.ledger)
     if answer is not result:  # kept as late (audit)
-        late = delivered(result, rt.rules.fallbacks)
-        rt.ledger.finish(keys, late, now_ms=finished_ms, writer=worker_id(), submitted_ms=submitted_ms)
-    return given if won else None
+        answers.offer(keys, result, now_ms=finished_ms, submitted_ms=submitted_ms).on(rt.ledger)
+    return answered
 
 
 def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:
@@ -155,7 +156,6 @@ def _past_memory_limit(
         limit_mb=limit_mb,
         elapsed_ms=now_ms() - job.submitted_ms,
         attempt=attempt,
-        rules=rt.rules,
         partial=partial,
     )
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workers.core.cancel import cancelled_result
-from workers.core.failure_policy import NO_RULES, FailureRules, apply_fallback
+from workers.core.failure_policy import NO_RULES, FailureRules
 from workers.core.memory_limits import OomCause, out_of_memory_result
 from workers.core.models import CallJob, RetryPolicy, SyntheticReason, TextBlock, ToolResult
 from workers.core.redact import redact
 from workers.core.results import rejected_result, success_result, synthetic_result, tool_error_result
 from workers.errors import InvalidArguments, ToolCrashed, ToolNotFound
 from workers.tools.context import ToolContext
-from workers.tools.registry import ToolSpec, get_tool, registered_tools, validate_arguments
-from workers.worker.branching import fallback_rule, settle_failure
+from workers.tools.registry import get_tool, registered_tools, validate_arguments
+from workers.worker.branching import settle_failure
 
 __all__ = [
     "bounded_result",
@@ -30,34 +30,30 @@ __all__ = [
 
 def interrupted_result(
     job: CallJob,
-    spec: ToolSpec | None,
     reason: SyntheticReason,
     *,
     elapsed_ms: int,
     attempt: int,
-    rules: FailureRules = NO_RULES,
     memory_limit_mb: int | None = None,
 ) -> ToolResult:
-    """A call stopped by a limit: the tool's fallback if one covers ``reason``, else a synthetic error.
+    """A call stopped by a limit: a synthetic error (the answering service adds the tool's fallback).
 
     ``memory_limit_mb`` is the limit an ``out_of_memory`` call ran under (the job does not carry it).
     """
     if reason is SyntheticReason.OUT_OF_MEMORY:
-        result = out_of_memory_result(
+        return out_of_memory_result(
             job.call,
             limit_mb=memory_limit_mb,
             cause=OomCause.CHILD_KILLED,
             elapsed_ms=elapsed_ms,
             attempt=attempt,
         )
-        return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
     limit = {
         SyntheticReason.TIMEOUT_SOFT: job.soft_s,
         SyntheticReason.TIMEOUT_HARD: job.hard_s,
         SyntheticReason.HEARTBEAT_TIMEOUT: job.heartbeat_s,
     }.get(reason)
-    result = synthetic_result(job.call, reason, elapsed_ms=elapsed_ms, attempt=attempt, limit_s=limit)
-    return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
+    return synthetic_result(job.call, reason, elapsed_ms=elapsed_ms, attempt=attempt, limit_s=limit)
 
 
 def memory_exceeded_result(
@@ -67,18 +63,15 @@ def memory_exceeded_result(
     limit_mb: int | None,
     elapsed_ms: int,
     attempt: int,
-    rules: FailureRules = NO_RULES,
     partial: object = None,
 ) -> ToolResult:
-    """A call past its memory limit, found in the pool child: ``out_of_memory`` (or its fallback).
+    """A call past its memory limit, found in the pool child: ``out_of_memory``.
 
     ``partial`` is the text of what the tool returned after a process it started was killed.
     """
-    result = out_of_memory_result(
+    return out_of_memory_result(
         job.call, limit_mb=limit_mb, cause=cause, elapsed_ms=elapsed_ms, attempt=attempt, partial=partial
     )
-    spec = registered_tools().get(job.call.name)
-    return apply_fallback(result, fallback_rule(spec, rules, job.call.name))
 
 
 def soft_timeout_result(
@@ -99,10 +92,8 @@ def soft_timeout_result(
     if ctx.cancel_seen or ctx.on_cancel_check():
         # A cancel interrupts the child the way the soft limit does: never branch after a cancel.
         return cancelled_result(job.call, elapsed_ms=elapsed_ms, attempt=attempt)
-    # The bare timeout first (no spec, no rules: no fallback yet): the branch comes before it.
-    stopped = interrupted_result(
-        job, None, SyntheticReason.TIMEOUT_SOFT, elapsed_ms=elapsed_ms, attempt=attempt
-    )
+    # The bare timeout first: the branch comes before any fallback.
+    stopped = interrupted_result(job, SyntheticReason.TIMEOUT_SOFT, elapsed_ms=elapsed_ms, attempt=attempt)
     spec = registered_tools().get(job.call.name)
     return settle_failure(job, ctx, spec, stopped, rules=rules, clock_ms=clock_ms, allows=allows)
 
@@ -117,12 +108,13 @@ def run_tool(
     rules: FailureRules = NO_RULES,
     allows: Callable[[str], bool] = lambda _tool: True,
 ) -> ToolResult:
-    """Validate, run with retries, and build the result (fail-branch and fallback on failure).
+    """Validate, run with retries, and build the result (the fail-branch on failure).
 
     ``interrupts`` (the pool's soft-limit exception) propagate untouched even when they
     derive from ``Exception``, and so does ``MemoryError`` (never retried: it is
-    ``out_of_memory``). ``rules`` are the config's (``tools.retry``, ``tools.failBranch``,
-    ``tools.fallbacks``); each replaces the decorator's for its tool.
+    ``out_of_memory``). ``rules`` are the config's (``tools.retry``, ``tools.failBranch``);
+    each replaces the decorator's for its tool. Fallbacks come when the answer is written
+    (:mod:`workers.answering`).
     """
     started = job.submitted_ms
     try:

@@ -21,8 +21,8 @@ import psutil
 from pydantic import ValidationError
 
 from workers import tracing
+from workers.answering.service import Answers
 from workers.core.call_limits import escaped_soft_limit_reason
-from workers.core.failure_policy import delivered
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.memory_limits import lost_child_reason, resolve_memory_limit_mb
 from workers.core.models import CallJob, SyntheticReason, ToolResult
@@ -31,6 +31,7 @@ from workers.errors import StoreError
 from workers.runtime import Runtime, now_ms, runtime, worker_id
 from workers.store.keys import RunKeys
 from workers.store.records import CallField
+from workers.worker.branching import declared_fallbacks
 from workers.worker.execution import interrupted_result
 from workers.worker.memory_guard import memory_guard
 
@@ -44,6 +45,7 @@ __all__ = [
     "pid_alive",
     "pid_of",
     "stored_answer",
+    "worker_answers",
 ]
 
 log = logging.getLogger(__name__)
@@ -72,11 +74,9 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
         attempt = record.row.integer(CallField.ATTEMPT) if record else 1
         result = interrupted_result(
             job,
-            rt.tools.get(job.call.name),
             reason,
             elapsed_ms=now_ms() - job.submitted_ms,
             attempt=attempt,
-            rules=rt.rules,
             memory_limit_mb=memory_limit_mb(rt, job.call.name),
         )
         if detail:
@@ -85,14 +85,20 @@ def answer_from_main_process(kwargs: dict[str, Any], reason: SyntheticReason, de
         answer = answer_by_deadline(
             result, job.call, submitted_ms=job.submitted_ms, deadline_ms=job.deadline_ms, now_ms=finished_ms
         )
-        answer = delivered(answer, rt.rules.fallbacks)  # past the deadline, its fallback comes here
-        if rt.ledger.finish(keys, answer, now_ms=finished_ms, writer=f"{worker_id()}/main") and record:
+        answers = worker_answers(rt, f"{worker_id()}/main")
+        given = answers.given(answer)
+        if answers.offer(keys, given, now_ms=finished_ms).on(rt.ledger) and record:
             # The child's unstuck.run span died with it: ended here, under the same id.
-            tracing.child_lost(record.fields, keys.session_key, keys.run_id, job.call, answer,
+            tracing.child_lost(record.fields, keys.session_key, keys.run_id, job.call, given,
                                record.row.integer(CallField.STARTED_MS))  # fmt: skip
     except StoreError as exc:
         # The gateway and watchdog still answer this call by its lease or deadline.
         log.warning("could not record %s for call %s: %s", reason.value, job.call.id, exc)
+
+
+def worker_answers(rt: Runtime, writer: str) -> Answers:
+    """The answering service as this worker writes answers: the tools' declared fallbacks apply too."""
+    return Answers(writer=writer, fallbacks=rt.rules.fallbacks, declared=declared_fallbacks(rt.tools))
 
 
 def memory_limit_mb(rt: Runtime, tool_name: str) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from workers.answering.service import Answers
 from workers.core.models import CallJob, ClaimStatus
 from workers.core.refusal import RefusalReason, mismatch_result, refusal_of
 from workers.errors import StoreError
@@ -34,7 +35,7 @@ def record_refusal(
 
 
 def refuse_claim(
-    ledger: Ledger, keys: RunKeys, job: CallJob, claim: Claim, *, task_id: str, writer: str, now_ms: int
+    ledger: Ledger, keys: RunKeys, job: CallJob, claim: Claim, *, task_id: str, answers: Answers, now_ms: int
 ) -> bool:
     """Handle a claim the ledger refused; False when ``claim`` is no refusal (the caller goes on)."""
     reason = refusal_of(claim.status)
@@ -54,5 +55,5 @@ def refuse_claim(
     if claim.status is ClaimStatus.MISMATCH:
         # Stored as it is: no fallback covers a refusal (failure_policy.FALLBACK_REASONS).
         answer = mismatch_result(job.call.id, claim.registered_tool, elapsed_ms=0)
-        ledger.finish(keys, answer, now_ms=now_ms, writer=writer)
+        answers.offer(keys, answer, now_ms=now_ms).on(ledger)
     return True
