@@ -102,8 +102,8 @@ def sentinel_ledger(sentinels: LocalSentinels) -> Iterator[Ledger]:
 def test_an_answer_read_with_no_replica_is_kept_until_a_replica_holds_it(
     sentinels: LocalSentinels, sentinel_ledger: Ledger
 ) -> None:
-    ledger = sentinel_ledger
-    assert ledger.kept is not None
+    ledger, kept = sentinel_ledger, sentinel_ledger.kept
+    assert kept is not None
     keys = ledger.keys("s1", "r1")
     # Given the promoted replica of a dead primary: it has no replica of its own
     sentinels.kill_primary()
@@ -112,15 +112,15 @@ def test_an_answer_read_with_no_replica_is_kept_until_a_replica_holds_it(
     # When an answer is read there (handed on)
     assert ledger.results(keys, ["c"]) == {"c": _ok("c", "real")}
     # Then it is kept, and stays kept while no replica holds it
-    assert len(ledger.kept) == 1
-    assert ledger.kept.settle() == 1
+    assert len(kept) == 1
+    assert kept.settle() == 1
     # and once the old primary is back as a replica in sync, it is let go
     sentinels.primary.stop()
     sentinels.primary.start(timeout_s=30)
     wait_until(sentinels.settled, timeout_s=60, interval_s=0.2, what="the old primary in sync as a replica")
     # A fence waits 100 ms for the replica's ack and the keeper asks again on its next tick: on
     # a loaded machine the first ask can miss it (CI, stop 49), so await the drop, as the keeper does.
-    wait_until(lambda: ledger.kept.settle() == 0, timeout_s=15, interval_s=0.2, what="the kept answer let go")
+    wait_until(lambda: kept.settle() == 0, timeout_s=15, interval_s=0.2, what="the kept answer let go")
 
 
 def _written(ledger: Ledger, keys: RunKeys) -> bool:
