@@ -356,6 +356,25 @@ def test_gemini_shared_ids_paired_by_name() -> None:
     assert _answers(repair_wire("gemini", wire)) == [("read", "R"), ("exec", "E")]
 
 
+def test_gemini_id_less_response_answers_the_id_less_call_of_a_mixed_turn() -> None:
+    # Given a turn where one call of a name carries an id and the next does not, and one
+    # id-less response
+    wire = [
+        {"role": "user", "parts": [{"text": "go"}]},
+        {"role": "model", "parts": [_fcall("read", "r1"), _fcall("read")]},
+        {"role": "user", "parts": [_fresp("read", "second")]},
+    ]
+    # When repaired
+    out = repair_wire("gemini", wire)
+    # Then the response answers the id-less call, and the call with the id gets the synthetic one
+    # carrying its id (Gemini pairs an id'd call by id, so the other way round is out of order)
+    responses = [p["functionResponse"] for p in out[2]["parts"]]
+    assert [(r.get("id"), r["response"].get("output", "synthetic")) for r in responses] == [
+        ("r1", "synthetic"),
+        (None, "second"),
+    ]
+
+
 # -- 7. Every policy field acts -------------------------------------------------------------------
 
 

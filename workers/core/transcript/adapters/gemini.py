@@ -162,15 +162,17 @@ def _attribute(
     """The call id each response answers, or None where no call of the turn has its name.
 
     A response with an id answers that call. The id-less ones answer the turn's calls by
-    position within their name: the k-th response of a name answers the k-th call of that name,
-    which is plain position wherever the names line up, as Gemini requires. A response past the
-    calls of its name is an extra: it is given, as a duplicate, to the first of those calls that
-    holds a placeholder, so that pairing lets a real result replace it, else to the last of them,
-    and pairing drops it.
+    position within their name, the calls that came without an id first: the k-th response of a
+    name answers the k-th call of that name, which is plain position wherever the names line up,
+    as Gemini requires. A response past the calls of its name is an extra: it is given, as a
+    duplicate, to the first of those calls that holds a placeholder, so that pairing lets a real
+    result replace it, else to the last of them, and pairing drops it.
     """
     answered = {explicit for _, _, explicit in responses if explicit is not None}
     free: dict[str, list[str]] = {}
-    for call in calls:
+    # A call that carried an id expects its response to carry it too, so where a turn mixes
+    # both kinds the id-less responses go to the id-less calls first (sorted is stable).
+    for call in sorted(calls, key=lambda c: not c.get(_IMPLICIT)):
         if call["id"] not in answered:
             free.setdefault(call["name"], []).append(call["id"])
     held: dict[str, list[bool]] = {}  # per name, whether each call answered so far holds a placeholder
