@@ -373,6 +373,15 @@ def test_gemini_id_less_response_answers_the_id_less_call_of_a_mixed_turn() -> N
         ("r1", "synthetic"),
         (None, "second"),
     ]
+    # And an extra id-less response (a duplicate) stays with the id-less call, never the id'd one
+    wire[1]["parts"].append(_fcall("read", "r3"))
+    wire[2]["parts"].append(_fresp("read", "second again"))
+    responses = [p["functionResponse"] for p in repair_wire("gemini", wire)[2]["parts"]]
+    assert [(r.get("id"), r["response"].get("output", "synthetic")) for r in responses] == [
+        ("r1", "synthetic"),
+        (None, "second"),
+        ("r3", "synthetic"),
+    ]
 
 
 # -- 7. Every policy field acts -------------------------------------------------------------------

@@ -162,18 +162,20 @@ def _attribute(
     """The call id each response answers, or None where no call of the turn has its name.
 
     A response with an id answers that call. The id-less ones answer the turn's calls by
-    position within their name, the calls that came without an id first: the k-th response of a
-    name answers the k-th call of that name, which is plain position wherever the names line up,
-    as Gemini requires. A response past the calls of its name is an extra: it is given, as a
+    position within their name (only the calls without an id, where a name has both): the k-th
+    response of a name answers the k-th call of that name, which is plain position wherever the
+    names line up, as Gemini requires. A response past the calls of its name is an extra: it is given, as a
     duplicate, to the first of those calls that holds a placeholder, so that pairing lets a real
     result replace it, else to the last of them, and pairing drops it.
     """
     answered = {explicit for _, _, explicit in responses if explicit is not None}
     free: dict[str, list[str]] = {}
-    # A call that carried an id expects its response to carry it too, so where a turn mixes
-    # both kinds the id-less responses go to the id-less calls first (sorted is stable).
-    for call in sorted(calls, key=lambda c: not c.get(_IMPLICIT)):
-        if call["id"] not in answered:
+    # A call that carried an id expects its response to carry it too, so where a name's calls
+    # mix both kinds the id-less responses answer only the id-less ones.
+    idless_names = {c["name"] for c in calls if c.get(_IMPLICIT)}
+    for call in calls:
+        mixed_away = call["name"] in idless_names and not call.get(_IMPLICIT)
+        if call["id"] not in answered and not mixed_away:
             free.setdefault(call["name"], []).append(call["id"])
     held: dict[str, list[bool]] = {}  # per name, whether each call answered so far holds a placeholder
     owners: list[str | None] = []
