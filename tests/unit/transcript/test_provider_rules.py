@@ -359,7 +359,7 @@ def test_gemini_shared_ids_paired_by_name() -> None:
 def test_gemini_id_less_response_answers_the_id_less_call_of_a_mixed_turn() -> None:
     # Given a turn where one call of a name carries an id and the next does not, and one
     # id-less response
-    wire = [
+    wire: list[dict[str, Any]] = [
         {"role": "user", "parts": [{"text": "go"}]},
         {"role": "model", "parts": [_fcall("read", "r1"), _fcall("read")]},
         {"role": "user", "parts": [_fresp("read", "second")]},
