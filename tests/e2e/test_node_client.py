@@ -31,8 +31,12 @@ def served() -> Iterator[str]:
     port = free_port()
     procs: list[Proc] = []
     try:
-        # Six pool slots: every format's hung call runs at once instead of queueing past its deadline.
-        procs += [start_worker(env, concurrency=6, name="node"), start_watchdog(env), start_beat(env)]
+        # A pool slot for each of the 15 calls that reach a worker (5 formats x echo, stubborn,
+        # crash), so none queues. With 6 slots the 5 crashes each killed the one free child and
+        # waited for its replacement (about a second apiece on a loaded machine), so a hung call
+        # queued behind them started over 3 s late and its deadline (hard limit + 3 s queue
+        # allowance) answered `deadline_exceeded` before its hard limit did (CI stop 50, gemini).
+        procs += [start_worker(env, concurrency=15, name="node"), start_watchdog(env), start_beat(env)]
         serve = Proc([UNSTUCK, "serve", "--port", str(port)], env, "serve")
         procs.append(serve)
         serve.wait_for_log("Uvicorn running on", timeout_s=30)
@@ -43,7 +47,7 @@ def served() -> Iterator[str]:
         server.close()
 
 
-@pytest.mark.serial  # a hung tool's hard kill races its deadline by the 3 s queue allowance
+@pytest.mark.serial  # a hung tool's hard kill must start within the 3 s queue allowance of its deadline
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_a_node_agent_loop_gets_every_answer_in_every_format(served: str) -> None:
     # When the Node agent loop runs one turn per format, all at once
