@@ -384,6 +384,45 @@ def test_gemini_id_less_response_answers_the_id_less_call_of_a_mixed_turn() -> N
     ]
 
 
+def test_gemini_late_id_less_response_answers_its_earlier_id_less_call_not_the_next_id_d_one() -> None:
+    # Given an id-less call left unanswered, then a turn whose one call of that name has an id,
+    # and the first call's id-less response arriving only after that turn
+    wire: list[dict[str, Any]] = [
+        {"role": "user", "parts": [{"text": "go"}]},
+        {"role": "model", "parts": [_fcall("read")]},
+        {"role": "user", "parts": [{"text": "and then?"}]},
+        {"role": "model", "parts": [_fcall("read", "r2")]},
+        {"role": "user", "parts": [_fresp("read", "first")]},
+    ]
+    # When repaired
+    out = repair_wire("gemini", wire)
+    # Then the late response answers the id-less call, right after its turn, and the id'd call
+    # gets a synthetic result with its id (an id-less answer to it is out of order for Gemini)
+    first = [p["functionResponse"] for p in out[2]["parts"] if "functionResponse" in p]
+    assert [(r.get("id"), r["response"].get("output")) for r in first] == [(None, "first")]
+    second = [p["functionResponse"] for p in out[4]["parts"]]
+    assert [(r.get("id"), r["response"].get("output", "synthetic")) for r in second] == [("r2", "synthetic")]
+
+
+def test_gemini_displaced_id_less_response_goes_to_the_id_less_call_of_its_name() -> None:
+    # Given a turn with an id-less and an id'd call of one name, the id-less one's response
+    # displaced after a user message
+    wire: list[dict[str, Any]] = [
+        {"role": "user", "parts": [{"text": "go"}]},
+        {"role": "model", "parts": [_fcall("exec"), _fcall("exec", "e2")]},
+        {"role": "user", "parts": [{"text": "go on"}]},
+        {"role": "user", "parts": [_fresp("exec", "mine")]},
+    ]
+    # When repaired
+    out = repair_wire("gemini", wire)
+    # Then it answers the id-less call (the only call of that name that expects no id back)
+    responses = [p["functionResponse"] for p in out[2]["parts"] if "functionResponse" in p]
+    assert [(r.get("id"), r["response"].get("output", "synthetic")) for r in responses] == [
+        (None, "mine"),
+        ("e2", "synthetic"),
+    ]
+
+
 # -- 7. Every policy field acts -------------------------------------------------------------------
 
 

@@ -41,6 +41,8 @@ SNAKE_CALL_BLOCK_TYPES: Final = frozenset({"tool_call", "tool_use", "function_ca
 RESULT_ID_KEYS: Final = ("toolCallId", "toolUseId", "tool_call_id", "tool_use_id", "callId", "call_id")
 CALL_ID_KEYS: Final = ("id", "call_id", "toolCallId", "toolUseId", "tool_call_id", "tool_use_id")
 RESPONSES_ITEM_ID: Final = "responsesItemId"
+IMPLICIT_ID: Final = "geminiImplicitId"
+"""Marks a call block whose id an adapter made up because the provider sent none (Gemini)."""
 """A call block's Responses item id (``fc_...``), kept apart from the ``call_id`` results answer."""
 FAILED_STOP_REASONS: Final = frozenset({"error", "aborted"})
 MISSING_RESULT_REASON: Final = "missing_tool_result"

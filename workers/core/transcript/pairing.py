@@ -14,7 +14,8 @@ free one (names and order decide). A result with no id follows one of two rules 
 - ``by_name`` (the Gemini adapter's, whose id-less responses are the provider's normal form,
   not damage): adoption keeps the result's kind, waits while an earlier call of that name is
   unanswered (no result, or only a placeholder), and a result is moved elsewhere only when
-  exactly one unanswered call so far has its name.
+  exactly one unanswered call so far has its name (counting only the calls that came without
+  an id, if any of them waits: a call sent with an id expects its id back).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Literal
 from workers.core.transcript.model import (
     CALL_BLOCK_TYPES,
     DEFAULT_MISSING_TEXT,
+    IMPLICIT_ID,
     Message,
     ResultLookup,
     call_blocks,
@@ -57,10 +59,11 @@ class PairingResult:
 class _Occurrence:
     """One call of a turn and the result it holds so far."""
 
-    __slots__ = ("call_id", "clean", "key", "name", "position", "rank", "result", "source")
+    __slots__ = ("call_id", "clean", "idless", "key", "name", "position", "rank", "result", "source")
 
-    def __init__(self, call_id: str, name: str | None, position: int) -> None:
+    def __init__(self, call_id: str, name: str | None, position: int, *, idless: bool = False) -> None:
         self.call_id = call_id
+        self.idless = idless  # the provider sent the call without an id (its id was made up)
         # Result ids are read trimmed, so call ids are matched trimmed too.
         self.key = call_id.strip()
         self.name = name
@@ -154,7 +157,11 @@ def _split_frames(messages: list[Any], tally: _Tally) -> tuple[list[Message], li
             continue
         calls = call_blocks(message)
         if calls:
-            occurrences = [_Occurrence(call_id, name, i) for i, (call_id, name) in enumerate(calls)]
+            made_up = _made_up_ids(message)
+            occurrences = [
+                _Occurrence(call_id, name, i, idless=call_id in made_up)
+                for i, (call_id, name) in enumerate(calls)
+            ]
             frames.append(_Frame(message, occurrences, is_failed_turn(message)))
         elif message.get("role") == "toolResult":
             if frames:
@@ -247,6 +254,8 @@ def _recover_by_name(
 ) -> None:
     name = _clean_name(result.get("toolName"))
     candidates = [o for o in unresolved.get(name, []) if o.rank < _ADOPTED] if name else []
+    # A call sent with an id expects it back, so an id-less result is an id-less call's if any waits.
+    candidates = [o for o in candidates if o.idless] or candidates
     if len(candidates) != 1:
         tally.orphans += 1
         tally.discard(index, result)
@@ -279,6 +288,13 @@ def _recover_one(
     _attach(owner, index, result, rank)
     if rank == _REAL:
         owners.remove(owner)
+
+
+def _made_up_ids(message: Message) -> set[Any]:
+    """The ids an adapter made up for the message's calls that the provider sent without one."""
+    content = message.get("content")
+    blocks = content if isinstance(content, list) else []
+    return {b.get("id") for b in blocks if isinstance(b, dict) and b.get(IMPLICIT_ID)}
 
 
 def _rank(result: Message) -> int:

@@ -15,14 +15,19 @@ from __future__ import annotations
 from typing import Any, Final
 
 from workers.core.transcript.adapters.wire import pick, require_dict, require_list, require_str
-from workers.core.transcript.model import CALL_BLOCK_TYPES, Block, Message, is_synthetic, raw_result_id
+from workers.core.transcript.model import (
+    CALL_BLOCK_TYPES,
+    IMPLICIT_ID,
+    Block,
+    Message,
+    is_synthetic,
+    raw_result_id,
+)
 from workers.errors import TranscriptRepairError
 
 __all__ = ["IMPLICIT_ID", "from_neutral", "model_content_in", "response_part", "to_neutral"]
 
-_IMPLICIT: Final = "geminiImplicitId"
-IMPLICIT_ID: Final = _IMPLICIT
-"""Marks a neutral call block whose id was generated (``gemini-<turn>-<part>``), not sent by Gemini."""
+_IMPLICIT: Final = IMPLICIT_ID  # a call's id was generated (``gemini-<turn>-<part>``), not sent by Gemini
 _PART: Final = "geminiPart"
 _RESPONSE: Final = "geminiResponse"
 _SIGNATURE: Final = ("thoughtSignature",)
@@ -32,6 +37,7 @@ def to_neutral(contents: list[Any], path: str = "$") -> list[Message]:
     """Neutral messages for a Gemini ``contents`` array."""
     output: list[Message] = []
     previous_calls: list[Block] = []
+    idless_names: set[str] = set()  # names of the calls so far that came without an id
     for index, raw in enumerate(contents):
         where = f"{path}[{index}]"
         content = require_dict(raw, where)
@@ -40,8 +46,9 @@ def to_neutral(contents: list[Any], path: str = "$") -> list[Message]:
         if role == "model":
             output.append(_model_in(parts, where, index))
             previous_calls = [b for b in output[-1]["content"] if b.get("type") == "toolCall"]
+            idless_names.update(b["name"] for b in previous_calls if b.get(_IMPLICIT))
         elif role == "user":
-            output.extend(_user_in(parts, f"{where}.parts", previous_calls))
+            output.extend(_user_in(parts, f"{where}.parts", previous_calls, idless_names))
             previous_calls = []
         else:
             raise TranscriptRepairError(f"{where}.role", 'expected "user" or "model"')
@@ -131,7 +138,9 @@ def _model_part_in(raw: object, where: str, turn: int | str, position: int) -> B
     return {"type": _PART, "part": part}
 
 
-def _user_in(parts: list[Any], where: str, previous_calls: list[Block]) -> list[Message]:
+def _user_in(
+    parts: list[Any], where: str, previous_calls: list[Block], idless_names: set[str]
+) -> list[Message]:
     responses: list[tuple[dict[str, Any], str, str | None]] = []
     rest: list[Block] = []
     for i, raw in enumerate(parts):
@@ -142,7 +151,7 @@ def _user_in(parts: list[Any], where: str, previous_calls: list[Block]) -> list[
             rest.append({"type": "text", "text": part["text"]})
         else:
             rest.append({"type": _PART, "part": part})
-    owners = _attribute(responses, previous_calls)
+    owners = _attribute(responses, previous_calls, idless_names)
     results = [_response_in(fields, owner) for fields, owner in zip(responses, owners, strict=True)]
     if rest or not results:
         results.append({"role": "user", "content": rest})
@@ -157,12 +166,13 @@ def _response_fields(raw: object, where: str) -> tuple[dict[str, Any], str, str 
 
 
 def _attribute(
-    responses: list[tuple[dict[str, Any], str, str | None]], calls: list[Block]
+    responses: list[tuple[dict[str, Any], str, str | None]], calls: list[Block], idless_names: set[str]
 ) -> list[str | None]:
     """The call id each response answers, or None where no call of the turn has its name.
 
     A response with an id answers that call. The id-less ones answer the turn's calls by
-    position within their name (only the calls without an id, where a name has both): the k-th
+    position within their name (only the calls without an id, where that name's calls so far
+    have come both with and without one): the k-th
     response of a name answers the k-th call of that name, which is plain position wherever the
     names line up, as Gemini requires. A response past the calls of its name is an extra: it is given, as a
     duplicate, to the first of those calls that holds a placeholder, so that pairing lets a real
@@ -171,8 +181,8 @@ def _attribute(
     answered = {explicit for _, _, explicit in responses if explicit is not None}
     free: dict[str, list[str]] = {}
     # A call that carried an id expects its response to carry it too, so where a name's calls
-    # mix both kinds the id-less responses answer only the id-less ones.
-    idless_names = {c["name"] for c in calls if c.get(_IMPLICIT)}
+    # mix both kinds the id-less responses answer only the id-less ones; one that follows an
+    # id'd call may be a late answer to an earlier id-less call, which pairing then finds by name.
     for call in calls:
         mixed_away = call["name"] in idless_names and not call.get(_IMPLICIT)
         if call["id"] not in answered and not mixed_away:
