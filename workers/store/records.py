@@ -273,7 +273,7 @@ class RunField(enum.StrEnum):
     PROGRESS_MS = "progress_ms"
     OPEN_N = "open_n"
     CLAIMED_N = "claimed_n"
-    KEYS_TTL_MS = "keys_ttl_ms"
+    KEYS_UNTIL_MS = "keys_until_ms"
     DONE_TTL_MS = "done_ttl_ms"
     CLASS = "class"
     ENDED_MS = "ended_ms"
@@ -319,9 +319,9 @@ RUN: Final = HashRecord[RunField](
         ),
         RunField.OPEN_N: _int("calls without a result (summary kept by lib_run_summary.lua)"),
         RunField.CLAIMED_N: _int("calls claimed and not answered (summary kept by lib_run_summary.lua)"),
-        RunField.KEYS_TTL_MS: _ms(
-            "when a registration last set the TTL of the run's calls and open keys; within 60 s of it"
-            " registrations skip those EXPIREs (lib_run_summary.lua); 0: always set them"
+        RunField.KEYS_UNTIL_MS: _ms(
+            "when the run's calls key expires, as a registration last set it (run_indexes.RunKeysTtl);"
+            " a registration whose time is not later skips its PEXPIRE; 0: always set it"
         ),
         RunField.DONE_TTL_MS: _ms(
             "when a finish last set the TTL of the run's done list; within 60 s of it a finish that"
@@ -544,8 +544,9 @@ class EventField(enum.StrEnum):
 
 _LEDGER_TTL = "ledger.ttl_s"
 _RUN_KEYS_TTL = (
-    "ledger.ttl_s + 120 s, set by a registration at most once a minute (the run's keys_ttl_ms): every"
-    " key written within that minute still has ledger.ttl_s ahead"
+    "until ledger.ttl_s + 61 s past its latest call's deadline, rounded up to a minute (the run's"
+    " keys_until_ms, run_indexes.RunKeysTtl): set by a registration about once a minute, it outlives"
+    " every call record it lists"
 )
 _DONE_TTL = (
     "as calls, by a finish at most once a minute (done_ttl_ms), and by the push that creates it (a"
