@@ -274,7 +274,6 @@ class RunField(enum.StrEnum):
     OPEN_N = "open_n"
     CLAIMED_N = "claimed_n"
     KEYS_UNTIL_MS = "keys_until_ms"
-    DONE_TTL_MS = "done_ttl_ms"
     CLASS = "class"
     ENDED_MS = "ended_ms"
     END_REASON = "end_reason"
@@ -322,10 +321,6 @@ RUN: Final = HashRecord[RunField](
         RunField.KEYS_UNTIL_MS: _ms(
             "when the run's calls key expires, as a registration last set it (run_indexes.RunKeysTtl);"
             " a registration whose time is not later skips its PEXPIRE; 0: always set it"
-        ),
-        RunField.DONE_TTL_MS: _ms(
-            "when a finish last set the TTL of the run's done list; within 60 s of it a finish that"
-            " did not create the list skips that EXPIRE (lib_run_summary.lua); 0: always set it"
         ),
         RunField.CLASS: FieldSpec(
             FieldType.ENUM, "the watchdog's latest SessionClass; '' before its first look", "", SessionClass
@@ -549,8 +544,9 @@ _RUN_KEYS_TTL = (
     " every call record it lists"
 )
 _DONE_TTL = (
-    "as calls, by a finish at most once a minute (done_ttl_ms), and by the push that creates it (a"
-    " finish or a hand-back): it empties on every wake-up"
+    "ledger.ttl_s + 120 s, set when the run ends (session_end.lua, a loop abort), by the watchdog when"
+    " the run record is gone (drop_stale), by a finish on a run not running and by a hand-back:"
+    " while the run runs, its waiters empty it on every wake-up"
 )
 _INDEX_TTL = (
     "ledger.ttl_s + 60 s, reset at most once a minute per process (keys.IndexTtl): an index only has to"

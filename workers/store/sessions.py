@@ -42,7 +42,7 @@ from workers.store.keys import (
     run_member,
     sweep_lock_key,
 )
-from workers.store.ledger import Ledger
+from workers.store.ledger import Ledger, done_expire_s
 from workers.store.lua import load_script
 from workers.store.records import CALL, LANE, RUN, CallField, LaneField, Row, RunField
 
@@ -233,6 +233,7 @@ def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: 
             },
         )
         pipe.expire(keys.run, ledger.ttl_s)
+        pipe.expire(keys.done, done_expire_s(ledger.ttl_s))  # no gateway waits on an aborted run
         pipe.execute()
 
 
@@ -248,6 +249,7 @@ class SessionStore:
         self._start = load_script(self.client, "session_start.lua")
         self._touch = load_script(self.client, "session_touch.lua")
         self._end = load_script(self.client, "session_end.lua")
+        self._done_ttl_s = done_expire_s(ledger.ttl_s)
         self._unlock = load_script(self.client, "session_unlock.lua")
 
     # -- reads: lanes, run records, run indexes, the activity of a run's calls ------------------
@@ -474,7 +476,12 @@ class SessionStore:
         keys = RunKeys(self.prefix, session_key, run_id)
         expected = "" if token is None else str(token)
         with store_errors():
-            ended = bool(self._end(keys=[keys.run], args=[status.value, now_ms, reason, expected]))
+            ended = bool(
+                self._end(
+                    keys=[keys.run, keys.done],
+                    args=[status.value, now_ms, reason, expected, self._done_ttl_s],
+                )
+            )
         if release:
             self.close_run(session_key, run_id, now_ms, token=token)
         return ended
@@ -528,8 +535,13 @@ class SessionStore:
             return bool(self._release(keys=[self.session(session_key).lane], args=[run_id, expected]))
 
     def drop_stale(self, session_key: str, run_id: str, now_ms: int) -> None:
-        """Remove an index member whose run record expired or ended (the indexes are hints)."""
+        """Remove an index member whose run record expired or ended (the indexes are hints).
+
+        The run's done list gets its TTL too: a finish on a running run sets none, and a run
+        whose record expired while running never reached ``session_end.lua``.
+        """
         with store_errors():
+            self.client.expire(self.run_keys(session_key, run_id).done, self._done_ttl_s)
             self._unindex(session_key, run_id, now_ms, ended=False)
 
     def _supersede(
@@ -543,7 +555,10 @@ class SessionStore:
         keys = RunKeys(self.prefix, session_key, run_id)
         with store_errors():
             ended = bool(
-                self._end(keys=[keys.run], args=[RunStatus.ABORTED.value, now_ms, "superseded", str(token)])
+                self._end(
+                    keys=[keys.run, keys.done],
+                    args=[RunStatus.ABORTED.value, now_ms, "superseded", str(token), self._done_ttl_s],
+                )
             )
             self._unindex(session_key, run_id, now_ms, ended=ended)
         if ended and answer_superseded is not None:
