@@ -161,7 +161,7 @@ def test_the_run_summary_counts_open_calls_without_a_set_of_them(store: SessionS
     late = synthetic_result(call, SyntheticReason.CANCELLED, elapsed_ms=1, attempt=2)
     assert not store.ledger.finish(keys, late, now_ms=T0 + 4, writer="w")  # late: audit only
     # Then each answer counted once, and the run keeps no other key of open calls
-    assert store.client.hmget(keys.run, ["open_n", "claimed_n"]) == ["0", "0"]
+    assert [int(n or 0) for n in store.client.hmget(keys.run, ["open_n", "claimed_n"])] == [0, 0]
     assert not store.client.exists(f"t:{keys.tag}:open")
 
 

@@ -190,6 +190,7 @@ class CallField(enum.StrEnum):
     TRACESTATE = "tracestate"
     CLAIM = "claim"
     REG = "reg"
+    COUNTED = "counted"
 
 
 CALL: Final = HashRecord[CallField](
@@ -243,6 +244,12 @@ CALL: Final = HashRecord[CallField](
         CallField.TRACESTATE: _str("W3C tracestate beside traceparent; absent when none"),
         CallField.CLAIM: _str("the nonce of the latest claim: that claim sent again is recognised as itself"),
         CallField.REG: _str("the nonce of the registration: that registration sent again is recognised"),
+        CallField.COUNTED: FieldSpec(
+            FieldType.FLAG,
+            "its claim is in the run's claimed_n (set by the lease keeper, ledger_count_claim.lua;"
+            " cleared by a requeue)",
+            0,
+        ),
     },
     families={"pgid:": FieldSpec(FieldType.FLAG, "pgid:<n> = 1: a process group the tool started", 0)},
 )

@@ -17,7 +17,7 @@
 -- stops renewing when the task ends), and every reader of a lease reads the call's state
 -- first, so a lease on an answered call means nothing. That saves a DEL per call; the price
 -- is up to lease.ttl_s of a small key per answered call (the record itself lives ledger.ttl_s).
-local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms', 'writer', 'result')
+local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms', 'writer', 'result', 'counted')
 local state = call[1]
 local ttl, refresh = tonumber(ARGV[5]), tonumber(ARGV[7])
 if state == 'done' and call[3] == ARGV[6] and call[4] == ARGV[2] then
@@ -28,7 +28,7 @@ if state == 'done' then
   redis.call('EXPIRE', KEYS[2], ttl)
   return 0
 end
-local was_claimed = state == 'running'
+local was_counted = state == 'running' and call[5] == '1' -- in claimed_n (ledger_count_claim.lua)
 local was_open = state ~= false -- registered (a state), and not answered (not 'done', above)
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3],
            'finished_ms', ARGV[4], 'writer', ARGV[6])
@@ -48,5 +48,5 @@ local run = read_run(KEYS[4], {'status'})
 if run[RUN_EXTRA + 1] ~= 'running' then
   redis.call('EXPIRE', KEYS[3], ttl + 2 * refresh)
 end
-write_summary(KEYS[4], run, ARGV[4], was_open and -1 or 0, was_claimed and -1 or 0)
+write_summary(KEYS[4], run, ARGV[4], was_open and -1 or 0, was_counted and -1 or 0)
 return 1
