@@ -31,6 +31,7 @@ from workers.core.models import CallState
 from workers.core.run_health import CallActivity, RunStatus
 from workers.store.connection import store_errors
 from workers.store.keys import (
+    IndexTtl,
     RunKeys,
     SessionKeys,
     all_index_keys,
@@ -176,6 +177,15 @@ class RunState:
 
 _ABORT_FIELDS = (RunField.STATUS, RunField.ABORT_DETECTOR, RunField.ABORT_COUNT, RunField.ABORT_MESSAGE)
 _OPEN_FIELDS = (RunField.DEADLINE_MS, RunField.GUARD_REMAINING, *_ABORT_FIELDS)
+# session_start.lua's reply, in its order.
+_START_FIELDS = (
+    RunField.DEADLINE_MS,
+    RunField.GUARD_REMAINING,
+    RunField.STATUS,
+    RunField.ABORT_DETECTOR,
+    RunField.ABORT_COUNT,
+    RunField.ABORT_MESSAGE,
+)
 
 
 def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> RunState:
@@ -191,8 +201,12 @@ def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, ag
         row = Row.zip(RUN, _OPEN_FIELDS, pipe.execute()[-1], where=keys.run)
     # The deadline was set just above unless the record had one: never missing in practice.
     stored = row.maybe_integer(RunField.DEADLINE_MS)
-    guard_armed = row.integer(RunField.GUARD_REMAINING) > 0
-    return RunState(deadline_ms if stored is None else stored, _abort(row), guard_armed)
+    return _state(row, deadline_ms if stored is None else stored)
+
+
+def _state(row: Row[RunField], deadline_ms: int) -> RunState:
+    """A run's state from a row of its deadline, guard and abort fields."""
+    return RunState(deadline_ms, _abort(row), row.integer(RunField.GUARD_REMAINING) > 0)
 
 
 def _abort(row: Row[RunField]) -> RunAbort | None:
@@ -250,6 +264,7 @@ class SessionStore:
         self._touch = load_script(self.client, "session_touch.lua")
         self._end = load_script(self.client, "session_end.lua")
         self._done_ttl_s = done_expire_s(ledger.ttl_s)
+        self._index_ttl = IndexTtl(ledger.ttl_s)
         self._unlock = load_script(self.client, "session_unlock.lua")
 
     # -- reads: lanes, run records, run indexes, the activity of a run's calls ------------------
@@ -415,32 +430,77 @@ class SessionStore:
         marked ``aborted``, then ``answer_superseded`` answers its unanswered calls (the
         answering service's ``cancelled``; without it they are answered by their deadline).
         """
+        token, _ = self._begin(session_key, run_id, agent_id, now_ms, deadline_ms, answer_superseded)
+        return token
+
+    def begin_and_open(
+        self,
+        session_key: str,
+        run_id: str,
+        agent_id: str,
+        now_ms: int,
+        deadline_ms: int,
+        *,
+        answer_superseded: Callable[[RunKeys], object] | None = None,
+    ) -> RunState:
+        """:meth:`begin_run`, and the run's deadline, abort and guard state from the same round trips.
+
+        What :func:`open_run` reads after a begin: ``session_start.lua`` returns it, so a batch
+        opening its run needs no read of its own. A run that already ended is read once.
+        """
+        _, state = self._begin(session_key, run_id, agent_id, now_ms, deadline_ms, answer_superseded)
+        if state is not None:
+            return state
+        keys = RunKeys(self.prefix, session_key, run_id)  # ended before this begin
+        return open_run(self.ledger, keys, now_ms=now_ms, deadline_ms=deadline_ms, agent_id=agent_id)
+
+    def _begin(
+        self,
+        session_key: str,
+        run_id: str,
+        agent_id: str,
+        now_ms: int,
+        deadline_ms: int,
+        answer_superseded: Callable[[RunKeys], object] | None,
+    ) -> tuple[int, RunState | None]:
+        """The lane's token (0: the run ended before) and, when begun, the run's state."""
         run_keys = RunKeys(self.prefix, session_key, run_id)
         sess = self.session(session_key)
         with store_errors():
             status = self.client.hget(run_keys.run, RunField.STATUS)
             if status and status != RunStatus.RUNNING.value:
-                return 0
+                return 0, None
             lease_until = max(deadline_ms, now_ms) + LANE_LEASE_MARGIN_MS
             token, previous, prev_token = self._acquire(
                 keys=[sess.lane, sess.fence],
                 args=[run_id, agent_id, now_ms, lease_until, self.ledger.ttl_s],
             )
-            stored_deadline = self._start(
-                keys=[run_keys.run], args=[token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s]
+            started = Row.zip(
+                RUN,
+                _START_FIELDS,
+                self._start(
+                    keys=[run_keys.run], args=[token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s]
+                ),
+                where=run_keys.run,
             )
+            stored_deadline = started.integer(RunField.DEADLINE_MS)
             member, index = run_member(session_key, run_id), run_keys.index
             pipe = self.client.pipeline(transaction=True)
-            pipe.zadd(index.by_deadline, {member: int(stored_deadline or deadline_ms)})
+            pipe.zadd(index.by_deadline, {member: stored_deadline or deadline_ms})
             pipe.zadd(index.by_progress, {member: now_ms}, gt=True)
-            # Indexes expire too, refreshed on every write: idle for a whole ledger TTL,
-            # every run they point to has expired as well.
-            pipe.expire(index.by_deadline, self.ledger.ttl_s)
-            pipe.expire(index.by_progress, self.ledger.ttl_s)
-            pipe.execute()
+            # Indexes expire too, after their last write (see IndexTtl): idle for a whole
+            # ledger TTL, every run they point to has expired as well.
+            for key in (index.by_deadline, index.by_progress):
+                if self._index_ttl.due(key):
+                    pipe.expire(key, self._index_ttl.expire_s)
+            try:
+                pipe.execute()
+            except BaseException:
+                self._index_ttl.forget()  # the EXPIREs it carried may not have run
+                raise
         if previous:
             self._supersede(session_key, str(previous), int(prev_token), now_ms, answer_superseded)
-        return int(token)
+        return int(token), _state(started, stored_deadline or deadline_ms)
 
     def touch_progress(self, session_key: str, run_id: str, now_ms: int) -> bool:
         """Record progress of a run; False once it is no longer running (superseded or ended)."""
