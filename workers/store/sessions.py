@@ -631,9 +631,15 @@ class SessionStore:
         pipe.zrem(index.by_progress, member)
         if ended:
             pipe.zadd(index.ended, {member: now_ms})
-        pipe.zremrangebyscore(index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
-        pipe.expire(index.ended, self.ledger.ttl_s)
-        pipe.execute()
+        # Trimmed and given its TTL once a refresh interval per process, as the other indexes.
+        if self._index_ttl.due(index.ended):
+            pipe.zremrangebyscore(index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
+            pipe.expire(index.ended, self._index_ttl.expire_s)
+        try:
+            pipe.execute()
+        except BaseException:
+            self._index_ttl.forget()  # the trim and EXPIRE it carried may not have run
+            raise
 
 
 class AgentBeats:
