@@ -17,7 +17,9 @@ if token <= prev_token then
   redis.call('SET', KEYS[2], token)
 end
 redis.call('EXPIRE', KEYS[2], ARGV[5])
-redis.call('DEL', KEYS[1])
+if holder or lane[2] then
+  redis.call('DEL', KEYS[1]) -- no field of the run before survives (a new lane has none)
+end
 redis.call('HSET', KEYS[1], 'run_id', ARGV[1], 'token', token, 'agent_id', ARGV[2],
            'since_ms', ARGV[3], 'lease_until_ms', ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], ARGV[4])
