@@ -27,11 +27,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workers.core.models import CallState
 from workers.core.run_health import CallActivity, RunStatus
 from workers.store.connection import store_errors
 from workers.store.keys import (
-    IndexTtl,
     RunKeys,
     SessionKeys,
     all_index_keys,
@@ -39,13 +37,22 @@ from workers.store.keys import (
     lane_pattern,
     member_bucket,
     parse_lane_key,
-    parse_run_member,
     run_member,
     sweep_lock_key,
 )
 from workers.store.ledger import Ledger, done_expire_s
 from workers.store.lua import load_script
-from workers.store.records import CALL, LANE, RUN, CallField, LaneField, Row, RunField
+from workers.store.records import CALL, LANE, RUN, CallField, Row, RunField
+from workers.store.run_indexes import RunIndexes
+from workers.store.session_rows import (
+    ACTIVITY_FIELDS,
+    Lane,
+    RunInfo,
+    activity_of,
+    lane_of,
+    run_info_of,
+    scored,
+)
 
 __all__ = [
     "RECENT_CALLS",
@@ -66,98 +73,6 @@ RECENT_CALLS = 20
 _OLDER_PAGE = 200  # calls read per step past the recent ones, when the run counts more open
 
 
-@dataclass(frozen=True)
-class Lane:
-    """Who holds a session's lane."""
-
-    session_key: str
-    run_id: str
-    token: int
-    agent_id: str
-    since_ms: int
-    lease_until_ms: int
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """A run record as stored."""
-
-    session_key: str
-    run_id: str
-    agent_id: str
-    status: str  # a RunStatus value, or '' for a record no gateway opened
-    started_ms: int
-    deadline_ms: int
-    progress_ms: int
-    token: int
-    klass: str
-    ended_ms: int
-    end_reason: str
-    open_calls: int = 0
-    claimed_calls: int = 0
-    agent_beat_ms: int = 0  # the agent's own last heartbeat (a model turn streaming)
-    agent_beat_what: str = ""
-    stream_idles: int = 0  # model streams that went idle past their timeout
-
-
-def _scored(member: Any, score: Any) -> tuple[str, str, int]:
-    session_key, run_id = parse_run_member(str(member))
-    return session_key, run_id, int(score)
-
-
-def _run_info(session_key: str, run_id: str, row: Row[RunField]) -> RunInfo:
-    started = row.integer(RunField.STARTED_MS)
-    return RunInfo(
-        session_key=session_key,
-        run_id=run_id,
-        agent_id=row.text(RunField.AGENT_ID),
-        status=row.text(RunField.STATUS),
-        started_ms=started,
-        deadline_ms=row.integer(RunField.DEADLINE_MS),
-        progress_ms=row.integer(RunField.PROGRESS_MS) or started,
-        token=row.integer(RunField.TOKEN),
-        klass=row.text(RunField.CLASS),
-        ended_ms=row.integer(RunField.ENDED_MS),
-        end_reason=row.text(RunField.END_REASON),
-        open_calls=max(0, row.integer(RunField.OPEN_N)),
-        claimed_calls=max(0, row.integer(RunField.CLAIMED_N)),
-        agent_beat_ms=row.integer(RunField.AGENT_BEAT_MS),
-        agent_beat_what=row.text(RunField.AGENT_BEAT_WHAT),
-        stream_idles=row.integer(RunField.STREAM_IDLE_N),
-    )
-
-
-def _lane(session_key: str, row: Row[LaneField]) -> Lane:
-    return Lane(
-        session_key=session_key,
-        run_id=row.text(LaneField.RUN_ID),
-        token=row.integer(LaneField.TOKEN),
-        agent_id=row.text(LaneField.AGENT_ID),
-        since_ms=row.integer(LaneField.SINCE_MS),
-        lease_until_ms=row.integer(LaneField.LEASE_UNTIL_MS),
-    )
-
-
-_ACTIVITY_FIELDS = (
-    CallField.STATE, CallField.TOOL, CallField.SUBMITTED_MS, CallField.STARTED_MS, CallField.HB_MS,
-    CallField.FINISHED_MS, CallField.DISPATCHED,
-)  # fmt: skip
-
-
-def _activity(call_id: str, row: Row[CallField], lease_alive: bool) -> CallActivity:
-    return CallActivity(
-        call_id=call_id,
-        tool=row.text(CallField.TOOL),
-        state=row.member(CallField.STATE, CallState),
-        submitted_ms=row.integer(CallField.SUBMITTED_MS),
-        started_ms=row.integer(CallField.STARTED_MS),
-        heartbeat_ms=row.integer(CallField.HB_MS),
-        finished_ms=row.integer(CallField.FINISHED_MS),
-        lease_alive=lease_alive,
-        dispatched=row.flag(CallField.DISPATCHED),
-    )
-
-
 # -- run records as the gateway sees them: created on first use, deadline, loop-abort state ---
 
 
@@ -176,16 +91,11 @@ class RunState:
 
 
 _ABORT_FIELDS = (RunField.STATUS, RunField.ABORT_DETECTOR, RunField.ABORT_COUNT, RunField.ABORT_MESSAGE)
-_OPEN_FIELDS = (RunField.DEADLINE_MS, RunField.GUARD_REMAINING, *_ABORT_FIELDS)
-# session_start.lua's reply, in its order.
-_START_FIELDS = (
+_OPEN_FIELDS = (
     RunField.DEADLINE_MS,
     RunField.GUARD_REMAINING,
-    RunField.STATUS,
-    RunField.ABORT_DETECTOR,
-    RunField.ABORT_COUNT,
-    RunField.ABORT_MESSAGE,
-)
+    *_ABORT_FIELDS,
+)  # session_start.lua's reply too
 
 
 def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> RunState:
@@ -264,7 +174,7 @@ class SessionStore:
         self._touch = load_script(self.client, "session_touch.lua")
         self._end = load_script(self.client, "session_end.lua")
         self._done_ttl_s = done_expire_s(ledger.ttl_s)
-        self._index_ttl = IndexTtl(ledger.ttl_s)
+        self._indexes = RunIndexes(self.client, ledger.ttl_s)
         self._unlock = load_script(self.client, "session_unlock.lua")
 
     # -- reads: lanes, run records, run indexes, the activity of a run's calls ------------------
@@ -282,7 +192,7 @@ class SessionStore:
         key = self.session(session_key).lane
         with store_errors():
             raw = self.client.hgetall(key)
-        return _lane(session_key, Row(LANE, raw, where=key)) if raw else None
+        return lane_of(session_key, Row(LANE, raw, where=key)) if raw else None
 
     def run(self, session_key: str, run_id: str) -> RunInfo | None:
         """One run record, or None when it does not exist (or expired)."""
@@ -298,7 +208,7 @@ class SessionStore:
                 pipe.hgetall(key)
             replies = pipe.execute() if pairs else []
         return [
-            _run_info(session_key, run_id, Row(RUN, raw, where=key))
+            run_info_of(session_key, run_id, Row(RUN, raw, where=key))
             for (session_key, run_id), key, raw in zip(pairs, keys, replies, strict=True)
             if raw
         ]
@@ -313,7 +223,7 @@ class SessionStore:
                 pipe.zrangebyscore(getattr(keys, index), low, high, start=0, num=limit, withscores=True)
             rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
         rows.sort(key=lambda row: row[1])
-        return [_scored(m, score) for m, score in rows[:limit]]
+        return [scored(m, score) for m, score in rows[:limit]]
 
     def past_deadline(self, now_ms: int, limit: int) -> list[tuple[str, str, int]]:
         """Running runs whose deadline has passed: (session, run, deadline ms)."""
@@ -335,7 +245,7 @@ class SessionStore:
                 pipe.zrevrange(keys.ended, 0, limit - 1, withscores=True)
             rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
         rows.sort(key=lambda row: row[1], reverse=True)
-        return [_scored(m, score) for m, score in rows[:limit]]
+        return [scored(m, score) for m, score in rows[:limit]]
 
     def find_session(self, session_key: str, limit: int = 100_000) -> RunInfo | None:
         """The session's current run (lane holder), else its latest run found in the indexes."""
@@ -376,14 +286,14 @@ class SessionStore:
             pipe = self.client.pipeline(transaction=False)
             for (session_key, run_id), call_id in wanted:
                 keys = RunKeys(self.prefix, session_key, run_id)
-                pipe.hmget(keys.call(call_id), _ACTIVITY_FIELDS)
+                pipe.hmget(keys.call(call_id), ACTIVITY_FIELDS)
                 pipe.exists(keys.lease(call_id))
             replies = pipe.execute() if wanted else []
         out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair, _ in wanted}
         for n, (pair, call_id) in enumerate(wanted):
-            row = Row.zip(CALL, _ACTIVITY_FIELDS, replies[2 * n])
+            row = Row.zip(CALL, ACTIVITY_FIELDS, replies[2 * n])
             if CallField.STATE in row:  # still registered
-                out[pair].append(_activity(call_id, row, bool(replies[2 * n + 1])))
+                out[pair].append(activity_of(call_id, row, bool(replies[2 * n + 1])))
         return out
 
     def _older_open_calls(self, pair: tuple[str, str], missing: int) -> list[CallActivity]:
@@ -409,7 +319,7 @@ class SessionStore:
                 raw = self.client.hgetall(key)
                 if raw:
                     row = Row(LANE, raw, where=str(key))
-                    found.append(_lane(parse_lane_key(self.prefix, str(key)), row))
+                    found.append(lane_of(parse_lane_key(self.prefix, str(key)), row))
         return found
 
     # -- the gateway's calls ------------------------------------------------------------------
@@ -477,27 +387,14 @@ class SessionStore:
             )
             started = Row.zip(
                 RUN,
-                _START_FIELDS,
+                _OPEN_FIELDS,
                 self._start(
                     keys=[run_keys.run], args=[token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s]
                 ),
                 where=run_keys.run,
             )
             stored_deadline = started.integer(RunField.DEADLINE_MS)
-            member, index = run_member(session_key, run_id), run_keys.index
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zadd(index.by_deadline, {member: stored_deadline or deadline_ms})
-            pipe.zadd(index.by_progress, {member: now_ms}, gt=True)
-            # Indexes expire too, after their last write (see IndexTtl): idle for a whole
-            # ledger TTL, every run they point to has expired as well.
-            for key in (index.by_deadline, index.by_progress):
-                if self._index_ttl.due(key):
-                    pipe.expire(key, self._index_ttl.expire_s)
-            try:
-                pipe.execute()
-            except BaseException:
-                self._index_ttl.forget()  # the EXPIREs it carried may not have run
-                raise
+            self._indexes.enter(run_keys, now_ms, deadline_ms=stored_deadline or deadline_ms)
         if previous:
             self._supersede(session_key, str(previous), int(prev_token), now_ms, answer_superseded)
         return int(token), _state(started, stored_deadline or deadline_ms)
@@ -625,21 +522,7 @@ class SessionStore:
             answer_superseded(keys)
 
     def _unindex(self, session_key: str, run_id: str, now_ms: int, *, ended: bool) -> None:
-        member, index = run_member(session_key, run_id), self.run_keys(session_key, run_id).index
-        pipe = self.client.pipeline(transaction=True)
-        pipe.zrem(index.by_deadline, member)
-        pipe.zrem(index.by_progress, member)
-        if ended:
-            pipe.zadd(index.ended, {member: now_ms})
-        # Trimmed and given its TTL once a refresh interval per process, as the other indexes.
-        if self._index_ttl.due(index.ended):
-            pipe.zremrangebyscore(index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
-            pipe.expire(index.ended, self._index_ttl.expire_s)
-        try:
-            pipe.execute()
-        except BaseException:
-            self._index_ttl.forget()  # the trim and EXPIRE it carried may not have run
-            raise
+        self._indexes.leave(self.run_keys(session_key, run_id), now_ms, ended=ended)
 
 
 class AgentBeats:
