@@ -56,7 +56,9 @@ class RunIndexes:
 
     def _send(self, keys: RunKeys, args: list[Any], *, trim: bool) -> None:
         index = keys.index
-        due = self._ttl.due(index.by_deadline)
+        # Entering writes the running indexes, leaving the ended one: each refreshes the TTL of
+        # what it writes, and leaving trims the ended index, each once an interval per bucket.
+        due = self._ttl.due(index.ended if trim else index.by_deadline)
         expire = [self._ttl.expire_s if due else "", args[1] - self._ttl_s * 1000 if due and trim else ""]
         try:
             self._script(

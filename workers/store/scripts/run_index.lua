@@ -1,7 +1,8 @@
 -- A run enters or leaves its bucket's run indexes, atomically, in one command of the caller.
 -- KEYS: the bucket's by_deadline, by_progress and ended indexes (one index slot).
 -- ARGV: member, deadline_ms ('' when the run leaves), now_ms, ended ('1': it leaves as ended),
--- expire_s ('' for none: the caller's IndexTtl says when), trim_before_ms ('' for none).
+-- expire_s ('' for none: the caller's IndexTtl says when) for the indexes this writes to,
+-- trim_before_ms ('' for none).
 -- Entering: by_deadline scores the deadline, by_progress now (never lowered). Leaving: out of
 -- both, into ended when it ended; the ended index is trimmed to the ledger's TTL when asked.
 if ARGV[2] ~= '' then
@@ -17,9 +18,10 @@ else
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[6])
   end
 end
-if ARGV[5] ~= '' then
-  for _, key in ipairs(KEYS) do
-    redis.call('EXPIRE', key, ARGV[5])
-  end
+if ARGV[5] ~= '' and ARGV[2] ~= '' then
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('EXPIRE', KEYS[2], ARGV[5])
+elseif ARGV[5] ~= '' then
+  redis.call('EXPIRE', KEYS[3], ARGV[5])
 end
 return 1
