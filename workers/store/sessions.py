@@ -9,12 +9,13 @@
   again: ``touch_progress`` and ``end_run`` return False once it is no longer running.
 * **Lease.** A lane expires by itself at its run's deadline plus a margin.
 * **Run record.** Start, deadline, last progress, status ``running|completed|aborted|
-  timed_out``, token and the watchdog's last class, in the run's hash. The gateway opens it on
-  first use (``open_run``, which reads its deadline, loop abort and guard state in the same
-  round trip); the agent's own heartbeats go there too (:class:`AgentBeats`).
+  timed_out``, token and the watchdog's last class, in the run's hash. The gateway begins and
+  opens it on first use (``begin_and_open``: ``session_start.lua`` returns its deadline, loop
+  abort and guard state); the agent's own heartbeats go there too (:class:`AgentBeats`).
 * **Indexes.** Running runs are members of two global sorted sets, by deadline and by last
   progress, so a sweep reads only the runs that are due (O(due), not O(sessions)). They are
-  hints: every decision re-reads the run record. Members are removed when a run ends.
+  hints: every decision re-reads the run record. Members are removed when a run ends
+  (:class:`workers.store.run_indexes.RunIndexes`, one script each way).
 
 The fields of each record are declared in :mod:`workers.store.records`, and read by name.
 Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic steps; see

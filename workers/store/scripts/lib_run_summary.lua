@@ -3,7 +3,8 @@
 -- reads one hash per run instead of every call:
 --   progress_ms  the latest activity of any call (raised, never lowered)
 --   open_n       calls without a result (register +1, the winning finish -1)
---   claimed_n    calls a worker has claimed and not answered (claim +1, finish or requeue -1)
+--   claimed_n    calls a worker has claimed and not answered, counted by the lease keeper once
+--                running (ledger_count_claim.lua +1; finish, requeue of a counted claim -1)
 -- Nothing is written when the run record does not exist (a call outside a run, or a record
 -- that expired): a summary never creates a run. Every call change pays for this, so it is
 -- one HMGET and at most one HSET (counters never go below zero).
