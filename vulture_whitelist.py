@@ -45,3 +45,4 @@ _.paired_tool_name  # LoopVerdict: the ping-pong detector's other tool (workers/
 # --- Used only by tests: to delete with the store and loop consolidation that owns them ---------
 
 _.disarm_guard  # LoopHistory.disarm_guard, three implementations (workers/core/loops, workers/store)
+_.begin_run  # SessionStore.begin_run, for tests and bench (the gateway calls begin_and_open)

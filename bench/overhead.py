@@ -347,6 +347,9 @@ def _run(opts: Options, settings: Settings, server: EmbeddedRedis, bare: Side, s
     thaw(guarded.worker)
     if opts.trace:
         _trace(settings, server.url)
+        mcp = next((side for side in sides if side.name == "mcp"), None)
+        if mcp is not None and mcp.door is not None:
+            _trace_mcp(server.url, mcp)
     if opts.faults:
         _faults(opts, settings, guarded.worker)
 
@@ -356,6 +359,19 @@ def _trace(settings: Settings, url: str) -> None:
     thaw_guarded(1)  # connect first: trace a warm call
     trace_one_call(url, "guarded noop tool call", lambda: thaw_guarded(0))
     thaw_guarded.close()
+
+
+def _trace_mcp(url: str, side: Side) -> None:
+    """Trace one MCP door call (its door thawed while traced): the commands of a run per call."""
+    assert side.door is not None
+    thaw(side.door)
+    client = side.client("trace")
+    try:
+        client(1)  # connect first: trace a warm call
+        trace_one_call(url, "mcp door noop tool call", lambda: client(0))
+    finally:
+        client.close()
+        freeze(side.door)
 
 
 def _faults(opts: Options, settings: Settings, worker: Proc) -> None:

@@ -16,6 +16,7 @@ from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.reaping import ActionKind, Reap
 from workers.core.results import synthetic_result
 from workers.settings import Settings
+from workers.store.claims import ClaimCounter
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.sessions import SessionStore
@@ -68,10 +69,13 @@ def test_every_call_event_raises_run_progress_and_never_lowers_it(store: Session
     # Given a running run
     store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN)
     keys, led = store.ledger.keys("s", "r1"), store.ledger
-    # When its call is registered, claimed, heartbeats and finishes
+    # When its call is registered, claimed (counted by the lease keeper: a claim does not touch
+    # its run), heartbeats and finishes
     _register(store, keys, "c1", now_ms=T0 + 10, deadline_ms=T0 + 30 * MIN)
     after_register = _progress(store, keys)
-    led.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 20, tool="echo", job_digest="d")
+    led.claim(keys, "c1", worker_id="w:1", now_ms=T0 + 15, tool="echo", job_digest="d")
+    assert _progress(store, keys) == after_register
+    ClaimCounter(store.client).count(keys, "c1", now_ms=T0 + 20)
     after_claim = _progress(store, keys)
     led.heartbeat(keys, "c1", now_ms=T0 + 30, details={"step": 1})
     after_beat = _progress(store, keys)
@@ -248,13 +252,17 @@ def test_run_summary_counts_open_and_claimed_calls_through_every_change(store: S
         assert info is not None
         return info.open_calls, info.claimed_calls
 
+    counter = ClaimCounter(store.client)
     seen = []
-    # When two calls are registered (one twice), one claimed, lost and handed back, claimed again,
-    # then lost and taken over
+    # When two calls are registered (one twice), one claimed (and counted by a lease keeper), lost
+    # and handed back, claimed again, then lost and taken over
     for call_id in ("a", "b", "a"):
         _register(store, keys, call_id, now_ms=T0, deadline_ms=T0 + MIN)
     seen.append(counts())
     led.claim(keys, "a", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
+    seen.append(counts())
+    assert counter.count(keys, "a", now_ms=T0 + 1)
+    assert not counter.count(keys, "a", now_ms=T0 + 1)  # once
     seen.append(counts())
     store.client.delete(keys.lease("a"))
     lost = next(call for call in led.open_calls(keys, ["a"]) if call.call_id == "a")
@@ -268,6 +276,8 @@ def test_run_summary_counts_open_and_claimed_calls_through_every_change(store: S
     led.claim(
         keys, "a", worker_id="w:4", now_ms=T0 + 3, tool="echo", job_digest="d"
     )  # taken over without a hand-back
+    assert counter.count(keys, "a", now_ms=T0 + 3)
+    assert counter.count(keys, "b", now_ms=T0 + 3) is False  # not running: nothing to count
     seen.append(counts())
     # When it is answered twice (the second kept as late), then the queued one is answered
     _answer(store, keys, "a", T0 + 4)
@@ -276,4 +286,19 @@ def test_run_summary_counts_open_and_claimed_calls_through_every_change(store: S
     _answer(store, keys, "b", T0 + 6)
     seen.append(counts())
     # Then (open, claimed) followed each change exactly once
-    assert seen == [(2, 0), (2, 1), (2, 0), (2, 1), (1, 0), (0, 0)]
+    assert seen == [(2, 0), (2, 0), (2, 1), (2, 0), (2, 1), (1, 0), (0, 0)]
+
+
+def test_a_claim_answered_before_it_was_counted_leaves_the_summary_as_it_was(store: SessionStore) -> None:
+    # Given a claimed call no lease keeper counted yet (answered within one tick: most calls)
+    store.begin_run("s", "r1", "main", T0, T0 + 60 * MIN)
+    keys, led = store.ledger.keys("s", "r1"), store.ledger
+    _register(store, keys, "a", now_ms=T0, deadline_ms=T0 + MIN)
+    led.claim(keys, "a", worker_id="w:1", now_ms=T0 + 1, tool="echo", job_digest="d")
+    # When it is answered, and a keeper's late count comes after
+    _answer(store, keys, "a", T0 + 2)
+    assert not ClaimCounter(store.client).count(keys, "a", now_ms=T0 + 3)
+    # Then nothing was counted, nothing taken back
+    info = store.run("s", "r1")
+    assert info is not None
+    assert (info.open_calls, info.claimed_calls) == (0, 0)

@@ -134,7 +134,10 @@ def _written(ledger: Ledger, keys: RunKeys) -> bool:
 def test_an_open_call_written_back_leaves_the_run_summary_and_the_due_index(plain: redis.Redis) -> None:
     # Given a call whose registration and claim survived the failover but not its answer
     keeper, keys = _keeper(plain), RunKeys("t", "s1", "r1")
-    plain.hset(keys.call("c"), mapping={"call_id": "c", "state": "running", "deadline_ms": _now_ms() + 9_000})
+    plain.hset(
+        keys.call("c"),
+        mapping={"call_id": "c", "state": "running", "counted": "1", "deadline_ms": _now_ms() + 9_000},
+    )
     plain.hset(keys.run, mapping={"open_n": 1, "claimed_n": 1, "progress_ms": 1})
     plain.zadd(keys.index.due, {keys.due_member("c"): _now_ms() + 9_000})
     keeper.keep(keys, {"c": _ok("c", "real")}, primary=("127.0.0.1", 1))

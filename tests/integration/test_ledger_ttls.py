@@ -16,9 +16,10 @@ from tests.harness import store_client
 from workers.answering.service import Answers
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
+from workers.core.run_health import RunStatus
 from workers.store.keys import RunKeys
 from workers.store.ledger import KEYS_REFRESH_S, Ledger, Signal
-from workers.store.sessions import RECENT_CALLS, SessionStore
+from workers.store.sessions import RECENT_CALLS, RunAbort, SessionStore, mark_run_aborted
 
 T0 = int(time.time() * 1000)
 MIN = 60_000
@@ -108,25 +109,42 @@ def test_the_runs_keys_get_their_ttl_at_most_once_a_refresh_interval(store: Sess
     assert store.client.ttl(keys.calls) > TTL_S
 
 
-def test_done_gets_its_ttl_when_created_and_else_once_a_refresh_interval(store: SessionStore) -> None:
+def test_done_gets_no_ttl_while_its_run_runs_and_one_when_the_run_ends(store: SessionStore) -> None:
+    # Given a running run with three calls
     keys = _run(store)
-    for n in range(4):
+    for n in range(3):
         _register(store, keys, f"c{n}", now_ms=T0, deadline_ms=T0 + 5 * MIN)
-    # When the first answer creates the wake-up list
+    # When an answer creates the wake-up list
     _answer(store, keys, "c0", T0 + 1)
+    # Then no TTL is set on the hot path: the run's waiters empty it on every wake-up
+    assert store.client.ttl(keys.done) == -1
+    # When the run ends
+    assert store.end_run("s", "r1", RunStatus.COMPLETED, T0 + 2)
+    # Then what is left in it expires
     assert store.client.ttl(keys.done) > TTL_S
-    # When its TTL is lowered by hand and a second answer pushes within the interval
-    store.client.pexpire(keys.done, LOW_MS)
-    _answer(store, keys, "c1", T0 + 2)
-    # Then it was not set again
-    assert 0 < store.client.pttl(keys.done) <= LOW_MS
-    # When the list is emptied and an answer creates it again
+    # And an answer pushed onto the ended run, into a list that emptied, gives it a TTL again
     store.client.delete(keys.done)
-    _answer(store, keys, "c2", T0 + 3)
+    _answer(store, keys, "c1", T0 + 3)
     assert store.client.ttl(keys.done) > TTL_S
-    # When one pushes an interval after the last TTL was set
-    store.client.pexpire(keys.done, LOW_MS)
-    _answer(store, keys, "c3", T0 + KEYS_REFRESH_S * 1000 + 4)
+
+
+def test_done_gets_its_ttl_when_the_watchdog_drops_a_run_whose_record_is_gone(store: SessionStore) -> None:
+    # Given a running run's answer waiting in its done list (no TTL), and the run record gone
+    keys = _run(store)
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    _answer(store, keys, "c1", T0 + 1)
+    store.client.delete(keys.run)
+    # When the watchdog drops the run's stale index members
+    store.drop_stale("s", "r1", T0 + 2)
+    # Then the list expires
+    assert store.client.ttl(keys.done) > TTL_S
+
+
+def test_a_loop_abort_gives_the_done_list_its_ttl(store: SessionStore) -> None:
+    keys = _run(store)
+    _register(store, keys, "c1", now_ms=T0, deadline_ms=T0 + MIN)
+    _answer(store, keys, "c1", T0 + 1)
+    mark_run_aborted(store.ledger, keys, RunAbort("repeat", 3, "m"), now_ms=T0 + 2)
     assert store.client.ttl(keys.done) > TTL_S
 
 
@@ -143,7 +161,7 @@ def test_the_run_summary_counts_open_calls_without_a_set_of_them(store: SessionS
     late = synthetic_result(call, SyntheticReason.CANCELLED, elapsed_ms=1, attempt=2)
     assert not store.ledger.finish(keys, late, now_ms=T0 + 4, writer="w")  # late: audit only
     # Then each answer counted once, and the run keeps no other key of open calls
-    assert store.client.hmget(keys.run, ["open_n", "claimed_n"]) == ["0", "0"]
+    assert [int(n or 0) for n in store.client.hmget(keys.run, ["open_n", "claimed_n"])] == [0, 0]
     assert not store.client.exists(f"t:{keys.tag}:open")
 
 

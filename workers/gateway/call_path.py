@@ -28,7 +28,7 @@ from workers.gateway.waiter import Abort, Batch
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, Registration
-from workers.store.sessions import SessionStore, open_run, run_abort
+from workers.store.sessions import SessionStore, run_abort
 
 __all__ = ["CallPath", "InFlight", "Stage"]
 
@@ -314,7 +314,7 @@ class CallPath:
         return True
 
     def open_run(self, batch: Batch) -> None:
-        """Create or read the run record: one round trip the first time this gateway sees a run.
+        """Begin the run and read its state (``SessionStore.begin_and_open``) when first seen here.
 
         The deadline never changes once set, so it is cached; later aborts and an armed
         compaction guard are reported by each call's registration instead.
@@ -327,11 +327,8 @@ class CallPath:
         try:
             # Take the session's lane (superseding an older run of the session); a run that
             # already ended gets token 0, and its calls are then refused at registration.
-            self._sessions.begin_run(
+            state = self._sessions.begin_and_open(
                 *run, batch.agent_id, now, deadline_ms, answer_superseded=self._answer_superseded(now)
-            )
-            state = open_run(
-                self._ledger, batch.keys, now_ms=now, deadline_ms=deadline_ms, agent_id=batch.agent_id
             )
         except StoreError as exc:
             log.warning("run record unavailable: %s", exc)

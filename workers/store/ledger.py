@@ -72,6 +72,7 @@ from workers.store.records import (
     reply_member,
 )
 from workers.store.replica_acks import ReplicaAcks, Seal, no_seal
+from workers.store.run_indexes import RunKeysTtl
 
 
 class _Listener(Protocol):
@@ -312,6 +313,7 @@ class _LedgerCore:
         # write): the gateway and the watchdog close the call's task in Flower from here.
         self.on_answered: list[Callable[[RunKeys, ToolResult], None]] = []
         self._index_ttl = IndexTtl(ttl_s)
+        self._keys_ttl = RunKeysTtl(ttl_s)
         # Through the Sentinels: where answers read with no replica's acknowledgement are kept
         # until one holds them (workers.store.kept_answers); None elsewhere.
         self.kept: KeptAnswers | None = None
@@ -361,7 +363,8 @@ class _LedgerCore:
             script_keys.append(push[0])
             message = push[1]
         nonce = [CallField.REG.value, secrets.token_hex(8)]
-        args = [call_id, now_ms, deadline_ms, self.ttl_s, KEYS_REFRESH_S, message, *flat, *nonce]
+        until_ms = self._keys_ttl.until_ms(deadline_ms)
+        args = [call_id, now_ms, deadline_ms, self.ttl_s, KEYS_REFRESH_S, until_ms, message, *flat, *nonce]
         score = next_look_ms(deadline_ms, now_ms, self.lease_ttl_ms)
         due = keys.index.due
         then = (("zadd", (due, {keys.due_member(call_id): score}), {"nx": True}), *self._index_expire(due))

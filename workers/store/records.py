@@ -190,6 +190,7 @@ class CallField(enum.StrEnum):
     TRACESTATE = "tracestate"
     CLAIM = "claim"
     REG = "reg"
+    COUNTED = "counted"
 
 
 CALL: Final = HashRecord[CallField](
@@ -243,6 +244,12 @@ CALL: Final = HashRecord[CallField](
         CallField.TRACESTATE: _str("W3C tracestate beside traceparent; absent when none"),
         CallField.CLAIM: _str("the nonce of the latest claim: that claim sent again is recognised as itself"),
         CallField.REG: _str("the nonce of the registration: that registration sent again is recognised"),
+        CallField.COUNTED: FieldSpec(
+            FieldType.FLAG,
+            "its claim is in the run's claimed_n (set by the lease keeper, ledger_count_claim.lua;"
+            " cleared by a requeue)",
+            0,
+        ),
     },
     families={"pgid:": FieldSpec(FieldType.FLAG, "pgid:<n> = 1: a process group the tool started", 0)},
 )
@@ -273,8 +280,7 @@ class RunField(enum.StrEnum):
     PROGRESS_MS = "progress_ms"
     OPEN_N = "open_n"
     CLAIMED_N = "claimed_n"
-    KEYS_TTL_MS = "keys_ttl_ms"
-    DONE_TTL_MS = "done_ttl_ms"
+    KEYS_UNTIL_MS = "keys_until_ms"
     CLASS = "class"
     ENDED_MS = "ended_ms"
     END_REASON = "end_reason"
@@ -319,13 +325,9 @@ RUN: Final = HashRecord[RunField](
         ),
         RunField.OPEN_N: _int("calls without a result (summary kept by lib_run_summary.lua)"),
         RunField.CLAIMED_N: _int("calls claimed and not answered (summary kept by lib_run_summary.lua)"),
-        RunField.KEYS_TTL_MS: _ms(
-            "when a registration last set the TTL of the run's calls and open keys; within 60 s of it"
-            " registrations skip those EXPIREs (lib_run_summary.lua); 0: always set them"
-        ),
-        RunField.DONE_TTL_MS: _ms(
-            "when a finish last set the TTL of the run's done list; within 60 s of it a finish that"
-            " did not create the list skips that EXPIRE (lib_run_summary.lua); 0: always set it"
+        RunField.KEYS_UNTIL_MS: _ms(
+            "when the run's calls key expires, as a registration last set it (run_indexes.RunKeysTtl);"
+            " a registration whose time is not later skips its PEXPIRE; 0: always set it"
         ),
         RunField.CLASS: FieldSpec(
             FieldType.ENUM, "the watchdog's latest SessionClass; '' before its first look", "", SessionClass
@@ -544,12 +546,14 @@ class EventField(enum.StrEnum):
 
 _LEDGER_TTL = "ledger.ttl_s"
 _RUN_KEYS_TTL = (
-    "ledger.ttl_s + 120 s, set by a registration at most once a minute (the run's keys_ttl_ms): every"
-    " key written within that minute still has ledger.ttl_s ahead"
+    "until ledger.ttl_s + 61 s past its latest call's deadline, rounded up to a minute (the run's"
+    " keys_until_ms, run_indexes.RunKeysTtl): set by a registration about once a minute, it outlives"
+    " every call record it lists"
 )
 _DONE_TTL = (
-    "as calls, by a finish at most once a minute (done_ttl_ms), and by the push that creates it (a"
-    " finish or a hand-back): it empties on every wake-up"
+    "ledger.ttl_s + 120 s, set when the run ends (session_end.lua, a loop abort), by the watchdog when"
+    " the run record is gone (drop_stale), by a finish on a run not running and by a hand-back:"
+    " while the run runs, its waiters empty it on every wake-up"
 )
 _INDEX_TTL = (
     "ledger.ttl_s + 60 s, reset at most once a minute per process (keys.IndexTtl): an index only has to"

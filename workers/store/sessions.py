@@ -9,12 +9,13 @@
   again: ``touch_progress`` and ``end_run`` return False once it is no longer running.
 * **Lease.** A lane expires by itself at its run's deadline plus a margin.
 * **Run record.** Start, deadline, last progress, status ``running|completed|aborted|
-  timed_out``, token and the watchdog's last class, in the run's hash. The gateway opens it on
-  first use (``open_run``, which reads its deadline, loop abort and guard state in the same
-  round trip); the agent's own heartbeats go there too (:class:`AgentBeats`).
+  timed_out``, token and the watchdog's last class, in the run's hash. The gateway begins and
+  opens it on first use (``begin_and_open``: ``session_start.lua`` returns its deadline, loop
+  abort and guard state); the agent's own heartbeats go there too (:class:`AgentBeats`).
 * **Indexes.** Running runs are members of two global sorted sets, by deadline and by last
   progress, so a sweep reads only the runs that are due (O(due), not O(sessions)). They are
-  hints: every decision re-reads the run record. Members are removed when a run ends.
+  hints: every decision re-reads the run record. Members are removed when a run ends
+  (:class:`workers.store.run_indexes.RunIndexes`, one script each way).
 
 The fields of each record are declared in :mod:`workers.store.records`, and read by name.
 Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic steps; see
@@ -27,7 +28,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workers.core.models import CallState
 from workers.core.run_health import CallActivity, RunStatus
 from workers.store.connection import store_errors
 from workers.store.keys import (
@@ -38,13 +38,22 @@ from workers.store.keys import (
     lane_pattern,
     member_bucket,
     parse_lane_key,
-    parse_run_member,
     run_member,
     sweep_lock_key,
 )
-from workers.store.ledger import Ledger
+from workers.store.ledger import Ledger, done_expire_s
 from workers.store.lua import load_script
-from workers.store.records import CALL, LANE, RUN, CallField, LaneField, Row, RunField
+from workers.store.records import CALL, LANE, RUN, CallField, Row, RunField
+from workers.store.run_indexes import RunIndexes
+from workers.store.session_rows import (
+    ACTIVITY_FIELDS,
+    Lane,
+    RunInfo,
+    activity_of,
+    lane_of,
+    run_info_of,
+    scored,
+)
 
 __all__ = [
     "RECENT_CALLS",
@@ -65,98 +74,6 @@ RECENT_CALLS = 20
 _OLDER_PAGE = 200  # calls read per step past the recent ones, when the run counts more open
 
 
-@dataclass(frozen=True)
-class Lane:
-    """Who holds a session's lane."""
-
-    session_key: str
-    run_id: str
-    token: int
-    agent_id: str
-    since_ms: int
-    lease_until_ms: int
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """A run record as stored."""
-
-    session_key: str
-    run_id: str
-    agent_id: str
-    status: str  # a RunStatus value, or '' for a record no gateway opened
-    started_ms: int
-    deadline_ms: int
-    progress_ms: int
-    token: int
-    klass: str
-    ended_ms: int
-    end_reason: str
-    open_calls: int = 0
-    claimed_calls: int = 0
-    agent_beat_ms: int = 0  # the agent's own last heartbeat (a model turn streaming)
-    agent_beat_what: str = ""
-    stream_idles: int = 0  # model streams that went idle past their timeout
-
-
-def _scored(member: Any, score: Any) -> tuple[str, str, int]:
-    session_key, run_id = parse_run_member(str(member))
-    return session_key, run_id, int(score)
-
-
-def _run_info(session_key: str, run_id: str, row: Row[RunField]) -> RunInfo:
-    started = row.integer(RunField.STARTED_MS)
-    return RunInfo(
-        session_key=session_key,
-        run_id=run_id,
-        agent_id=row.text(RunField.AGENT_ID),
-        status=row.text(RunField.STATUS),
-        started_ms=started,
-        deadline_ms=row.integer(RunField.DEADLINE_MS),
-        progress_ms=row.integer(RunField.PROGRESS_MS) or started,
-        token=row.integer(RunField.TOKEN),
-        klass=row.text(RunField.CLASS),
-        ended_ms=row.integer(RunField.ENDED_MS),
-        end_reason=row.text(RunField.END_REASON),
-        open_calls=max(0, row.integer(RunField.OPEN_N)),
-        claimed_calls=max(0, row.integer(RunField.CLAIMED_N)),
-        agent_beat_ms=row.integer(RunField.AGENT_BEAT_MS),
-        agent_beat_what=row.text(RunField.AGENT_BEAT_WHAT),
-        stream_idles=row.integer(RunField.STREAM_IDLE_N),
-    )
-
-
-def _lane(session_key: str, row: Row[LaneField]) -> Lane:
-    return Lane(
-        session_key=session_key,
-        run_id=row.text(LaneField.RUN_ID),
-        token=row.integer(LaneField.TOKEN),
-        agent_id=row.text(LaneField.AGENT_ID),
-        since_ms=row.integer(LaneField.SINCE_MS),
-        lease_until_ms=row.integer(LaneField.LEASE_UNTIL_MS),
-    )
-
-
-_ACTIVITY_FIELDS = (
-    CallField.STATE, CallField.TOOL, CallField.SUBMITTED_MS, CallField.STARTED_MS, CallField.HB_MS,
-    CallField.FINISHED_MS, CallField.DISPATCHED,
-)  # fmt: skip
-
-
-def _activity(call_id: str, row: Row[CallField], lease_alive: bool) -> CallActivity:
-    return CallActivity(
-        call_id=call_id,
-        tool=row.text(CallField.TOOL),
-        state=row.member(CallField.STATE, CallState),
-        submitted_ms=row.integer(CallField.SUBMITTED_MS),
-        started_ms=row.integer(CallField.STARTED_MS),
-        heartbeat_ms=row.integer(CallField.HB_MS),
-        finished_ms=row.integer(CallField.FINISHED_MS),
-        lease_alive=lease_alive,
-        dispatched=row.flag(CallField.DISPATCHED),
-    )
-
-
 # -- run records as the gateway sees them: created on first use, deadline, loop-abort state ---
 
 
@@ -175,7 +92,11 @@ class RunState:
 
 
 _ABORT_FIELDS = (RunField.STATUS, RunField.ABORT_DETECTOR, RunField.ABORT_COUNT, RunField.ABORT_MESSAGE)
-_OPEN_FIELDS = (RunField.DEADLINE_MS, RunField.GUARD_REMAINING, *_ABORT_FIELDS)
+_OPEN_FIELDS = (
+    RunField.DEADLINE_MS,
+    RunField.GUARD_REMAINING,
+    *_ABORT_FIELDS,
+)  # session_start.lua's reply too
 
 
 def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, agent_id: str) -> RunState:
@@ -191,8 +112,12 @@ def open_run(ledger: Ledger, keys: RunKeys, *, now_ms: int, deadline_ms: int, ag
         row = Row.zip(RUN, _OPEN_FIELDS, pipe.execute()[-1], where=keys.run)
     # The deadline was set just above unless the record had one: never missing in practice.
     stored = row.maybe_integer(RunField.DEADLINE_MS)
-    guard_armed = row.integer(RunField.GUARD_REMAINING) > 0
-    return RunState(deadline_ms if stored is None else stored, _abort(row), guard_armed)
+    return _state(row, deadline_ms if stored is None else stored)
+
+
+def _state(row: Row[RunField], deadline_ms: int) -> RunState:
+    """A run's state from a row of its deadline, guard and abort fields."""
+    return RunState(deadline_ms, _abort(row), row.integer(RunField.GUARD_REMAINING) > 0)
 
 
 def _abort(row: Row[RunField]) -> RunAbort | None:
@@ -233,6 +158,7 @@ def mark_run_aborted(ledger: Ledger, keys: RunKeys, abort: RunAbort, *, now_ms: 
             },
         )
         pipe.expire(keys.run, ledger.ttl_s)
+        pipe.expire(keys.done, done_expire_s(ledger.ttl_s))  # no gateway waits on an aborted run
         pipe.execute()
 
 
@@ -248,6 +174,8 @@ class SessionStore:
         self._start = load_script(self.client, "session_start.lua")
         self._touch = load_script(self.client, "session_touch.lua")
         self._end = load_script(self.client, "session_end.lua")
+        self._done_ttl_s = done_expire_s(ledger.ttl_s)
+        self._indexes = RunIndexes(self.client, ledger.ttl_s)
         self._unlock = load_script(self.client, "session_unlock.lua")
 
     # -- reads: lanes, run records, run indexes, the activity of a run's calls ------------------
@@ -265,7 +193,7 @@ class SessionStore:
         key = self.session(session_key).lane
         with store_errors():
             raw = self.client.hgetall(key)
-        return _lane(session_key, Row(LANE, raw, where=key)) if raw else None
+        return lane_of(session_key, Row(LANE, raw, where=key)) if raw else None
 
     def run(self, session_key: str, run_id: str) -> RunInfo | None:
         """One run record, or None when it does not exist (or expired)."""
@@ -281,7 +209,7 @@ class SessionStore:
                 pipe.hgetall(key)
             replies = pipe.execute() if pairs else []
         return [
-            _run_info(session_key, run_id, Row(RUN, raw, where=key))
+            run_info_of(session_key, run_id, Row(RUN, raw, where=key))
             for (session_key, run_id), key, raw in zip(pairs, keys, replies, strict=True)
             if raw
         ]
@@ -296,7 +224,7 @@ class SessionStore:
                 pipe.zrangebyscore(getattr(keys, index), low, high, start=0, num=limit, withscores=True)
             rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
         rows.sort(key=lambda row: row[1])
-        return [_scored(m, score) for m, score in rows[:limit]]
+        return [scored(m, score) for m, score in rows[:limit]]
 
     def past_deadline(self, now_ms: int, limit: int) -> list[tuple[str, str, int]]:
         """Running runs whose deadline has passed: (session, run, deadline ms)."""
@@ -318,7 +246,7 @@ class SessionStore:
                 pipe.zrevrange(keys.ended, 0, limit - 1, withscores=True)
             rows: list[Any] = [row for bucket in pipe.execute() for row in bucket]
         rows.sort(key=lambda row: row[1], reverse=True)
-        return [_scored(m, score) for m, score in rows[:limit]]
+        return [scored(m, score) for m, score in rows[:limit]]
 
     def find_session(self, session_key: str, limit: int = 100_000) -> RunInfo | None:
         """The session's current run (lane holder), else its latest run found in the indexes."""
@@ -359,14 +287,14 @@ class SessionStore:
             pipe = self.client.pipeline(transaction=False)
             for (session_key, run_id), call_id in wanted:
                 keys = RunKeys(self.prefix, session_key, run_id)
-                pipe.hmget(keys.call(call_id), _ACTIVITY_FIELDS)
+                pipe.hmget(keys.call(call_id), ACTIVITY_FIELDS)
                 pipe.exists(keys.lease(call_id))
             replies = pipe.execute() if wanted else []
         out: dict[tuple[str, str], list[CallActivity]] = {pair: [] for pair, _ in wanted}
         for n, (pair, call_id) in enumerate(wanted):
-            row = Row.zip(CALL, _ACTIVITY_FIELDS, replies[2 * n])
+            row = Row.zip(CALL, ACTIVITY_FIELDS, replies[2 * n])
             if CallField.STATE in row:  # still registered
-                out[pair].append(_activity(call_id, row, bool(replies[2 * n + 1])))
+                out[pair].append(activity_of(call_id, row, bool(replies[2 * n + 1])))
         return out
 
     def _older_open_calls(self, pair: tuple[str, str], missing: int) -> list[CallActivity]:
@@ -392,7 +320,7 @@ class SessionStore:
                 raw = self.client.hgetall(key)
                 if raw:
                     row = Row(LANE, raw, where=str(key))
-                    found.append(_lane(parse_lane_key(self.prefix, str(key)), row))
+                    found.append(lane_of(parse_lane_key(self.prefix, str(key)), row))
         return found
 
     # -- the gateway's calls ------------------------------------------------------------------
@@ -413,32 +341,64 @@ class SessionStore:
         marked ``aborted``, then ``answer_superseded`` answers its unanswered calls (the
         answering service's ``cancelled``; without it they are answered by their deadline).
         """
+        token, _ = self._begin(session_key, run_id, agent_id, now_ms, deadline_ms, answer_superseded)
+        return token
+
+    def begin_and_open(
+        self,
+        session_key: str,
+        run_id: str,
+        agent_id: str,
+        now_ms: int,
+        deadline_ms: int,
+        *,
+        answer_superseded: Callable[[RunKeys], object] | None = None,
+    ) -> RunState:
+        """:meth:`begin_run`, and the run's deadline, abort and guard state from the same round trips.
+
+        What :func:`open_run` reads after a begin: ``session_start.lua`` returns it, so a batch
+        opening its run needs no read of its own. A run that already ended is read once.
+        """
+        _, state = self._begin(session_key, run_id, agent_id, now_ms, deadline_ms, answer_superseded)
+        if state is not None:
+            return state
+        keys = RunKeys(self.prefix, session_key, run_id)  # ended before this begin
+        return open_run(self.ledger, keys, now_ms=now_ms, deadline_ms=deadline_ms, agent_id=agent_id)
+
+    def _begin(
+        self,
+        session_key: str,
+        run_id: str,
+        agent_id: str,
+        now_ms: int,
+        deadline_ms: int,
+        answer_superseded: Callable[[RunKeys], object] | None,
+    ) -> tuple[int, RunState | None]:
+        """The lane's token (0: the run ended before) and, when begun, the run's state."""
         run_keys = RunKeys(self.prefix, session_key, run_id)
         sess = self.session(session_key)
         with store_errors():
             status = self.client.hget(run_keys.run, RunField.STATUS)
             if status and status != RunStatus.RUNNING.value:
-                return 0
+                return 0, None
             lease_until = max(deadline_ms, now_ms) + LANE_LEASE_MARGIN_MS
             token, previous, prev_token = self._acquire(
                 keys=[sess.lane, sess.fence],
                 args=[run_id, agent_id, now_ms, lease_until, self.ledger.ttl_s],
             )
-            stored_deadline = self._start(
-                keys=[run_keys.run], args=[token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s]
+            started = Row.zip(
+                RUN,
+                _OPEN_FIELDS,
+                self._start(
+                    keys=[run_keys.run], args=[token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s]
+                ),
+                where=run_keys.run,
             )
-            member, index = run_member(session_key, run_id), run_keys.index
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zadd(index.by_deadline, {member: int(stored_deadline or deadline_ms)})
-            pipe.zadd(index.by_progress, {member: now_ms}, gt=True)
-            # Indexes expire too, refreshed on every write: idle for a whole ledger TTL,
-            # every run they point to has expired as well.
-            pipe.expire(index.by_deadline, self.ledger.ttl_s)
-            pipe.expire(index.by_progress, self.ledger.ttl_s)
-            pipe.execute()
+            stored_deadline = started.integer(RunField.DEADLINE_MS)
+            self._indexes.enter(run_keys, now_ms, deadline_ms=stored_deadline or deadline_ms)
         if previous:
             self._supersede(session_key, str(previous), int(prev_token), now_ms, answer_superseded)
-        return int(token)
+        return int(token), _state(started, stored_deadline or deadline_ms)
 
     def touch_progress(self, session_key: str, run_id: str, now_ms: int) -> bool:
         """Record progress of a run; False once it is no longer running (superseded or ended)."""
@@ -474,7 +434,12 @@ class SessionStore:
         keys = RunKeys(self.prefix, session_key, run_id)
         expected = "" if token is None else str(token)
         with store_errors():
-            ended = bool(self._end(keys=[keys.run], args=[status.value, now_ms, reason, expected]))
+            ended = bool(
+                self._end(
+                    keys=[keys.run, keys.done],
+                    args=[status.value, now_ms, reason, expected, self._done_ttl_s],
+                )
+            )
         if release:
             self.close_run(session_key, run_id, now_ms, token=token)
         return ended
@@ -528,8 +493,13 @@ class SessionStore:
             return bool(self._release(keys=[self.session(session_key).lane], args=[run_id, expected]))
 
     def drop_stale(self, session_key: str, run_id: str, now_ms: int) -> None:
-        """Remove an index member whose run record expired or ended (the indexes are hints)."""
+        """Remove an index member whose run record expired or ended (the indexes are hints).
+
+        The run's done list gets its TTL too: a finish on a running run sets none, and a run
+        whose record expired while running never reached ``session_end.lua``.
+        """
         with store_errors():
+            self.client.expire(self.run_keys(session_key, run_id).done, self._done_ttl_s)
             self._unindex(session_key, run_id, now_ms, ended=False)
 
     def _supersede(
@@ -543,22 +513,17 @@ class SessionStore:
         keys = RunKeys(self.prefix, session_key, run_id)
         with store_errors():
             ended = bool(
-                self._end(keys=[keys.run], args=[RunStatus.ABORTED.value, now_ms, "superseded", str(token)])
+                self._end(
+                    keys=[keys.run, keys.done],
+                    args=[RunStatus.ABORTED.value, now_ms, "superseded", str(token), self._done_ttl_s],
+                )
             )
             self._unindex(session_key, run_id, now_ms, ended=ended)
         if ended and answer_superseded is not None:
             answer_superseded(keys)
 
     def _unindex(self, session_key: str, run_id: str, now_ms: int, *, ended: bool) -> None:
-        member, index = run_member(session_key, run_id), self.run_keys(session_key, run_id).index
-        pipe = self.client.pipeline(transaction=True)
-        pipe.zrem(index.by_deadline, member)
-        pipe.zrem(index.by_progress, member)
-        if ended:
-            pipe.zadd(index.ended, {member: now_ms})
-        pipe.zremrangebyscore(index.ended, float("-inf"), now_ms - self.ledger.ttl_s * 1000)
-        pipe.expire(index.ended, self.ledger.ttl_s)
-        pipe.execute()
+        self._indexes.leave(self.run_keys(session_key, run_id), now_ms, ended=ended)
 
 
 class AgentBeats:

@@ -1,7 +1,9 @@
 """The worker main process's watch over its running calls, one tick every renew interval.
 
-Each tick renews the leases of calls whose pool child is alive, answers the calls whose
-child died, stops tools whose heartbeat went stale, and enforces cancels. The main process
+Each tick renews the leases of calls whose pool child is alive (and counts each such call's
+claim in its run's summary, once: a claim does not count itself, see
+:class:`workers.store.claims.ClaimCounter`), answers the calls whose child died, stops tools
+whose heartbeat went stale, and enforces cancels. The main process
 survives a hung or killed pool child, so these answers still come. The Celery bootstep that
 runs the ticks on a thread, and finds the running calls in Celery's worker state, is
 :class:`workers.celery_edge.bootsteps.LeaseKeeping`.
@@ -18,6 +20,7 @@ from typing import Any
 from workers.core.heartbeats import ChildVerdict, RunningCall, judge_running_call
 from workers.core.models import SyntheticReason
 from workers.runtime import now_ms, runtime, worker_id
+from workers.store.claims import ClaimCounter
 from workers.store.keys import RunKeys
 from workers.worker.cancel import CancelEnforcer, RunningJob
 from workers.worker.lost_calls import answer_from_main_process, answer_lost_child, pid_alive, pid_of
@@ -47,6 +50,8 @@ class LeaseKeeper:
 
     def __init__(self) -> None:
         self._cancels: CancelEnforcer | None = None
+        self._counter: ClaimCounter | None = None
+        self._counted: set[str] = set()  # call keys whose claim this keeper counted
 
     def tick(self, running: list[dict[str, Any]]) -> None:
         """One pass over the keyword arguments of the invoke tasks this worker holds."""
@@ -65,6 +70,7 @@ class LeaseKeeper:
             elif verdict is ChildVerdict.HEARTBEAT_STALE:
                 self._interrupt(kwargs, worker)
         rt.ledger.renew_leases(renew, worker_id(), now_ms=now)
+        self._count_claims(renew, now)
         memory_guard().sweep(lambda pid: pid_alive(f"{host}:{pid}"))
         self._enforce_cancels(
             [
@@ -74,6 +80,17 @@ class LeaseKeeper:
             ],
             now,
         )
+
+    def _count_claims(self, renew: list[tuple[RunKeys, str]], now: int) -> None:
+        """Count the claims of running calls not counted yet; forget calls no longer running here."""
+        running = {keys.call(call_id): (keys, call_id) for keys, call_id in renew}
+        self._counted &= running.keys()
+        for key, (keys, call_id) in running.items():
+            if key not in self._counted:
+                if self._counter is None:
+                    self._counter = ClaimCounter(runtime().ledger.client)
+                self._counter.count(keys, call_id, now_ms=now)
+                self._counted.add(key)
 
     def _enforce_cancels(self, jobs: list[RunningJob], now: int) -> None:
         if self._cancels is None:

@@ -8,7 +8,7 @@
 -- cancellation, a second execution's result): the delivered answer replaces it, so the
 -- ledger ends holding what the agent was handed (docs/failover.md, "Kept until a replica
 -- holds it").
-local call = redis.call('HMGET', KEYS[1], 'state', 'result', 'finished_ms')
+local call = redis.call('HMGET', KEYS[1], 'state', 'result', 'finished_ms', 'counted')
 local ttl = tonumber(ARGV[5])
 if call[2] == ARGV[2] then
   return 0
@@ -23,7 +23,7 @@ redis.call('HSET', KEYS[1], 'call_id', ARGV[1], 'state', 'done', 'result', ARGV[
 if call[1] and not call[2] then
   -- An open call (its registration survived, its answer did not): the run's summary counts it
   -- answered now, as a winning finish would (lib_run_summary.lua).
-  touch_run(KEYS[5], ARGV[4], -1, call[1] == 'running' and -1 or 0)
+  touch_run(KEYS[5], ARGV[4], -1, (call[1] == 'running' and call[4] == '1') and -1 or 0)
 end
 if redis.call('TTL', KEYS[1]) < 0 then
   redis.call('EXPIRE', KEYS[1], ttl)

@@ -1,4 +1,4 @@
--- A worker claims a call before running its tool. KEYS: call, lease, run.
+-- A worker claims a call before running its tool. KEYS: call, lease, run (unused: see below).
 -- ARGV: now_ms, worker_id, lease_ttl_ms, tool, job_digest (of the message received), nonce
 -- (one per claim: the same claim sent again, after its replica acknowledgement came back
 -- short, finds the call already its own and is answered 'claimed' with the same attempt).
@@ -12,7 +12,9 @@
 -- One read of the call: state 'done' is written with the result, in the same HSET
 -- (ledger_finish.lua), and no script changes the state of an answered call, so it stands for
 -- "has a result" without fetching the result. No EXPIRE: the registration gave the record
--- ledger.ttl_s past its deadline.
+-- ledger.ttl_s past its deadline. No run summary either: the claim is counted in claimed_n
+-- by the worker's lease keeper if the call is still running at its next tick
+-- (ledger_count_claim.lua), and a takeover leaves the call's 'counted' flag as it was.
 local call = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'tool', 'job_digest', 'worker',
                         'started_ms', 'claim')
 local state, attempt = call[1], tonumber(call[2] or '0') or 0
@@ -34,11 +36,9 @@ end
 if not redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3], 'NX') then
   return {'busy', attempt, tool}
 end
-local taken_over = state == 'running' -- its lease lapsed
 attempt = attempt + 1
 redis.call('HSET', KEYS[1], 'state', 'running', 'started_ms', ARGV[1], 'hb_ms', ARGV[1],
            'worker', ARGV[2], 'attempt', attempt, 'claim', ARGV[6])
-touch_run(KEYS[3], ARGV[1], 0, taken_over and 0 or 1)
 if attempt > 1 then
   return {'claimed', attempt, tool, call[5] or '', tonumber(call[6] or '0') or 0}
 end

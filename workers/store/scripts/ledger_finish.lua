@@ -6,9 +6,10 @@
 -- State 'done' is written together with the result (below), so one read of the state tells
 -- both whether a result exists and whether the call was claimed.
 -- TTLs (see ledger_register.lua): the record lives ttl_s past its deadline already, so only an
--- answer past the deadline (or a record the registration did not write) extends it; the done
--- list is given its TTL when this push created it or its last TTL is a refresh interval old
--- (done_ttl_ms, see lib_run_summary.lua).
+-- answer past the deadline (or a record the registration did not write) extends it. The done
+-- list gets its TTL here only when the run is not running (ended, or no record): a running
+-- run's waiters empty it on every wake-up, and it is given its TTL when the run ends
+-- (session_end.lua, mark_run_aborted) or its record is found gone (the watchdog's drop_stale).
 -- The done signal is the result, then '\31' (U+001F, which JSON never holds raw), then the call
 -- id: the waiter it wakes has the answer without reading the record back (the result sits in
 -- the list too until popped). workers/store/ledger.py (Signal) reads it; keep the two agreeing.
@@ -16,7 +17,7 @@
 -- stops renewing when the task ends), and every reader of a lease reads the call's state
 -- first, so a lease on an answered call means nothing. That saves a DEL per call; the price
 -- is up to lease.ttl_s of a small key per answered call (the record itself lives ledger.ttl_s).
-local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms', 'writer', 'result')
+local call = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms', 'writer', 'result', 'counted')
 local state = call[1]
 local ttl, refresh = tonumber(ARGV[5]), tonumber(ARGV[7])
 if state == 'done' and call[3] == ARGV[6] and call[4] == ARGV[2] then
@@ -27,7 +28,7 @@ if state == 'done' then
   redis.call('EXPIRE', KEYS[2], ttl)
   return 0
 end
-local was_claimed = state == 'running'
+local was_counted = state == 'running' and call[5] == '1' -- in claimed_n (ledger_count_claim.lua)
 local was_open = state ~= false -- registered (a state), and not answered (not 'done', above)
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'reason', ARGV[3],
            'finished_ms', ARGV[4], 'writer', ARGV[6])
@@ -42,13 +43,10 @@ if state == false then
     redis.call('EXPIRE', KEYS[5], ttl + 2 * refresh)
   end
 end
-local signals = redis.call('RPUSH', KEYS[3], ARGV[2] .. '\31' .. ARGV[1])
-local run = read_run(KEYS[4])
-local open_delta, claimed_delta = was_open and -1 or 0, was_claimed and -1 or 0
-if signals > 1 and ttl_fresh(run, DONE_TTL, ARGV[4], refresh) then
-  write_summary(KEYS[4], run, ARGV[4], open_delta, claimed_delta)
-else
+redis.call('RPUSH', KEYS[3], ARGV[2] .. '\31' .. ARGV[1])
+local run = read_run(KEYS[4], {'status'})
+if run[RUN_EXTRA + 1] ~= 'running' then
   redis.call('EXPIRE', KEYS[3], ttl + 2 * refresh)
-  write_summary(KEYS[4], run, ARGV[4], open_delta, claimed_delta, 'done_ttl_ms', ARGV[4])
 end
+write_summary(KEYS[4], run, ARGV[4], was_open and -1 or 0, was_counted and -1 or 0)
 return 1

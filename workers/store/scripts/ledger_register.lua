@@ -1,6 +1,6 @@
 -- Register a call once. KEYS: call, calls, run[, broker queue]. ARGV: call_id, now_ms,
--- deadline_ms, ttl_s, refresh_s, message ('' for none), then field/value pairs, the last pair
--- 'reg' and this registration's nonce. Returns {created, run_status, guard_remaining}:
+-- deadline_ms, ttl_s, refresh_s, keys_until_ms, message ('' for none), then field/value pairs,
+-- the last pair 'reg' and this registration's nonce. Returns {created, run_status, guard_remaining}:
 --   created 1 when new, 0 when the id was already registered (a resubmission after a gateway
 --   restart must not dispatch twice), -1 when the run is no longer running (fencing: a
 --   superseded, aborted or timed-out run cannot start new calls). The same registration sent
@@ -15,9 +15,11 @@
 --
 -- TTLs (see workers/store/keys.py): the call record is given ttl_s past its deadline (plus one
 -- refresh interval for clocks that disagree), so claim and finish need not extend it; only a
--- finish past the deadline does. The run's calls key gets ttl_s + 2 refresh intervals, only
--- when the run record says its last refresh is older than one interval (ttl_fresh). Calls are
--- never removed from it, so it never empties (an emptied key would lose its TTL).
+-- finish past the deadline does. The run's calls key expires at keys_until_ms, an absolute
+-- time past every deadline of its calls (workers/store/run_indexes.py): set only when later
+-- than the run record's keys_until_ms, so about once per refresh interval. Calls are never
+-- removed from it, so it never empties (an emptied key would lose its TTL), and it outlives
+-- every record it lists: ZADD NX on it is the check that the id is new.
 -- Which calls are still open is each record's state (and the run summary's open_n): no set
 -- of open calls is kept, so registering costs no ZADD and finishing no ZREM.
 local run = read_run(KEYS[3], {'status', 'guard_remaining'})
@@ -26,26 +28,28 @@ local guard = tonumber(run[RUN_EXTRA + 2] or '0')
 if status ~= '' and status ~= 'running' then
   return {-1, status, guard}
 end
--- A new call (most) costs one EXISTS; the nonce is read only for an id seen before.
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- A new call (most) costs one ZADD NX, which lists it too; the nonce is read only for an id
+-- seen before. An id listed without a record (a record lost by hand) registers anew.
+if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[1]) == 0 then
   local registered = redis.call('HGET', KEYS[1], 'reg')
-  return {registered == ARGV[#ARGV] and 1 or 0, status, guard}
+  if registered or redis.call('EXISTS', KEYS[1]) == 1 then
+    return {registered == ARGV[#ARGV] and 1 or 0, status, guard}
+  end
 end
 local now, deadline = tonumber(ARGV[2]), tonumber(ARGV[3])
-local ttl, refresh = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ttl, refresh, expires = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local fields = {}
-for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'submitted_ms', ARGV[2], 'deadline_ms', ARGV[3],
            'attempt', 0, unpack(fields))
 redis.call('EXPIRE', KEYS[1], ttl + refresh + math.max(0, math.ceil((deadline - now) / 1000)))
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-if ttl_fresh(run, KEYS_TTL, ARGV[2], refresh) then
+if (tonumber(run[KEYS_UNTIL] or '') or 0) >= expires then
   write_summary(KEYS[3], run, ARGV[2], 1, 0)
 else
-  redis.call('EXPIRE', KEYS[2], ttl + 2 * refresh)
-  write_summary(KEYS[3], run, ARGV[2], 1, 0, 'keys_ttl_ms', ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], math.max(1, expires - now))
+  write_summary(KEYS[3], run, ARGV[2], 1, 0, 'keys_until_ms', ARGV[6])
 end
-if ARGV[6] ~= '' then
-  redis.call('LPUSH', KEYS[4], ARGV[6])
+if ARGV[7] ~= '' then
+  redis.call('LPUSH', KEYS[4], ARGV[7])
 end
 return {1, status, guard}

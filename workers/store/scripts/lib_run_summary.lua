@@ -3,17 +3,17 @@
 -- reads one hash per run instead of every call:
 --   progress_ms  the latest activity of any call (raised, never lowered)
 --   open_n       calls without a result (register +1, the winning finish -1)
---   claimed_n    calls a worker has claimed and not answered (claim +1, finish or requeue -1)
+--   claimed_n    calls a worker has claimed and not answered, counted by the lease keeper once
+--                running (ledger_count_claim.lua +1; finish, requeue of a counted claim -1)
 -- Nothing is written when the run record does not exist (a call outside a run, or a record
 -- that expired): a summary never creates a run. Every call change pays for this, so it is
 -- one HMGET and at most one HSET (counters never go below zero).
 --
--- The same HMGET reads keys_ttl_ms, when a registration last gave the run's calls key its TTL (ledger.ttl_s + 2 refresh intervals), and done_ttl_ms, when a finish last gave
--- the done list its TTL. Within one refresh interval of it (either side, for clocks that
--- disagree) those keys are known to outlive ledger.ttl_s, and register and finish skip their
--- EXPIREs. No record, no field: then they always EXPIRE.
-local SUMMARY_FIELDS = {'progress_ms', 'open_n', 'claimed_n', 'keys_ttl_ms', 'done_ttl_ms'}
-local KEYS_TTL, DONE_TTL = 4, 5 -- positions in read_run's row
+-- The same HMGET reads keys_until_ms, when the run's calls key expires as a registration last
+-- set it (workers/store/run_indexes.py): a registration whose own time is not later skips its
+-- PEXPIRE. No record, no field: then it always expires.
+local SUMMARY_FIELDS = {'progress_ms', 'open_n', 'claimed_n', 'keys_until_ms'}
+local KEYS_UNTIL = 4 -- position in read_run's row
 local RUN_EXTRA = #SUMMARY_FIELDS -- read_run's `extra` fields come after this position
 
 -- The run's summary fields, read once; `extra` field names are read in the same HMGET and
@@ -24,18 +24,11 @@ local function read_run(run, extra)
   return redis.call('HMGET', run, unpack(fields))
 end
 
--- Whether the keys whose refresh time is at row[which] (KEYS_TTL or DONE_TTL) had their TTL
--- set within refresh_s of now_ms (row: read_run's).
-local function ttl_fresh(row, which, now_ms, refresh_s)
-  local at = tonumber(row[which] or '')
-  return at ~= nil and math.abs(tonumber(now_ms) - at) < tonumber(refresh_s) * 1000
-end
-
 -- Apply a change to a summary read by read_run (`row`); returns nothing. `ttl_field` and
--- `ttl_ms`, when given, record a refresh of some keys' TTL (see ttl_fresh).
+-- `ttl_ms`, when given, record when some keys expire (keys_until_ms).
 local function write_summary(run, row, now_ms, open_delta, claimed_delta, ttl_field, ttl_ms)
   local progress, open_n, claimed_n = row[1], row[2], row[3]
-  if not progress and not open_n and not claimed_n and not row[KEYS_TTL] and not row[DONE_TTL]
+  if not progress and not open_n and not claimed_n and not row[KEYS_UNTIL]
      and redis.call('EXISTS', run) == 0 then
     return
   end
