@@ -22,7 +22,7 @@ from workers.core.mcp_upstreams import served_upstream
 from workers.core.redact import install_log_redaction
 from workers.errors import ConfigError, StoreError, WorkerConfigError
 from workers.runtime import runtime
-from workers.tools.upstreams import start_sessions
+from workers.tools.upstreams import start_sessions, stop_sessions
 from workers.worker.lease_keeper import LeaseKeeper, renew_interval_s
 from workers.worker.memory_guard import install_memory_guard, memory_guard
 
@@ -125,6 +125,7 @@ def install_worker_steps(celery: Celery) -> None:
     signals.worker_process_init.connect(_start_tracing, weak=False)
     signals.worker_process_init.connect(functools.partial(_start_upstreams, celery), weak=False)
     signals.worker_process_shutdown.connect(_flush_spans, weak=False)
+    signals.worker_process_shutdown.connect(_stop_upstreams, weak=False)
 
 
 def _start_tracing(**_: Any) -> None:
@@ -138,6 +139,10 @@ def _start_upstreams(celery: Celery, **_: Any) -> None:
     settings = runtime().settings
     serving = served_upstream(settings.broker.queue, celery.amqp.queues.consume_from or ())
     start_sessions(settings.mcp.upstreams(), serving=serving)
+
+
+def _stop_upstreams(**_: Any) -> None:
+    stop_sessions()  # the child leaves through os._exit: its upstreams would outlive it
 
 
 def _flush_spans(**_: Any) -> None:

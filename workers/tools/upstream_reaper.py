@@ -1,7 +1,8 @@
 """Stdio upstreams whose pool child died: found and killed by the next pool child.
 
-A pool child killed at a call's hard limit cannot stop the upstream it started. A healthy
-upstream exits when its stdin closes; a wedged one never reads it. So every started upstream
+A pool child that exits stops its upstreams (``stop_sessions`` at ``worker_process_shutdown``),
+but one SIGKILLed (a call's hard limit, the OOM killer) cannot. A healthy upstream exits when
+its stdin closes; a wedged one never reads it, and some never exit on it. So every started upstream
 is noted in a file (owner pid, process group, start time) and each new pool child kills the
 groups of owners that are gone. The start time guards against a reused process id.
 """

@@ -45,6 +45,7 @@ __all__ = [
     "register_upstreams",
     "session_for",
     "start_sessions",
+    "stop_sessions",
     "upstream_failures",
 ]
 
@@ -120,6 +121,19 @@ def start_sessions(upstreams: Mapping[str, Upstream], *, serving: str = "") -> N
         ours = upstream.name == serving if upstream.unstuck.stateful else not serving
         if ours and _listed.get(upstream.name) == upstream:
             threading.Thread(target=start, args=(session_for(upstream),), daemon=True).start()
+
+
+def stop_sessions() -> None:
+    """Close this process's upstream sessions and kill their process groups (a pool child's exit).
+
+    A stdio upstream is meant to exit when its stdin closes, but some never do (server-everything
+    keeps its timers running): without this, each pool child that leaves leaves its upstreams behind.
+    """
+    with _lock:
+        sessions = list(_sessions.values()) if _sessions_pid == os.getpid() else []
+        _sessions.clear()
+    for session in sessions:
+        session.close()
 
 
 def register_upstreams(upstreams: Mapping[str, Upstream]) -> list[UpstreamFailure]:
