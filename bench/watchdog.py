@@ -6,8 +6,8 @@ renews its lease (so 100 000 unanswered calls sit in the due and lease indexes, 
 as the sweep's first look at each left them):
 90 000 progressed recently; 10 000 are due, the run index having seen no progress for
 longer than ``stalled_after_s``. The due runs are built through the real write paths
-(``begin_run``, ``register_call``, ``claim``, ``heartbeat``, ``renew_leases``), in two
-scenarios:
+(``begin_run``, ``register_call``, ``claim``, the lease keeper's claim count, ``heartbeat``,
+``renew_leases``), in two scenarios:
 
 1. their tools heartbeat (only the gateway has been quiet, waiting): the sweep must find
    the real activity, class them ``long_running`` and move them forward in the index;
@@ -40,6 +40,7 @@ from workers.core.models import CallState
 from workers.core.run_health import RunStatus
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
+from workers.store.claims import ClaimCounter
 from workers.store.connection import connect
 from workers.store.keys import SessionKeys, all_index_keys, index_keys, member_bucket, run_member
 from workers.store.ledger import Ledger
@@ -96,6 +97,7 @@ def _populate_due(client: redis.Redis, now: int, run_id: str, *, heartbeat: bool
     """
     store = SessionStore(_ledger(client))
     ledger = store.ledger
+    keeper = ClaimCounter(client)  # what the worker's lease keeper counts at its next tick
     old = now - int(STALLED_AFTER_S * 1000) - 60_000
     for n in range(DUE):
         session = f"agent:main:s{n}"
@@ -109,6 +111,7 @@ def _populate_due(client: redis.Redis, now: int, run_id: str, *, heartbeat: bool
         }
         ledger.register_call(keys, "c1", now_ms=old, deadline_ms=now + 600_000, fields=job)
         ledger.claim(keys, "c1", worker_id="w:1", now_ms=old + 5, tool="exec", job_digest="d")
+        keeper.count(keys, "c1", now_ms=old + 505)  # a claim is counted in claimed_n off its path
         # Submitted long ago, the call had its first look (due one lease after submission): it
         # left the call due at its deadline, its lease in the lease index.
         client.zadd(keys.index.due, {keys.due_member("c1"): now + 600_000}, xx=True)
