@@ -44,8 +44,7 @@ RENAMES: Mapping[str, str] = {
     "__anext__": "__next__",
     "StopAsyncIteration": "StopIteration",
     "aclose": "close",
-    "aconfirmed": "confirmed",
-    "await_for": "wait_for",
+    "acluster_confirmed": "cluster_confirmed",
     "on_async": "on",
     "asyncio": "time",
     "asyncio.sleep": "time.sleep",
@@ -72,8 +71,13 @@ def rename(dotted: str, renames: Mapping[str, str] = RENAMES) -> str:
 
 
 def _rename_words(text: str, renames: Mapping[str, str]) -> str:
-    """Every renamed (dotted) name in a string or comment, replaced."""
-    return _WORD.sub(lambda match: rename(match.group(0), renames), text)
+    """Every renamed (dotted) name in a string or comment, replaced; prose keeps the word "asyncio"."""
+
+    def renamed(match: re.Match[str]) -> str:
+        word = match.group(0)
+        return word if word == "asyncio" else rename(word, renames)
+
+    return _WORD.sub(renamed, text)
 
 
 def _offsets(source: str) -> list[int]:
@@ -173,8 +177,9 @@ def sync_path(source_path: Path) -> Path:
 
 
 def sources(root: Path = ROOT, packages: Sequence[str] = PACKAGES) -> list[Path]:
-    """Every hand-written asyncio source: the modules of the ``_async/`` subpackages."""
-    return sorted(path for package in packages for path in (root / package).rglob("_async/*.py"))
+    """Every hand-written asyncio source: the modules of the ``_async/`` subpackages, ``__init__`` aside."""
+    found = (path for package in packages for path in (root / package).rglob("_async/*.py"))
+    return sorted(path for path in found if path.name != "__init__.py")
 
 
 def stale(paths: Sequence[Path], root: Path = ROOT) -> list[Path]:

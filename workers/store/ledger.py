@@ -47,6 +47,8 @@ from redis.exceptions import NoScriptError
 from workers.core.models import CallState, ToolResult
 from workers.core.reaping import ActionKind, OpenCall, Reap, next_look_ms, past_first_look
 from workers.core.run_health import RunStatus
+from workers.store._async import replica_sends as async_sends
+from workers.store._sync import replica_sends
 from workers.store.claims import Claim, claim_of
 from workers.store.connection import store_errors
 from workers.store.kept_answers import KeptAnswers
@@ -431,8 +433,8 @@ class Ledger(_LedgerCore):
         """Send ``op``; its script's reply."""
         with store_errors():
             if op.decides:
-                return self.replica_acks.confirmed(
-                    self.client, lambda seal: self._send(op, seal), slot_key=op.keys[0]
+                return replica_sends.confirmed(
+                    self.replica_acks, self.client, lambda seal: self._send(op, seal), slot_key=op.keys[0]
                 )[0]
             return self._send(op, no_seal)[0]
 
@@ -642,7 +644,9 @@ class Ledger(_LedgerCore):
             return pipe.execute()
 
         with store_errors():
-            raw = self.replica_acks.confirmed(self.client, read, read=True, slot_key=keys.call(call_ids[0]))
+            raw = replica_sends.confirmed(
+                self.replica_acks, self.client, read, read=True, slot_key=keys.call(call_ids[0])
+            )
             return self.handed(keys, _stored_results(call_ids, raw))
 
     def wait_for_results(
@@ -756,7 +760,9 @@ class AsyncLedger(_LedgerCore):
         on = client or self.client
         with store_errors():
             if op.decides:
-                return (await self.replica_acks.aconfirmed(on, lambda seal: self._send(op, seal, on)))[0]
+                return (
+                    await async_sends.confirmed(self.replica_acks, on, lambda seal: self._send(op, seal, on))
+                )[0]
             return (await self._send(op, no_seal, on))[0]
 
     async def _send(self, op: _Op, seal: Seal, client: aredis.Redis) -> list[Any]:
@@ -836,7 +842,7 @@ class AsyncLedger(_LedgerCore):
 
         with store_errors():
             answers = _stored_results(
-                call_ids, await self.replica_acks.aconfirmed(self.client, read, read=True)
+                call_ids, await async_sends.confirmed(self.replica_acks, self.client, read, read=True)
             )
         return self.handed(keys, answers)
 
