@@ -141,7 +141,9 @@ class _FinishingLedger(_ReadsLedger):
         self.wins = wins
         self.finished: list[str] = []
 
-    def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
+    def finish(
+        self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str, submitted_ms: int | None = None
+    ) -> bool:
         self.finished.append(result.tool_call_id)
         return self.wins
 

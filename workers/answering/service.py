@@ -141,10 +141,10 @@ class Answers:
         submitted_ms: int | None = None,
     ) -> _Steps[bool]:
         """Write ``result`` as given, first writer wins; True when it won (a loser is kept as late)."""
-        # Only the worker knows when its call was submitted (the asyncio ledger never asks).
-        extra = {} if submitted_ms is None else {"submitted_ms": submitted_ms}
         given = self.given(result)
-        won = yield _ask("finish", keys, given, now_ms=now_ms, writer=writer or self.writer, **extra)
+        won = yield _ask(
+            "finish", keys, given, now_ms=now_ms, writer=writer or self.writer, submitted_ms=submitted_ms
+        )
         return bool(won)
 
     @_plan
