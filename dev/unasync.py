@@ -32,9 +32,8 @@ PACKAGES = ("workers",)
 RENAMES: Mapping[str, str] = {
     "_async": "_sync",
     "AsyncLedgerClient": "LedgerClient",
-    "AsyncWaiting": "Waiting",
+    "AsyncLedger": "Ledger",
     "AsyncRegistering": "Registering",
-    "AsyncTurns": "Turns",
     "AsyncWaiter": "Waiter",
     "AsyncIterator": "Iterator",
     "AsyncIterable": "Iterable",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from workers.core.loops import Detector, LoopVerdict
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
+from workers.gateway._sync.waiter import Waiter
+from workers.gateway.batch import Abort, Batch
 from workers.gateway.call_path import CallPath, InFlight, Stage
-from workers.gateway.waiter import Abort, Batch, Waiter
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.sessions import RunAbort

@@ -54,7 +54,7 @@ class LedgerClient:
     """The ledger on one Redis client (a cluster client too). All methods raise ``StoreError``.
 
     Registrations may have a client of their own (``registering``, default: ``client``): see
-    :class:`workers.store.ledger.AsyncLedger`.
+    :class:`workers.store.ledger.Ledger`.
     """
 
     def __init__(
