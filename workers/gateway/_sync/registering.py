@@ -4,8 +4,8 @@
 A call that passed the earlier stages (:class:`workers.gateway.call_path.CallPath`) is
 planned (its limits, record and message), registered through the ledger, whose register
 script pushes its message onto the broker's Redis list in the same step when it can
-(:mod:`workers.celery_edge.messages`), and announced. This module is the asyncio side (the
-event loop registers without a thread hop); the sync side is generated from it
+(:mod:`workers.celery_edge.messages`), and announced. Written once: the asyncio module (an
+event loop registers without a thread hop) is the source the sync one is generated from
 (``make generate``), so a registration costs the same round trips either way. A call the
 store did not take is left to the waiter (answered ``dispatch_failed``).
 """
@@ -39,7 +39,7 @@ class Registering:
     """Registers and publishes the calls of a call path's batches on one ledger.
 
     ``offload`` runs the rare step that reads the store synchronously (a refusal reads the
-    run's abort) where it may block: a thread, for the asyncio side.
+    run's abort) where it may block: a thread on asyncio, at once on the sync path.
     """
 
     path: _Path

@@ -3,8 +3,8 @@
 
 ``call_tools_in`` runs the calls of an assistant message in a provider's format and returns
 the answer to append; ``collect`` gathers every call of a run after a gateway restart,
-waiting for the live ones. This module is the asyncio side; the sync side is generated from
-it (``make generate``).
+waiting for the live ones. Written once: the asyncio module is the source the sync one is
+generated from (``make generate``).
 """
 
 from __future__ import annotations

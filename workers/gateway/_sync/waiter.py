@@ -4,9 +4,9 @@
 The gateway hands a :class:`~workers.gateway.batch.Batch` to a waiter; every call in it is
 answered no later than its deadline plus the grace, from the ledger when possible and
 locally when Redis is gone. What to do next is decided once, by
-:class:`workers.core.waiting.Waiting`; the driver only does the I/O each step names. This
-module is the asyncio driver (a waiting batch holds a connection, never a thread, so one
-event loop can wait on thousands of sessions); the sync one is generated from it
+:class:`workers.core.waiting.Waiting`; the driver only does the I/O each step names. Written
+once: the asyncio driver (a waiting batch holds a connection, never a thread, so one event
+loop can wait on thousands of sessions) is the source the sync one is generated from
 (``make generate``), so both cost the same round trips. The waiter only reads the batch: it
 returns the answers it learned, and the gateway applies them.
 """
