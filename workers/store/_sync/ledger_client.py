@@ -10,11 +10,12 @@ a client only sends it. Waiting for results is not here: each side waits its own
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import secrets
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -22,6 +23,7 @@ from redis.exceptions import NoScriptError
 
 from workers.core.models import ToolResult
 from workers.core.reaping import OpenCall, Reap, next_look_ms, past_first_look
+from workers.errors import StoreError
 from workers.store._sync.replica_sends import confirmed
 from workers.store.claims import Claim, claim_of
 from workers.store.connection import store_errors
@@ -45,9 +47,33 @@ from workers.store.records import CALL, CallField, CallRecord, Row, pgid_field, 
 from workers.store.replica_acks import ReplicaAcks, Seal, no_seal
 from workers.store.run_indexes import RunKeysTtl
 
-__all__ = ["LedgerClient"]
+__all__ = ["LedgerClient", "run_plan"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: A plan's steps (:class:`workers.answering.service.Plan`): each names a ledger method and its arguments.
+Steps = Generator[tuple[str, tuple[Any, ...], dict[str, Any]], Any, T]
+
+
+def run_plan(steps: Steps[T], ledger: LedgerClient) -> T:
+    """Run a plan on ``ledger``: each step's method called (awaited where it is async), its reply sent back.
+
+    A ``StoreError`` is thrown into the plan, which handles it or lets it out.
+    """
+    reply: Any = None
+    failure: StoreError | None = None
+    try:
+        while True:
+            method, args, kwargs = steps.send(reply) if failure is None else steps.throw(failure)
+            try:
+                reply, failure = getattr(ledger, method)(*args, **kwargs), None
+                if inspect.isawaitable(reply):  # some methods are sync (handed); none on the sync side
+                    reply = reply
+            except StoreError as exc:
+                failure = exc
+    except StopIteration as done:
+        return cast(T, done.value)
 
 
 class LedgerClient:
