@@ -161,11 +161,20 @@ def _ruff(args: Sequence[str], text: str, path: Path) -> str:
     return done.stdout
 
 
+def _shown(path: Path, root: Path) -> str:
+    """``path`` as the header and messages name it: from ``root`` when under it."""
+    resolved = path.resolve()
+    return (
+        resolved.relative_to(root.resolve()).as_posix()
+        if resolved.is_relative_to(root.resolve())
+        else str(path)
+    )
+
+
 def generated(source_path: Path, root: Path = ROOT) -> str:
     """The full text of the sync module generated from ``source_path``: header, code, formatted."""
     target = sync_path(source_path)
-    relative = source_path.resolve().relative_to(root.resolve()).as_posix()
-    text = HEADER.format(source=relative) + "\n" + unasync(source_path.read_text())
+    text = HEADER.format(source=_shown(source_path, root)) + "\n" + unasync(source_path.read_text())
     text = _ruff(["check", "--fix", "--exit-zero", "--quiet"], text, target)
     return _ruff(["format", "--quiet"], text, target)
 
@@ -201,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.check:
         behind = stale(paths)
         for target in behind:
-            print(f"stale: {target.relative_to(ROOT)} (run make generate)", file=sys.stderr)
+            print(f"stale: {_shown(target, ROOT)} (run make generate)", file=sys.stderr)
         return 1 if behind else 0
     for path in paths:
         target = sync_path(path)
@@ -209,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = generated(path)
         if not target.exists() or target.read_text() != text:
             target.write_text(text)
-            print(f"wrote {target.relative_to(ROOT)}")
+            print(f"wrote {_shown(target, ROOT)}")
     return 0
 
 

@@ -105,3 +105,16 @@ def test_check_names_a_stale_or_missing_generated_module(tmp_path: Path) -> None
     target.write_text(unasync.generated(source, tmp_path))
     source.write_text(source.read_text().replace("return 1", "return 2"))
     assert unasync.stale([source], tmp_path) == [target]
+
+
+def test_the_check_command_fails_naming_the_stale_module(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a source whose generated module is missing
+    source = _package(tmp_path)
+    # When the check runs, it fails and names it
+    assert unasync.main(["--check", str(source)]) == 1
+    assert str(unasync.sync_path(source)) in capsys.readouterr().err
+    # And once generated, the check passes
+    assert unasync.main([str(source)]) == 0
+    assert unasync.main(["--check", str(source)]) == 0
