@@ -15,7 +15,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock test-latest format lint typecheck check docs test test-unit test-integration test-e2e test-cluster test-failover test-failover-ci failover-sequence test-openclaw test-repair-deep all demo bench chaos clean
+.PHONY: install lock test-latest format generate lint typecheck check docs test test-unit test-integration test-e2e test-cluster test-failover test-failover-ci failover-sequence test-openclaw test-repair-deep all demo bench chaos clean
 
 # Installs are locked: uv.lock holds the exact versions `make test` passed with, and every
 # target installs exactly those (uv sync --locked fails when pyproject.toml changed and the
@@ -58,7 +58,13 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The sync side of every _async/ module is generated from it (dev/unasync.py): run this after
+# editing an _async/ source; lint and check fail on a generated module that is stale.
+generate: $(STAMP)
+	$(BIN)/python dev/unasync.py
+
 lint: $(STAMP)
+	$(BIN)/python dev/unasync.py --check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
@@ -70,6 +76,7 @@ typecheck: $(STAMP)
 # The inner loop: lint, typecheck, unit and architecture tests, in parallel. mypy's incremental
 # cache (.mypy_cache) re-checks only the modules changed since the last run and their dependents.
 check: $(STAMP)
+	$(BIN)/python dev/unasync.py --check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports

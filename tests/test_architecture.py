@@ -68,8 +68,6 @@ LONGER_MODULES = {
     # 870 before mcp.upstreams_file (its entries checked at load), 880 before openclaw.alert_*
     # and tombstone_scan_interval_s
     "workers/settings.py": 884,
-    # One ledger on two clients: each operation built once, sent by a sync and an asyncio sender.
-    "workers/store/ledger.py": 880,
     # Every Redis record declared once (key, type, TTL, writers, readers, fields) and read by name.
     "workers/store/records.py": 840,
     # Every span's life in one place: opened by its caller, ended by whoever answers the call

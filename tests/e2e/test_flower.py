@@ -298,7 +298,17 @@ def _submit_unconsumed(settings: Settings, gateway: ToolGateway) -> dict[str, Ex
     submission = dispatcher.plan(
         keys, "main", _call("call-queued", "sleepy", seconds=1), int(time.time() * 1000), None
     )
-    assert dispatcher.register(submission).created
+    job = submission.job
+    registration = ledger.register_call(
+        keys,
+        job.call.id,
+        now_ms=job.submitted_ms,
+        deadline_ms=job.deadline_ms,
+        fields=submission.fields,
+        push=submission.push,
+    )
+    dispatcher.sent(submission, registration)
+    assert registration.created
     app.close()
     return {
         _task_id("run-wd", "call-queued"): Expected(

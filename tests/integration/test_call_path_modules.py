@@ -22,17 +22,21 @@ from workers import ToolCall, ToolGateway
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (ROOT / "workers", ROOT / "tasks")
 
-# The most modules one healthy call may touch on the agent's side. The 21 it touches: the
-# gateway's four (client, call_path, dispatching, waiter); the core's models, waiting,
-# reaping (the next look's time), call_limits and job_digest (three concepts models.py and
-# waiting.py held together until issue 43 split them: the same code, more named rooms); the
-# tool registry; the store's ledger, keys, records and sessions, with connection and
-# replica_acks (entered even on a lone Redis); the Celery edge's messages and task_events; and
-# tracing.spans (a look-up when tracing is off); and the answering service, because the traced
-# call's run supersedes the warm-up's, whose open calls (none) it answers: the same two reads the
-# store made itself before issue 43 moved every writer of answers there. And the store's
-# run_indexes (issue 46): when a run's calls key expires, which each registration passes.
-MAX_MODULES = 21
+# The most modules one healthy call may touch on the agent's side. The 27 it touches: the
+# gateway's six (client, call_path, dispatching, batch, and the generated _sync.registering
+# and _sync.waiter: issue 43 wrote registration and the wait once, for both drivers); the
+# core's models, waiting, reaping (the next look's time), call_limits and job_digest (three
+# concepts models.py and waiting.py held together until issue 43 split them: the same code,
+# more named rooms); the tool registry; the store's ledger, keys, records and sessions, with
+# connection and replica_acks (entered even on a lone Redis), and what issue 43 split out of
+# the ledger so each operation is written once: ledger_ops (the script table), done_signals,
+# and the generated _sync.ledger_client and _sync.replica_sends; the Celery edge's messages
+# and task_events; and tracing.spans (a look-up when tracing is off); and the answering
+# service, because the traced call's run supersedes the warm-up's, whose open calls (none) it
+# answers: the same two reads the store made itself before issue 43 moved every writer of
+# answers there. And the store's run_indexes (issue 46): when a run's calls key expires,
+# which each registration passes.
+MAX_MODULES = 27
 
 
 def _project_module(filename: str) -> str | None:

@@ -18,8 +18,9 @@ import pytest
 from workers.answering.service import Answers
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import answer_by_deadline, deadline_result, success_result
+from workers.gateway._sync.waiter import Waiter
+from workers.gateway.batch import Batch
 from workers.gateway.deferred_answers import Persister
-from workers.gateway.waiter import Batch, Waiter
 from workers.settings import Settings
 from workers.store.connection import connect
 from workers.store.ledger import Ledger

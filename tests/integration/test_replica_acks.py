@@ -22,6 +22,7 @@ from workers.core.models import CallJob, ToolCall
 from workers.core.results import success_result
 from workers.errors import ReplicasBehind
 from workers.local.embedded_redis import EmbeddedRedis
+from workers.store._sync.replica_sends import wait_for
 from workers.store.connection import connect
 from workers.store.ledger import Ledger
 from workers.store.replica_acks import ReplicaAcks
@@ -106,8 +107,8 @@ def test_a_lone_redis_gets_no_wait_and_a_primary_with_a_replica_one(redis_url: s
     assert _register(lone)
     assert _register(paired)
     # Then the lone Redis is not waited for, the primary with a replica for one replica
-    assert lone.replica_acks.wait_for(lone.client).acks == 0
-    assert paired.replica_acks.wait_for(paired.client).acks == 1
+    assert wait_for(lone.replica_acks, lone.client).acks == 0
+    assert wait_for(paired.replica_acks, paired.client).acks == 1
     assert not lone.replica_acks.fencing
     assert paired.replica_acks.fencing
 

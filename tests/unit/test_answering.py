@@ -106,7 +106,7 @@ def test_a_first_answer_is_written_with_its_fallback_and_returned_without_a_read
     assert ledger.methods == ["finish"]
     _, (_, written), kwargs = ledger.calls[0]
     assert written == answered.result
-    assert kwargs == {"now_ms": 7, "writer": "gw"}
+    assert kwargs == {"now_ms": 7, "writer": "gw", "submitted_ms": None}
 
 
 def test_a_losing_writer_gets_the_kept_answer_back() -> None:

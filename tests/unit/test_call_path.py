@@ -5,8 +5,9 @@ from __future__ import annotations
 from workers.core.loops import Detector, LoopVerdict
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
+from workers.gateway._sync.waiter import Waiter
+from workers.gateway.batch import Abort, Batch
 from workers.gateway.call_path import CallPath, InFlight, Stage
-from workers.gateway.waiter import Abort, Batch, Waiter
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.sessions import RunAbort
@@ -141,7 +142,9 @@ class _FinishingLedger(_ReadsLedger):
         self.wins = wins
         self.finished: list[str] = []
 
-    def finish(self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str) -> bool:
+    def finish(
+        self, keys: RunKeys, result: ToolResult, *, now_ms: int, writer: str, submitted_ms: int | None = None
+    ) -> bool:
         self.finished.append(result.tool_call_id)
         return self.wins
 

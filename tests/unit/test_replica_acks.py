@@ -13,6 +13,8 @@ from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from workers.errors import ReplicasBehind
+from workers.store._async.replica_sends import confirmed as aconfirmed
+from workers.store._sync.replica_sends import confirmed, wait_for
 from workers.store.replica_acks import AckWait, ReplicaAcks, ack_wait_of, settled_primary
 
 
@@ -94,7 +96,7 @@ def test_a_short_wait_sends_the_write_again_until_it_holds() -> None:
         clock.now += 0.1
         return ["reply", 0 if len(sent) < 3 else 1]
 
-    assert acks.confirmed(_Client(1), send) == ["reply"]
+    assert confirmed(acks, _Client(1), send) == ["reply"]
     assert len(sent) == 3
 
 
@@ -107,7 +109,7 @@ def test_a_write_still_short_after_the_retry_budget_is_not_decided() -> None:
         return ["reply", 0]
 
     with pytest.raises(ReplicasBehind, match=r"1 replica\(s\) within redis.replica_ack_retry_s \(1 s\)"):
-        acks.confirmed(_Client(1), send)
+        confirmed(acks, _Client(1), send)
 
 
 def test_a_lone_redis_sends_no_wait() -> None:
@@ -118,7 +120,7 @@ def test_a_lone_redis_sends_no_wait() -> None:
         seals.append(seal)
         return ["reply"]
 
-    assert acks.confirmed(_Client(0), send) == ["reply"]
+    assert confirmed(acks, _Client(0), send) == ["reply"]
     assert not acks.fencing
 
 
@@ -173,7 +175,7 @@ def test_a_first_write_through_the_sentinels_waits_for_the_new_primary() -> None
         return ["reply", 1]
 
     # Then it is sent once a primary answers, and waits for its replica as any write does
-    assert acks.confirmed(client, send) == ["reply"]
+    assert confirmed(acks, client, send) == ["reply"]
     assert client.down == 0
     assert len(sent) == 1
     assert acks.fencing
@@ -184,7 +186,7 @@ def test_a_first_write_through_the_sentinels_is_not_decided_past_the_retry_budge
     acks = ReplicaAcks(None, 100, 1.0, clock=clock)
 
     with pytest.raises(ReplicasBehind, match="the connection failed"):
-        acks.confirmed(_MovingClient(1, down=1000, clock=clock), lambda seal: ["reply", 1])
+        confirmed(acks, _MovingClient(1, down=1000, clock=clock), lambda seal: ["reply", 1])
 
 
 def test_a_first_write_to_one_unreachable_redis_fails_at_once() -> None:
@@ -195,7 +197,7 @@ def test_a_first_write_to_one_unreachable_redis_fails_at_once() -> None:
     client.connection_pool = redis.ConnectionPool()
 
     with pytest.raises(redis.ConnectionError):
-        acks.confirmed(client, lambda seal: ["reply", 1])
+        confirmed(acks, client, lambda seal: ["reply", 1])
 
 
 class _AsyncMovingClient:
@@ -221,7 +223,7 @@ def test_an_async_first_write_through_the_sentinels_waits_for_the_new_primary() 
     async def send(seal: Any) -> list[Any]:
         return ["reply", 1]
 
-    assert asyncio.run(acks.aconfirmed(client, send)) == ["reply"]  # type: ignore[arg-type]
+    assert asyncio.run(aconfirmed(acks, client, send)) == ["reply"]  # type: ignore[arg-type]
     assert client.down == 0
 
 
@@ -273,7 +275,7 @@ def test_a_decision_through_the_sentinels_reads_the_primary_they_name() -> None:
         return ["reply"]
 
     # Then the write goes to the promoted primary, never to the one its resync will wipe
-    assert acks.confirmed(client, send) == ["reply"]
+    assert confirmed(acks, client, send) == ["reply"]
     assert reached == ["promoted"]
 
 
@@ -299,7 +301,7 @@ def test_a_decision_reads_again_when_the_sentinels_promoted_while_its_info_waite
         return ["reply", 1]
 
     # Then the write waits for the promoted primary's replica, on the promoted primary
-    assert acks.confirmed(client, send) == ["reply"]
+    assert confirmed(acks, client, send) == ["reply"]
     assert reached == ["promoted"]
     assert acks.fencing
 
@@ -369,7 +371,7 @@ def test_a_cluster_write_is_fenced_on_its_slots_node() -> None:
         seals.append(seal)
         return ["reply"]
 
-    assert acks.confirmed(_ClusterClient(node), send, slot_key="unstuck:{s/r}:call:c1") == ["reply"]
+    assert confirmed(acks, _ClusterClient(node), send, slot_key="unstuck:{s/r}:call:c1") == ["reply"]
     # The pipeline carries no WAIT of its own; the node gets the slot's fence key, then the WAIT
     assert [seal(_NodePipe(node)) for seal in seals] == [None]
     assert node.fences == [[("SET", "unstuck:{s/r}:replica_fence", "1"), ("WAIT", 1, 100)]]
@@ -388,7 +390,7 @@ def test_a_cluster_fence_on_a_node_that_lost_the_slot_sends_the_write_again() ->
         return ["reply"]
 
     # Then the write is sent again once the map names the promoted primary, and fenced there
-    assert acks.confirmed(_ClusterClient(old, promoted), send, slot_key="k:{t}:call:c") == ["reply"]
+    assert confirmed(acks, _ClusterClient(old, promoted), send, slot_key="k:{t}:call:c") == ["reply"]
     assert len(sent) == 2
     assert len(old.fences) == len(promoted.fences) == 1
 
@@ -396,7 +398,7 @@ def test_a_cluster_fence_on_a_node_that_lost_the_slot_sends_the_write_again() ->
 def test_a_cluster_primary_without_a_replica_is_written_as_a_lone_redis() -> None:
     lone = _Node("127.0.0.1:1", replicas=0)
     acks = ReplicaAcks(None, 100, 5.0)
-    assert acks.confirmed(_ClusterClient(lone), lambda seal: ["reply"], slot_key="k:{t}:run") == ["reply"]
+    assert confirmed(acks, _ClusterClient(lone), lambda seal: ["reply"], slot_key="k:{t}:run") == ["reply"]
     assert lone.fences == []
     assert not acks.fencing
 
@@ -411,12 +413,12 @@ def test_a_cluster_fence_short_past_the_retry_budget_is_not_decided() -> None:
         return ["reply"]
 
     with pytest.raises(ReplicasBehind, match="WAIT came back short"):
-        acks.confirmed(_ClusterClient(behind, behind), send, slot_key="k:{t}:run")
+        confirmed(acks, _ClusterClient(behind, behind), send, slot_key="k:{t}:run")
 
 
 def test_a_cluster_write_names_its_slot() -> None:
     with pytest.raises(ValueError, match="names its slot's key"):
-        ReplicaAcks(None, 100, 1.0).confirmed(_ClusterClient(_Node("n")), lambda seal: ["reply"])
+        confirmed(ReplicaAcks(None, 100, 1.0), _ClusterClient(_Node("n")), lambda seal: ["reply"])
 
 
 class _Stopped(_Client):
@@ -436,7 +438,7 @@ def test_reads_stay_confirmed_while_the_wait_cannot_be_decided_again() -> None:
     # Given a process whose deciding writes wait for a replica
     clock = _Clock()
     acks = ReplicaAcks(None, 100, 0.5, clock=clock)
-    assert acks.confirmed(_Client(1), lambda seal: ["reply", 1]) == ["reply"]
+    assert confirmed(acks, _Client(1), lambda seal: ["reply", 1]) == ["reply"]
     # When its primary stops answering, so that a write's WAIT cannot be decided again
     # before its retry budget is spent (a failover under way)
     clock.now += 6.0  # the decision is due again
@@ -445,12 +447,12 @@ def test_reads_stay_confirmed_while_the_wait_cannot_be_decided_again() -> None:
         raise AssertionError("not sent without a decided WAIT")
 
     with pytest.raises(ReplicasBehind):
-        acks.confirmed(_Stopped(clock), unsent)
+        confirmed(acks, _Stopped(clock), unsent)
     # Then reads are still confirmed: what a done signal carried is re-read behind a WAIT,
     # never handed on as read from a primary that may be about to lose it
     assert acks.fencing
     # and the WAIT is decided again from the INFO of the primary that answers next
-    assert acks.wait_for(_Client(0)).acks == 0
+    assert wait_for(acks, _Client(0)).acks == 0
     assert not acks.fencing
 
 
@@ -461,10 +463,10 @@ def test_a_resumed_primary_the_sentinels_are_failing_over_is_no_lone_redis() -> 
     client.connection_pool = _NamingPool(client, "old", flags="master,failover_in_progress")
     # Then its deciding writes keep their WAIT (which no replica answers: sent again until the
     # Sentinels name the promoted one), not written as on a lone Redis and then discarded
-    assert ReplicaAcks(None, 100, 5.0).wait_for(client).acks == 1
+    assert wait_for(ReplicaAcks(None, 100, 5.0), client).acks == 1
     # and once they hold it settled (say, its replica died), it is a lone Redis
     client.connection_pool = _NamingPool(client, "old")
-    assert ReplicaAcks(None, 100, 5.0).wait_for(client).acks == 0
+    assert wait_for(ReplicaAcks(None, 100, 5.0), client).acks == 0
 
 
 @pytest.mark.parametrize(

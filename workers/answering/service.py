@@ -7,23 +7,25 @@ wins) and, when another writer won, reads back and returns the answer the ledger
 
 Each operation is written once, as a plan: a generator that names the ledger method it needs
 next and gets its reply. :meth:`Plan.on` runs a plan on the sync ledger and
-:meth:`Plan.on_async` on the asyncio one; both only forward calls, so the two paths send the
-same commands.
+:meth:`Plan.on_async` on the asyncio one, both through the one driver written in
+:mod:`workers.store._async.ledger_client` (``run_plan``), so the two paths send the same
+commands.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Generic, ParamSpec, TypeVar, cast
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from workers.answering.rules import FallbackLookup, delivered
 from workers.core.failure_policy import FallbackRule
 from workers.core.models import CallState, SyntheticReason, ToolResult
 from workers.core.reaping import OpenCall, Reap, answer_open_call
 from workers.errors import StoreError
+from workers.store._async.ledger_client import run_plan as arun_plan
+from workers.store._sync.ledger_client import run_plan
 from workers.store.keys import RunKeys
 from workers.store.ledger import AsyncLedger, Ledger, Registration
 from workers.store.records import CallField
@@ -62,31 +64,11 @@ class Plan(Generic[T]):
 
     def on(self, ledger: Ledger) -> T:
         """Run on the sync ledger; a ``StoreError`` the plan does not handle is raised."""
-        steps, reply, failure = self.steps, None, None
-        try:
-            while True:
-                method, args, kwargs = steps.send(reply) if failure is None else steps.throw(failure)
-                try:
-                    reply, failure = getattr(ledger, method)(*args, **kwargs), None
-                except StoreError as exc:
-                    failure = exc
-        except StopIteration as done:
-            return cast(T, done.value)
+        return run_plan(self.steps, ledger)
 
     async def on_async(self, ledger: AsyncLedger) -> T:
         """Run on the asyncio ledger: the same steps, each awaited where the ledger's method is async."""
-        steps, reply, failure = self.steps, None, None
-        try:
-            while True:
-                method, args, kwargs = steps.send(reply) if failure is None else steps.throw(failure)
-                try:
-                    reply, failure = getattr(ledger, method)(*args, **kwargs), None
-                    if inspect.isawaitable(reply):
-                        reply = await reply
-                except StoreError as exc:
-                    failure = exc
-        except StopIteration as done:
-            return cast(T, done.value)
+        return await arun_plan(self.steps, ledger)
 
 
 @dataclass(frozen=True)
@@ -141,10 +123,10 @@ class Answers:
         submitted_ms: int | None = None,
     ) -> _Steps[bool]:
         """Write ``result`` as given, first writer wins; True when it won (a loser is kept as late)."""
-        # Only the worker knows when its call was submitted (the asyncio ledger never asks).
-        extra = {} if submitted_ms is None else {"submitted_ms": submitted_ms}
         given = self.given(result)
-        won = yield _ask("finish", keys, given, now_ms=now_ms, writer=writer or self.writer, **extra)
+        won = yield _ask(
+            "finish", keys, given, now_ms=now_ms, writer=writer or self.writer, submitted_ms=submitted_ms
+        )
         return bool(won)
 
     @_plan

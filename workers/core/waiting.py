@@ -1,9 +1,10 @@
 """Waiting for a batch of calls, as decisions without I/O: the sans-I/O shape of h11 and httpcore.
 
-A driver (sync or asyncio, :mod:`workers.gateway.waiter`) asks :meth:`Waiting.step` what to do,
-does that one piece of I/O, tells the machine what it read, and asks again, until the step is
-:class:`Finish`. Every call is answered no later than its deadline plus the margin (half the
-gateway's grace): from the ledger when it can be read, locally when the store is gone.
+A driver (:mod:`workers.gateway._async.waiter`, its sync side generated) asks
+:meth:`Waiting.step` what to do, does that one piece of I/O, tells the machine what it read,
+and asks again, until the step is :class:`Finish`. Every call is answered no later than its
+deadline plus the margin (half the gateway's grace): from the ledger when it can be read,
+locally when the store is gone.
 
 One round of the loop: store the answers prepared while the store was unreachable
 (:class:`Store`), answer locally the calls past deadline + margin (:class:`AnswerLocally`), block

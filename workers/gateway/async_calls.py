@@ -22,14 +22,14 @@ from typing import Any, TypeVar
 from workers import tracing
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
-from workers.core.provider_calls import ProviderAnswer, ProviderTurn
-from workers.errors import LoopDetected
+from workers.core.provider_calls import ProviderAnswer
+from workers.gateway._async import turns
+from workers.gateway._async.waiter import AsyncWaiter
 from workers.gateway.async_submit import AsyncSubmitter
 from workers.gateway.call_path import CallPath
 from workers.gateway.cancel import Canceller
 from workers.gateway.deferred_answers import Persister
 from workers.gateway.dispatching import Dispatcher
-from workers.gateway.waiter import AsyncWaiter, Batch
 from workers.runtime import open_async_ledger
 from workers.settings import Settings
 from workers.store.keys import RunKeys
@@ -108,32 +108,29 @@ class AsyncCalls:
         turn: int | None = None,
     ) -> ProviderAnswer:
         """``ToolGateway.acall_tools_in``: the sync driver's steps, the calls awaited."""
-        decoded = ProviderTurn.decode(format, message, turn=turn)
-        if not decoded.parsed:
-            return decoded.answer([])
-        try:
-            results = await self.call_tools(
-                session_key=session_key, run_id=run_id, agent_id=agent_id, calls=decoded.calls
-            )
-        except LoopDetected as exc:
-            return decoded.answer(exc)
-        return decoded.answer(results)
+        return await turns.call_tools_in(
+            self.call_tools,
+            format,
+            message,
+            session_key=session_key,
+            run_id=run_id,
+            agent_id=agent_id,
+            turn=turn,
+        )
 
     async def collect(self, session_key: str, run_id: str) -> list[ToolResult]:
         """``ToolGateway.acollect``: every store access awaited, no thread held."""
         parts = self._parts
         if parts.settings.redis.cluster:  # as in ``_call_tools``: a thread per waiting collect
             return await asyncio.to_thread(parts.collect, session_key, run_id)
-        waiter = self._waiter()
-        ledger = waiter.ledger
-        keys = ledger.keys(session_key, run_id)
-        call_ids = await ledger.run_call_ids(keys)
-        answers = await ledger.results(keys, call_ids)
-        batch = Batch.collected(keys, call_ids, answers, await ledger.open_calls(keys, call_ids))
-        batch.answers.update(await waiter.wait(batch, undispatched_after_ms=parts.undispatched_after_ms))
-        # No link to each call's own span: reading the records would block the loop.
-        results = [batch.answers[cid] for cid in call_ids if cid in batch.answers]
-        return tracing.collected(None, keys.session_key, keys.run_id, results)
+        # No link to each call's own span (reader None): reading the records would block the loop.
+        return await turns.collect(
+            self._waiter(),
+            session_key,
+            run_id,
+            undispatched_after_ms=parts.undispatched_after_ms,
+            reader=None,
+        )
 
     async def close(self) -> None:
         """Release the running loop's asyncio client (the gateway then closes the rest)."""
@@ -164,8 +161,8 @@ class AsyncCalls:
                 parts.settings,
                 parts.writer,
                 parts.now_ms,
-                parts.dispatcher.redispatch,
-                self._offload,
+                asyncio.sleep,
+                partial(self._offload, parts.dispatcher.redispatch),  # it publishes through Celery
                 store_later=parts.persister.store_later,
             )
             self._waiters[loop] = waiter

@@ -1,17 +1,17 @@
 """Submission on the event loop: register and publish a batch's calls with no thread hop.
 
-The asyncio twin of the last stage of :class:`workers.gateway.call_path.CallPath`. A batch
-whose earlier stages need no store (no loop detection, no circuit breakers, no call refused
-at admission: :meth:`CallPath.storeless_until_registration`) passes them on the loop (the
-first call of a run opens it on the submission pool: two round trips); each call is then
-registered through the asyncio ledger (the same script and arguments as the sync ledger),
-whose register script pushes its message onto the broker's Redis list in the same step
-(:mod:`workers.celery_edge.messages`), its ``task-sent`` event left to the gateway's event
-thread. Anything else (loop detection,
-breakers, a refusal, an aborted run, a signed or non-Redis broker) takes the sync path on
-the submission pool. The guarantees are the same either way: first writer wins,
-and a call is registered with its message or not at all (a store failure leaves it
-unsubmitted, answered as a call the store did not take).
+The asyncio driver of :class:`workers.gateway.call_path.CallPath`'s stages. A batch whose
+earlier stages need no store (no loop detection, no circuit breakers, no call refused at
+admission: :meth:`CallPath.storeless_until_registration`) passes them on the loop (the first
+call of a run opens it on the submission pool: two round trips); each call is then registered
+through the asyncio ledger by :mod:`workers.gateway._async.registering` (the source the sync
+path's registration is generated from), whose register script pushes its message onto the
+broker's Redis list in the same step (:mod:`workers.celery_edge.messages`), its ``task-sent``
+event left to the gateway's event thread. Anything else (loop detection, breakers, a refusal,
+an aborted run, a signed or non-Redis broker) takes the sync path on the submission pool. The
+guarantees are the same either way: first writer wins, and a call is registered with its
+message or not at all (a store failure leaves it unsubmitted, answered as a call the store
+did not take).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from workers.core.models import ToolCall
-from workers.errors import StoreError
-from workers.gateway.call_path import CallPath, InFlight
+from workers.gateway._async.registering import AsyncRegistering
+from workers.gateway.batch import Batch
+from workers.gateway.call_path import CallPath
 from workers.gateway.dispatching import Dispatcher
-from workers.gateway.waiter import Batch
 from workers.store.keys import RunKeys
 from workers.store.ledger import AsyncLedger
 
@@ -48,8 +48,8 @@ class AsyncSubmitter:
     ) -> None:
         self._path = path
         self._dispatcher = dispatcher
-        self._ledger = ledger
         self._offload = offload
+        self._registering = AsyncRegistering(path, dispatcher, ledger, offload)
         self._writer = writer
         self._now_ms = now_ms
         # Batches submitted on the loop at once, one per connection of the ledger's registering
@@ -88,43 +88,12 @@ class AsyncSubmitter:
                 return batch
         for call in calls:
             batch.registered_last = None  # as CallPath.submit: only the batch's last call counts
-            in_flight = path.reaches_registration(batch, call)
+            # Validated in _submit (storeless_until_registration): admission does not again.
+            in_flight = path.reaches_registration(batch, call, validated=True)
             if in_flight is not None:
-                await self._register_and_publish(batch, in_flight)
+                await self._registering.register(batch, in_flight)
         return batch
 
     def _submit_each(self, batch: Batch, calls: Sequence[ToolCall]) -> None:
         for call in calls:
             self._path.submit(batch, call)
-
-    async def _register_and_publish(self, batch: Batch, in_flight: InFlight) -> None:
-        """:meth:`CallPath.register_and_dispatch`, awaited.
-
-        The message rides in the register script (see Dispatcher): registered and published in
-        one step, or neither.
-        """
-        path = self._path
-        submission = path.plan(batch, in_flight)
-        job = submission.job
-        try:
-            registration = await self._ledger.register_call(
-                submission.keys,
-                job.call.id,
-                now_ms=job.submitted_ms,
-                deadline_ms=job.deadline_ms,
-                fields=submission.fields,
-                push=submission.push,
-            )
-        except StoreError as exc:
-            path.unregistered(batch, submission, exc)
-            return
-        self._dispatcher.sent(submission, registration)
-        if registration.refused:
-            # The run ended meanwhile: its refusal is read and stored synchronously (rare).
-            await self._offload(path.registered, batch, submission, registration)
-        else:
-            path.registered(batch, submission, registration)
-            if registration.created and submission.push is not None:
-                # Registered and published in one round trip, as on the sync path: the waiter
-                # blocks before reading it (one HGET less per call).
-                batch.registered_last = in_flight.call.id

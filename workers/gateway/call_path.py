@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
-from workers.core.loops import LoopVerdict
 from workers.core.models import SyntheticReason, ToolCall, ToolResult
 from workers.core.results import synthetic_result
 from workers.core.run_health import RunStatus
 from workers.errors import RedisRefused, StoreError
+from workers.gateway._sync.registering import Registering
+from workers.gateway.batch import Abort, Batch, InFlight
 from workers.gateway.breaker import BreakerGate
 from workers.gateway.dispatching import Dispatcher, Submission
 from workers.gateway.loop_abort import abort_run
 from workers.gateway.loop_gate import LoopGate
-from workers.gateway.waiter import Abort, Batch
 from workers.settings import Settings
 from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger, Registration
@@ -37,13 +37,9 @@ log = logging.getLogger(__name__)
 _RUN_CACHE_SIZE = 4096
 
 
-@dataclass
-class InFlight:
-    """One call on its way through the stages, and what the earlier stages learned about it."""
-
-    call: ToolCall
-    now_ms: int
-    verdict: LoopVerdict | None = None
+def _now(function: Callable[..., None], *args: Any) -> None:
+    """Run a step of registration at once (the sync path has no loop to keep free)."""
+    function(*args)
 
 
 Stage = Callable[[Batch, InFlight], bool]
@@ -82,6 +78,7 @@ class CallPath:
         self._detects = cache(loops.detects)
         self._run_timeout_ms = cache(self._agent_run_timeout_ms)
         self.stages: tuple[Stage, ...] = tuple(getattr(self, name) for name in self.STAGES)
+        self._registering = Registering(self, dispatcher, ledger, _now)
 
     # -- the batch ---------------------------------------------------------------------------
 
@@ -101,12 +98,13 @@ class CallPath:
             if stage(batch, in_flight):
                 return
 
-    def reaches_registration(self, batch: Batch, call: ToolCall) -> InFlight | None:
+    def reaches_registration(self, batch: Batch, call: ToolCall, *, validated: bool) -> InFlight | None:
         """Pass ``call`` through the stages before registration (for a submitter that registers itself).
 
-        The call to :meth:`plan` and register, or None when an earlier stage answered it.
+        The call to register, or None when an earlier stage answered it. ``validated``: the
+        submitter checked the call already (:meth:`storeless_until_registration`).
         """
-        in_flight = InFlight(call, now_ms=0)
+        in_flight = InFlight(call, now_ms=0, validated=validated)
         early = self.stages[:-1]
         return None if any(stage(batch, in_flight) for stage in early) else in_flight
 
@@ -185,7 +183,7 @@ class CallPath:
     def admit(self, batch: Batch, in_flight: InFlight) -> bool:
         """Validation (tool, policy, arguments) and the tool's circuit breaker."""
         call = in_flight.call
-        early = self._dispatcher.reject_early(call, batch.agent_id)
+        early = None if in_flight.validated else self._dispatcher.reject_early(call, batch.agent_id)
         if early is None and self._breakers is not None:
             early = self._breakers.admit(batch.keys, call)
         if early is None:
@@ -195,14 +193,7 @@ class CallPath:
 
     def register_and_dispatch(self, batch: Batch, in_flight: InFlight) -> bool:
         """Register the call in the ledger and publish it; the waiter takes it from here."""
-        submission = self.plan(batch, in_flight)
-        try:
-            registration = self._dispatcher.register(submission)
-            self.registered(batch, submission, registration)
-            if registration.created and not registration.refused and submission.push is not None:
-                batch.registered_last = in_flight.call.id  # registered and published in one round trip
-        except StoreError as exc:
-            self.unregistered(batch, submission, exc)
+        self._registering.register(batch, in_flight)
         return True
 
     def plan(self, batch: Batch, in_flight: InFlight) -> Submission:

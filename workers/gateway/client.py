@@ -18,10 +18,11 @@ from workers import tracing
 from workers.celery_edge.app_config import client_app
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import ToolCall, ToolResult
-from workers.core.provider_calls import ProviderAnswer, ProviderTurn, encode_results
+from workers.core.provider_calls import ProviderAnswer, encode_results
 from workers.core.run_health import RunStatus
 from workers.core.transcript import RepairedTranscript
-from workers.errors import LoopDetected, StoreError
+from workers.gateway._sync import turns
+from workers.gateway._sync.waiter import Waiter
 from workers.gateway.agent_liveness import AgentLiveness
 from workers.gateway.async_calls import AsyncCalls, SyncParts
 from workers.gateway.breaker import BreakerGate
@@ -31,10 +32,8 @@ from workers.gateway.deferred_answers import Persister
 from workers.gateway.dispatching import Dispatcher
 from workers.gateway.ledger_repair import repair_with_ledger
 from workers.gateway.loop_gate import LoopGate
-from workers.gateway.waiter import Batch, Waiter
 from workers.runtime import Runtime, build_runtime, worker_id
 from workers.settings import Settings, load_settings
-from workers.store.keys import RunKeys
 from workers.store.ledger import Ledger
 from workers.store.loop_history import RedisLoopHistory
 from workers.store.sessions import AgentBeats, SessionStore
@@ -84,7 +83,6 @@ class ToolGateway:
             self._now_ms,
             sleep,
             self._dispatcher.redispatch,
-            on_check=self._touch_progress,
             store_later=self._persister.store_later,
         )
         history = RedisLoopHistory.on_ledger(self._rt.ledger)
@@ -188,16 +186,15 @@ class ToolGateway:
         Raises:
             ProviderFormatError: unknown format, or the message is not in its shape (``path``).
         """
-        decoded = ProviderTurn.decode(format, message, turn=turn)
-        if not decoded.parsed:
-            return decoded.answer([])
-        try:
-            results = self.call_tools(
-                session_key=session_key, run_id=run_id, agent_id=agent_id, calls=decoded.calls
-            )
-        except LoopDetected as exc:
-            return decoded.answer(exc)
-        return decoded.answer(results)
+        return turns.call_tools_in(
+            self.call_tools,
+            format,
+            message,
+            session_key=session_key,
+            run_id=run_id,
+            agent_id=agent_id,
+            turn=turn,
+        )
 
     async def acall_tools_in(
         self,
@@ -235,15 +232,13 @@ class ToolGateway:
         Calls that can no longer finish (never dispatched, worker lost, past deadline) get
         their synthetic result; the rest are awaited up to their deadline plus grace.
         """
-        ledger = self._rt.ledger
-        keys = ledger.keys(session_key, run_id)
-        call_ids = ledger.run_call_ids(keys)
-        batch = Batch.collected(
-            keys, call_ids, ledger.results(keys, call_ids), ledger.open_calls(keys, call_ids)
+        return turns.collect(
+            self._waiter,
+            session_key,
+            run_id,
+            undispatched_after_ms=self._undispatched_after_ms(),
+            reader=tracing.ledger_reader(self._rt.ledger),
         )
-        batch.answers.update(self._waiter.wait(batch, undispatched_after_ms=self._undispatched_after_ms()))
-        results = [batch.answers[cid] for cid in call_ids if cid in batch.answers]
-        return tracing.collected(tracing.ledger_reader(ledger), session_key, run_id, results)
 
     async def acollect(self, session_key: str, run_id: str) -> list[ToolResult]:
         """``collect`` for asyncio callers: every store access awaited, no thread held."""
@@ -283,12 +278,6 @@ class ToolGateway:
     def note_stream_idle(self, session_key: str, run_id: str, *, idle_timeout_s: float) -> None:
         """Record on the run that a model stream went idle past ``idle_timeout_s`` (the idle guards do)."""
         self._liveness.stream_idle(self._rt.ledger.keys(session_key, run_id), idle_timeout_s=idle_timeout_s)
-
-    def _touch_progress(self, keys: RunKeys) -> None:
-        try:
-            self._sessions.touch_progress(keys.session_key, keys.run_id, self._now_ms())
-        except StoreError as exc:
-            log.warning("progress of %s/%s not recorded: %s", keys.session_key, keys.run_id, exc)
 
     def repair(
         self,

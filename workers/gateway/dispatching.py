@@ -220,20 +220,6 @@ class Dispatcher:
         push = self._queued_message(keys, job, loop_warning, options)
         return Submission(keys, job, self._registration_fields(keys, job), push, options, loop_warning)
 
-    def register(self, submission: Submission) -> Registration:
-        """Register the call on the sync ledger, then :meth:`sent`."""
-        job = submission.job
-        registration = self._ledger.register_call(
-            submission.keys,
-            job.call.id,
-            now_ms=job.submitted_ms,
-            deadline_ms=job.deadline_ms,
-            fields=submission.fields,
-            push=submission.push,
-        )
-        self.sent(submission, registration)
-        return registration
-
     def sent(self, submission: Submission, registration: Registration) -> None:
         """After the register script: publish a new call whose message it did not push, and announce it.
 

@@ -9,7 +9,7 @@ from workers.answering.service import Answers
 from workers.core.models import SyntheticReason, ToolResult
 from workers.core.run_health import RunStatus
 from workers.errors import CompactionLoopPersisted, LoopDetected, StoreError
-from workers.gateway.waiter import Abort
+from workers.gateway.batch import Abort
 from workers.store.keys import RunKeys
 from workers.store.sessions import SessionStore, mark_run_aborted
 

@@ -55,9 +55,6 @@ nothing in the ledger, a delivered result the new primary never holds.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import logging
 import re
 import time
@@ -75,14 +72,23 @@ from redis.sentinel import SentinelConnectionPool
 from workers.errors import ReplicasBehind
 from workers.store.keys import replica_fence_key
 
-__all__ = ["AckWait", "ReplicaAcks", "Seal", "ack_wait_of", "no_seal"]
+__all__ = [
+    "AckWait",
+    "ReplicaAcks",
+    "Seal",
+    "ack_wait_of",
+    "acluster_confirmed",
+    "cluster_confirmed",
+    "fence",
+    "no_seal",
+]
 
 log = logging.getLogger(__name__)
 
 #: Where a reader's fence is published: nothing subscribes, the PUBLISH is only replicated.
 FENCE_CHANNEL = "unstuck:replica-fence"
 #: The pause before a deciding write is sent again after its connection failed.
-_RESEND_PAUSE_S = 0.1
+RESEND_PAUSE_S = 0.1
 #: How often an unset redis.min_replica_acks is decided again from INFO: a primary that lost
 #: its replica, or a promoted one whose old primary came back as its replica.
 _REDECIDE_S = 5.0
@@ -91,10 +97,10 @@ _REPLICA_FIELD = re.compile(r"slave\d+")
 #: WAITAOF came with Redis 7.2.
 _WAITAOF_SINCE = (7, 2)
 #: The errors after which a deciding write is sent again: no primary, or a demoted one.
-_RESENT_AFTER = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
+RESENT_AFTER = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 #: On a cluster also: the slot moved (MOVED, ASK), is migrating (TRYAGAIN), has no primary
 #: (CLUSTERDOWN), or the client cannot reach the cluster or map the slot yet.
-_RESENT_ON_CLUSTER = (*_RESENT_AFTER, ClusterError, AskError, TryAgainError, RedisClusterException)
+RESENT_ON_CLUSTER = (*RESENT_AFTER, ClusterError, AskError, TryAgainError, RedisClusterException)
 #: How long a cluster's fence key lives: it only has to reach the replicas.
 _FENCE_TTL_MS = 60_000
 #: The decision of a client's one primary (every client but a cluster's, whose nodes are named).
@@ -217,28 +223,29 @@ class ReplicaAcks:
     _waits: dict[str, tuple[AckWait, float]] = field(default_factory=dict, repr=False)
     _last_warned: float = field(default=float("-inf"), repr=False)
 
-    def _stale(self, primary: str = _ONE) -> bool:
+    def stale(self, primary: str = _ONE) -> bool:
         """Whether the WAIT is to be decided (again): never yet, or unset and decided a while ago."""
         held = self._waits.get(primary)
         if held is None:
             return True
         return self.wanted is None and self.clock() - held[1] >= _REDECIDE_S
 
-    def _decide(
+    def decide(
         self,
         info: Callable[[], Mapping[str, Any]],
         primary: str = _ONE,
         settled: Callable[[], bool] = lambda: True,
     ) -> AckWait:
+        """The WAIT ``primary`` gets: held while fresh, else decided from ``info`` (and the Sentinels)."""
         held = self._waits.get(primary)
-        if held is not None and not self._stale(primary):
+        if held is not None and not self.stale(primary):
             return held[0]
         before = held[0] if held is not None else None
         if self.wanted == 0:
             wait = AckWait(0, self.timeout_ms)
         else:
             found = info()
-            held_primary = settled() if self._asks_sentinels(found) else True
+            held_primary = settled() if self.asks_sentinels(found) else True
             wait = ack_wait_of(found, wanted=self.wanted, timeout_ms=self.timeout_ms, settled=held_primary)
         self._waits[primary] = (wait, self.clock())
         if wait != before and (before is not None or wait.acks):
@@ -247,74 +254,11 @@ class ReplicaAcks:
             log.info("deciding writes%s wait for %d replica(s)%s", where, wait.acks, aof)
         return wait
 
-    def _asks_sentinels(self, info: Mapping[str, Any]) -> bool:
+    def asks_sentinels(self, info: Mapping[str, Any]) -> bool:
         """Whether a decision from ``info`` needs the Sentinels' word: unset, and no replica listed."""
         return self.wanted is None and _replicas_listed(info) == 0
 
-    def wait_for(self, client: redis.Redis) -> AckWait:
-        """The WAIT this client's primary gets (``INFO`` read once, at the first call).
-
-        Through the Sentinels it asks them for the primary before and after the INFO: a
-        connection opened before a failover stays on the old primary, and one stopped
-        (SIGSTOP, an isolated host) and resumed answers as a primary without a replica until
-        the Sentinels demote it. Its INFO would decide "no replica, no WAIT", and what it
-        then takes is discarded when it resyncs from the promoted one. Asking drops the
-        pool's idle connections to a primary the Sentinels no longer name; asking again
-        after the reply catches an INFO that waited in a stopped primary while they
-        promoted another, and reads the INFO of that one instead. An INFO that lists no
-        replica at all is trusted only while the Sentinels hold that primary settled
-        (:func:`settled_primary`, module docstring).
-        """
-        pool = getattr(client, "connection_pool", None)
-        read_from: list[tuple[str, int]] = []
-
-        def info() -> Mapping[str, Any]:
-            if not isinstance(pool, SentinelConnectionPool):
-                return client.info()
-            named = pool.get_master_address()  # type: ignore[no-untyped-call]
-            found = client.info()
-            now_named = pool.get_master_address()  # type: ignore[no-untyped-call]
-            if now_named != named:
-                found = client.info()
-            read_from.append(now_named)
-            return found
-
-        def settled() -> bool:
-            if not isinstance(pool, SentinelConnectionPool) or not read_from:
-                return True
-            states = []
-            for sentinel in pool.sentinel_manager.sentinels:
-                with contextlib.suppress(redis.RedisError):
-                    states.append(sentinel.sentinel_master(pool.service_name))
-            return settled_primary(states, read_from[-1])
-
-        return self._decide(info, settled=settled)
-
-    async def await_for(self, client: aredis.Redis) -> AckWait:
-        """:meth:`wait_for` on an asyncio client."""
-        if isinstance(client, aredis.RedisCluster):  # no role uses one: no WAIT is sent there
-            return AckWait(0, self.timeout_ms)
-        if self._stale() and self.wanted != 0:
-            pool = getattr(client, "connection_pool", None)
-            if not isinstance(pool, AsyncSentinelPool):
-                found = await client.info()
-                return self._decide(lambda: found)
-            named = await pool.get_master_address()  # type: ignore[no-untyped-call]
-            found = await client.info()
-            now_named = await pool.get_master_address()  # type: ignore[no-untyped-call]
-            if now_named != named:
-                found = await client.info()
-            held_primary = True
-            if self._asks_sentinels(found):
-                states = []
-                for sentinel in pool.sentinel_manager.sentinels:
-                    with contextlib.suppress(aredis.RedisError):
-                        states.append(await sentinel.sentinel_master(pool.service_name))
-                held_primary = settled_primary(states, now_named)
-            return self._decide(lambda: found, settled=lambda: held_primary)
-        return self._decide(dict)
-
-    def _short(self, started: float, error: BaseException | None, primary: str = _ONE) -> None:
+    def short(self, started: float, error: BaseException | None, primary: str = _ONE) -> None:
         """Raise when the retry budget is spent; else warn (at most every 5 s) and decide again.
 
         With ``redis.min_replica_acks`` unset the WAIT is decided again from the primary's
@@ -339,105 +283,7 @@ class ReplicaAcks:
             # signal carried unconfirmed (chaos seed 31: read from a resumed old primary).
             self._waits[primary] = (held[0], float("-inf"))
 
-    def confirmed(
-        self,
-        client: redis.Redis | RedisCluster,
-        send: Callable[[Seal], list[Any]],
-        *,
-        read: bool = False,
-        slot_key: str | None = None,
-    ) -> list[Any]:
-        """``send(seal)`` until its WAIT holds; the replies before the WAIT.
-
-        ``send`` sends one pipeline, ``seal`` adding the WAIT last (so on the same connection).
-        ``read``: the pipeline only reads, and ``seal`` is a fence (a ``PUBLISH``, then the WAIT).
-        ``slot_key``: a key of the slot the pipeline decides or reads, which a cluster client
-        fences after it (the module docstring); required there, unused elsewhere.
-        """
-        if isinstance(client, RedisCluster):
-            if slot_key is None:
-                raise ValueError("a deciding write or a fenced read on Redis Cluster names its slot's key")
-            return self._cluster_confirmed(client, send, slot_key)
-        try:
-            first: AckWait | None = self.wait_for(client)
-        except _RESENT_AFTER:
-            if not self._may_move(client):
-                raise
-            first = None  # no primary answers yet: decided in the loop, once one does
-        if first is not None and first.acks <= 0:  # a lone Redis: no WAIT, errors raised as they come
-            return send(no_seal)
-        started = self.clock()
-        while True:
-            try:
-                wait = self.wait_for(client)  # decided again after a short WAIT (see _short)
-                if wait.acks <= 0:
-                    return send(no_seal)
-                replies = send(functools.partial(_fence, wait) if read else wait.seal)
-            except _RESENT_AFTER as exc:
-                self._short(started, exc)
-                time.sleep(_RESEND_PAUSE_S)
-                continue
-            if wait.held(replies[-1]):
-                return replies[: -2 if read else -1]
-            self._short(started, None)
-
-    def _cluster_confirmed(
-        self, client: RedisCluster, send: Callable[[Seal], list[Any]], slot_key: str
-    ) -> list[Any]:
-        """:meth:`confirmed` on a cluster: the pipeline as it is, then a fence on its slot's node.
-
-        The node is the one the client maps the slot to before the pipeline is sent: a
-        pipeline the client sent elsewhere after all (the slot moved meanwhile) leaves a fence
-        that cannot hold on this node, and is sent again. A failed fence refreshes the
-        client's map of the slots, so the next sending finds the node promoted since.
-        """
-        if self.wanted == 0:
-            return send(no_seal)
-        started, primary = self.clock(), _ONE
-        while True:
-            try:
-                node = client.get_node_from_key(slot_key)  # type: ignore[no-untyped-call]
-                primary, on_node = node.name, client.get_redis_connection(node)
-                wait = self._decide(on_node.info, primary)
-                replies = send(no_seal)
-                if wait.acks <= 0 or _fence_holds(on_node, slot_key, wait):
-                    return replies
-                error: BaseException | None = None
-            except _RESENT_ON_CLUSTER as exc:
-                error = exc
-            self._short(started, error, primary)
-            if error is not None:
-                _remap(client)
-                time.sleep(_RESEND_PAUSE_S)
-
-    async def aconfirmed(
-        self, client: aredis.Redis, send: Callable[[Seal], Awaitable[list[Any]]], *, read: bool = False
-    ) -> list[Any]:
-        """:meth:`confirmed`, awaited."""
-        try:
-            first: AckWait | None = await self.await_for(client)
-        except _RESENT_AFTER:
-            if not self._may_move(client):
-                raise
-            first = None
-        if first is not None and first.acks <= 0:
-            return await send(no_seal)
-        started = self.clock()
-        while True:
-            try:
-                wait = await self.await_for(client)
-                if wait.acks <= 0:
-                    return await send(no_seal)
-                replies = await send(functools.partial(_fence, wait) if read else wait.seal)
-            except _RESENT_AFTER as exc:
-                self._short(started, exc)
-                await asyncio.sleep(_RESEND_PAUSE_S)
-                continue
-            if wait.held(replies[-1]):
-                return replies[: -2 if read else -1]
-            self._short(started, None)
-
-    def _may_move(self, client: Any) -> bool:
+    def may_move(self, client: Any) -> bool:
         """Whether a write whose primary cannot be asked yet is sent again rather than failed.
 
         Through the Sentinels the primary moves: a process whose first deciding write meets
@@ -466,7 +312,53 @@ class ReplicaAcks:
         return any(wait.acks > 0 for wait, _ in self._waits.values())
 
 
-def _fence(wait: AckWait, pipe: _Pipe) -> None:
+def cluster_confirmed(
+    acks: ReplicaAcks, client: RedisCluster, send: Callable[[Seal], list[Any]], slot_key: str | None
+) -> list[Any]:
+    """``confirmed`` on a cluster: the pipeline as it is, then a fence on its slot's node.
+
+    The node is the one the client maps the slot to before the pipeline is sent: a
+    pipeline the client sent elsewhere after all (the slot moved meanwhile) leaves a fence
+    that cannot hold on this node, and is sent again. A failed fence refreshes the
+    client's map of the slots, so the next sending finds the node promoted since.
+    """
+    if slot_key is None:
+        raise ValueError("a deciding write or a fenced read on Redis Cluster names its slot's key")
+    if acks.wanted == 0:
+        return send(no_seal)
+    started, primary = acks.clock(), _ONE
+    while True:
+        try:
+            node = client.get_node_from_key(slot_key)  # type: ignore[no-untyped-call]
+            primary, on_node = node.name, client.get_redis_connection(node)
+            wait = acks.decide(on_node.info, primary)
+            replies = send(no_seal)
+            if wait.acks <= 0 or _fence_holds(on_node, slot_key, wait):
+                return replies
+            error: BaseException | None = None
+        except RESENT_ON_CLUSTER as exc:
+            error = exc
+        acks.short(started, error, primary)
+        if error is not None:
+            _remap(client)
+            time.sleep(RESEND_PAUSE_S)
+
+
+async def acluster_confirmed(
+    acks: ReplicaAcks,
+    client: aredis.RedisCluster,
+    send: Callable[[Seal], Awaitable[list[Any]]],
+    slot_key: str | None,
+) -> list[Any]:
+    """:func:`cluster_confirmed` on ``redis.asyncio``: sent as it is, with no fence.
+
+    No role decides through an asyncio cluster client (the asyncio gateway waits in threads
+    on a cluster): its nodes get no WAIT, as a lone Redis does.
+    """
+    return await send(no_seal)
+
+
+def fence(wait: AckWait, pipe: _Pipe) -> None:
     """A reader's fence: a ``PUBLISH`` (replicated, and nobody listens), then the WAIT."""
     pipe.execute_command("PUBLISH", FENCE_CHANNEL, "1")
     wait.seal(pipe)

@@ -172,7 +172,6 @@ class SessionStore:
         self._acquire = load_script(self.client, "session_acquire.lua")
         self._release = load_script(self.client, "session_release.lua")
         self._start = load_script(self.client, "session_start.lua")
-        self._touch = load_script(self.client, "session_touch.lua")
         self._end = load_script(self.client, "session_end.lua")
         self._done_ttl_s = done_expire_s(ledger.ttl_s)
         self._indexes = RunIndexes(self.client, ledger.ttl_s)
@@ -401,13 +400,8 @@ class SessionStore:
         return int(token), _state(started, stored_deadline or deadline_ms)
 
     def touch_progress(self, session_key: str, run_id: str, now_ms: int) -> bool:
-        """Record progress of a run; False once it is no longer running (superseded or ended)."""
-        keys = RunKeys(self.prefix, session_key, run_id)
-        with store_errors():
-            if not self._touch(keys=[keys.run], args=[now_ms]):
-                return False
-        self.index_progress(session_key, run_id, now_ms)
-        return True
+        """Record progress of a run in one round trip; False once it no longer runs (superseded or ended)."""
+        return self.ledger.touch_progress(RunKeys(self.prefix, session_key, run_id), now_ms)
 
     def index_progress(self, session_key: str, run_id: str, now_ms: int) -> None:
         """Move a run forward in the progress index (never back; never adds a member)."""

@@ -1,0 +1,1 @@
+"""The gateway's hand-written asyncio modules, each the source of its ``_sync`` twin (dev/unasync.py)."""

@@ -1,0 +1,1 @@
+"""The gateway's sync modules, each generated from its asyncio source (dev/unasync.py): do not edit."""
