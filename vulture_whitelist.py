@@ -13,9 +13,9 @@ _ = Whitelist()
 
 # --- Framework hooks: called by Celery, kombu, pydantic, LangChain or Python itself ---------------
 
-_.requires  # celery bootstep dependencies (workers/celery_edge/event_batching.py)
-_.buffer_limit  # celery EventDispatcher batching (workers/celery_edge: event_batching, task_events)
-_.on_send_buffered  # celery EventDispatcher hook (workers/celery_edge/event_batching.py)
+_.buffer_limit  # celery EventDispatcher batching (workers/celery_edge/task_events.py)
+_.on_send_event_buffered  # celery Consumer hook the Events step hands on (workers/celery_edge/consumer.py)
+_.on_close  # celery Consumer hook on a lost connection (workers/celery_edge/consumer.py)
 _.buffer_group  # celery EventDispatcher batching (workers/celery_edge/task_events.py)
 _.worker_consumer  # celery app attribute naming the consumer class (workers/celery_edge/app.py)
 _.beat_schedule  # celery beat's schedule, read by beat (workers/celery_edge/app_config.py)

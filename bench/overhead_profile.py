@@ -45,7 +45,7 @@ PARTS: dict[str, list[tuple[str, str]]] = {
         ("Logger.", "logging"),
         ("ResultHandler", "pool results (billiard)"),
         ("send_event", "task events"),
-        ("BatchedTaskEvents", "task events"),
+        ("RefusingConsumer._flush_buffered_events", "task events"),
         ("EventDispatcher", "task events"),
         ("LeaseKeeping", "lease keeper thread"),
         ("", "event loop, pool writes, other"),

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-import workers.celery_edge.event_batching as batching
+import workers.celery_edge.consumer as consumer_module
 from tests.harness import wait_until
 from workers.celery_edge.app import create_app
-from workers.celery_edge.event_batching import BatchedTaskEvents
+from workers.celery_edge.consumer import RefusingConsumer
 from workers.celery_edge.task_events import TaskEvents
 from workers.core.models import SyntheticReason, ToolCall
 from workers.core.results import synthetic_result
@@ -236,7 +236,7 @@ def test_a_failing_listener_never_fails_the_stored_answer(gateway: ToolGateway) 
 
 
 class TimerHub:
-    """The consumer's event loop, as far as the step uses it: timers, fired by the test."""
+    """The consumer's event loop, as far as its event hooks use it: timers, fired by the test."""
 
     def __init__(self) -> None:
         self.timers: list[tuple[float, Any]] = []
@@ -246,22 +246,27 @@ class TimerHub:
 
 
 @pytest.mark.timeout(60)
-def test_celerys_own_dispatcher_publishes_the_worker_events_only_when_the_step_flushes(
+def test_celerys_own_dispatcher_publishes_the_worker_events_only_when_the_consumer_flushes(
     settings: Settings, app: Celery, captured: Captured, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Pins what BatchedTaskEvents relies on in Celery's EventDispatcher: events of the buffered
+    # Pins what RefusingConsumer relies on in Celery's EventDispatcher: events of the buffered
     # "task" group wait in its buffer, ``on_send_buffered`` is called for each, ``flush`` sends them.
-    # Given Celery's dispatcher built as the consumer's Events step builds it, re-armed by the step
-    monkeypatch.setattr(batching, "runtime", lambda: SimpleNamespace(settings=settings))
+    # Given Celery's dispatcher built as the consumer's Events step builds it
+    monkeypatch.setattr(consumer_module, "runtime", lambda: SimpleNamespace(settings=settings))
+    consumer: Any = object.__new__(RefusingConsumer)
+    consumer.hub = TimerHub()
     with app.connection_for_write() as conn:
-        dispatcher = app.events.Dispatcher(conn, hostname="edge-pin@test", buffer_group=["task"])
-        consumer = SimpleNamespace(hub=TimerHub(), event_dispatcher=dispatcher)
-        step = BatchedTaskEvents(consumer)
-        step.start(consumer)
+        dispatcher = app.events.Dispatcher(
+            conn,
+            hostname="edge-pin@test",
+            buffer_group=["task"],
+            on_send_buffered=consumer.on_send_event_buffered,
+        )
+        consumer.event_dispatcher = dispatcher
         # When two task events are sent
         dispatcher.send("task-received", uuid="pin/r/c1#1", name="echo")
         dispatcher.send("task-started", uuid="pin/r/c1#1")
-        # Then nothing is published before the step's one timer fires
+        # Then nothing is published before the consumer's one timer fires
         assert [delay for delay, _ in consumer.hub.timers] == [settings.broker.task_events_flush_ms / 1000]
         time.sleep(0.3)  # what must not happen needs a wait
         assert captured.of("pin/r/c1#1") == []

@@ -28,6 +28,13 @@ def test_consumer_hooks_of_refusing_consumer() -> None:
     assert _params(Consumer.on_decode_error) == ["self", "message", "exc"]
     assert _params(Consumer.on_invalid_task) == ["self", "body", "message", "exc"]
     assert _params(Consumer.ensure_connected) == ["self", "conn"]
+    # Its task events: the Events step hands the dispatcher the consumer's buffered-event hook.
+    assert _params(Consumer.on_send_event_buffered) == ["self"]
+    for hook in (Consumer.on_close, Consumer.stop, Consumer.shutdown):
+        assert _params(hook) == ["self"]
+    assert "on_send_buffered=c.on_send_event_buffered" in inspect.getsource(Events.start)
+    assert "on_send_buffered" in _params(EventDispatcher.__init__)
+    assert callable(EventDispatcher.flush)
 
 
 def test_request_hooks_of_guarded_request() -> None:
@@ -38,16 +45,9 @@ def test_request_hooks_of_guarded_request() -> None:
     assert "worker_pid" in vars(Request)  # set when the pool accepts the task
 
 
-def test_worker_state_the_lease_keeper_reads() -> None:
+def test_worker_state_of_held_invoke_requests() -> None:
     # Module-level; the requests received and not yet done (a WeakSet in Celery 5.7).
     assert isinstance(state.reserved_requests, weakref.WeakSet | set)
-
-
-def test_event_dispatcher_hooks_of_batched_task_events() -> None:
-    assert "on_send_buffered" in _params(EventDispatcher.__init__)
-    assert "buffer_limit" in _params(EventDispatcher.__init__)
-    assert callable(EventDispatcher.flush)
-    assert Events.name == "celery.worker.consumer.events.Events"
 
 
 def test_sentinel_internals_of_the_primary_following_transport() -> None:

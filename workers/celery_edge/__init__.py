@@ -2,9 +2,9 @@
 
 Elsewhere ``workers`` uses only Celery's public API (the app, ``send_task``, ``control.revoke``,
 ``events.default_dispatcher().send``) and catches billiard's ``SoftTimeLimitExceeded`` around a
-tool (:mod:`workers.worker.calls`). Six modules here lean on an internal: ``consumer.py``,
-``messages.py``, ``sentinel_transport.py``, ``request.py``, ``bootsteps.py`` and
-``event_batching.py`` (why no public API does each: docs/architecture.md);
+tool (:mod:`workers.worker.calls`). Four modules here lean on an internal, one per Celery or
+kombu class extended or imitated: ``consumer.py``, ``request.py``, ``messages.py`` and
+``sentinel_transport.py`` (why no public API does each: docs/architecture.md);
 ``unit/test_celery_internals.py`` fails first when a release renames or drops one. What each
 module relies on, and the test that pins its behaviour (under ``tests/``):
 
@@ -17,26 +17,28 @@ module relies on, and the test that pins its behaviour (under ``tests/``):
     - ``worker_disable_prefetch`` (a slot-free worker takes no message):
       ``integration/test_lost_messages.py``; kombu's Redis transport option ``ack_emulation``
       (off: no ``unacked`` bookkeeping; public, no subclass): ``integration/test_broker_acks.py``.
-``consumer.py``: ``RefusingConsumer``, which counts refused messages and survives hostile bodies
+``consumer.py``: ``RefusingConsumer``, which counts refused messages, survives hostile bodies,
+  reconnects within a second and batches its task events
     - ``celery.worker.consumer.Consumer.create_task_handler``, ``on_decode_error``,
       ``on_invalid_task``, ``connection_errors`` / ``channel_errors``:
-      ``integration/test_forged_messages.py``, ``integration/test_signed_messages.py``.
+      ``integration/test_forged_messages.py``, ``integration/test_signed_messages.py``;
+      ``ensure_connected``: ``unit/test_broker_reconnect.py``; ``on_send_event_buffered`` (the
+      ``Events`` step's ``on_send_buffered``), ``event_dispatcher``, ``hub.call_later``,
+      ``on_close``, ``stop``, ``shutdown``: ``integration/test_task_events.py`` (Celery's own
+      dispatcher), ``unit/test_consumer_events.py``. Kept for its measured gain
+      (docs/architecture.md): about 21 Redis commands per call instead of 24, about half the
+      worker main process's CPU per call.
 ``request.py``: ``GuardedRequest``, the invoke task's request class
     - ``celery.worker.request.Request.on_timeout``, ``on_failure`` (billiard's
       ``TimeLimitExceeded``, ``WorkerLostError``, ``ExceptionWithTraceback.exc``),
       ``send_event`` and its ``eventer``, ``worker_pid``: ``integration/test_backbone.py``
-      (hard limit, crashed child), ``e2e/test_flower.py`` (the failed task's event).
+      (hard limit, crashed child), ``e2e/test_flower.py`` (the failed task's event); the
+      module-level ``celery.worker.state.reserved_requests`` (``held_invoke_requests``, what the
+      lease keeper watches): ``integration/test_backbone.py`` (crashed child, silent heartbeat
+      answered from the main process), ``integration/test_cancellation.py``.
 ``bootsteps.py``: ``PoolGuard`` and ``LeaseKeeping``, in the tool worker's main process
-    - ``bootsteps.Step`` built with the worker and its ``pool_cls``:
-      ``integration/test_worker_start.py``; the module-level ``celery.worker.state.reserved_requests``
-      and each request's ``task.name`` and ``kwargs``: ``integration/test_backbone.py`` (crashed
-      child, silent heartbeat answered from the main process).
-``event_batching.py``: ``BatchedTaskEvents``, a consumer step of both consuming roles
-    - the ``Events`` step's ``c.event_dispatcher``, ``c.hub.call_later``; the
-      ``EventDispatcher``'s ``buffer_limit``, ``on_send_buffered`` and ``flush``:
-      ``integration/test_task_events.py`` (Celery's own dispatcher), ``unit/test_event_batching.py``.
-      Kept for its measured gain (docs/architecture.md): 25 Redis commands per call instead of 28,
-      about half the worker main process's CPU per call.
+    - public API only: ``bootsteps.Step`` built with the worker and its ``pool_cls``, signals:
+      ``integration/test_worker_start.py``; the keeper reads each held request's ``kwargs``.
 ``messages.py``: the invoke message as the Redis transport stores it, built without ``send_task``
     - ``app.amqp.as_task_v2``, ``app.thread_oid`` and kombu's Redis envelope (base64 body,
       ``delivery_info``, ``delivery_tag``): ``integration/test_task_messages.py`` compares it with

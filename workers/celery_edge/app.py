@@ -41,12 +41,9 @@ def create_app(settings: Settings | None = None, *, role: Role = "worker") -> Ce
     if role == "client":
         return client_app(settings)
     celery = configured_app(settings, include=_TASK_MODULES[role], set_as_current=True)
-    # Both consuming roles: no message body can stop the consumer, and each refusal is counted.
+    # Both consuming roles: no message body can stop the consumer, each refusal is counted,
+    # and task events are published in batches (broker.task_events_flush_ms).
     celery.conf.worker_consumer = "workers.celery_edge.consumer:RefusingConsumer"
-    # And their task events are published in batches (broker.task_events_flush_ms).
-    from workers.celery_edge.event_batching import BatchedTaskEvents
-
-    celery.steps["consumer"].add(BatchedTaskEvents)
     if role == "control":
         # Only beat and the watchdog load the schedule; a sending client or a tool worker never
         # imports it (the root module reads the watchdog's settings).

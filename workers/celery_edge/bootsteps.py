@@ -2,7 +2,8 @@
 
 Both steps run in the worker's main process, which survives a hung or killed pool child;
 what a lease-keeping tick does is the worker's (:class:`workers.worker.lease_keeper.LeaseKeeper`).
-The consumer step both consuming roles share is :mod:`workers.celery_edge.event_batching`.
+They use only Celery's public bootsteps and signals; the requests the keeper watches come from
+:func:`workers.celery_edge.request.held_invoke_requests`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import threading
 from typing import Any
 
 from celery import Celery, bootsteps, signals
-from celery.worker import state
 
 from workers import tracing
-from workers.celery_edge.names import INVOKE_TASK
+from workers.celery_edge.request import held_invoke_requests
 from workers.core.mcp_upstreams import served_upstream
 from workers.core.redact import install_log_redaction
 from workers.errors import ConfigError, StoreError, WorkerConfigError
@@ -71,19 +71,6 @@ class PoolGuard(bootsteps.Step):
         super().__init__(worker, **kwargs)
 
 
-def _invoke_requests() -> list[Any]:
-    # reserved_requests also holds requests whose start the pool has not acknowledged yet:
-    # a child that dies right after claiming is still seen here.
-    for _ in range(3):
-        try:
-            return [
-                req for req in list(state.reserved_requests) if getattr(req.task, "name", None) == INVOKE_TASK
-            ]
-        except RuntimeError:  # the set changed size while copying; try again
-            continue
-    return []
-
-
 class LeaseKeeping(bootsteps.StartStopStep):
     """Runs the lease keeper's ticks on a thread over the invoke tasks this worker holds."""
 
@@ -106,7 +93,7 @@ class LeaseKeeping(bootsteps.StartStopStep):
         interval = renew_interval_s()
         while not self._stop.wait(interval):
             try:
-                self._keeper.tick([req.kwargs for req in _invoke_requests()])
+                self._keeper.tick([req.kwargs for req in held_invoke_requests()])
             except StoreError as exc:
                 log.warning("lease renewal failed: %s", exc)
 

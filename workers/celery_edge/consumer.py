@@ -12,12 +12,21 @@ It reconnects to a lost broker within a second: Celery's consumer waits kombu's 
 2, 4, 6, ... s between attempts (2 s apart at first, 30 s at most), so a worker that lost its
 broker to a Redis failover (the replica promoted 2-3 s after the primary died) came back
 6 or 12 s after the fault though the new primary took connections long before.
+
+And it publishes its task events in batches: Celery buffers the ``task`` group's events
+(received, started, succeeded, failed, ...) and flushes them at the next event-loop tick, so
+sequential calls would publish two or three messages each, all on the worker's main process
+(the measured cost: docs/architecture.md). This consumer flushes ``broker.task_events_flush_ms``
+after the first buffered event instead (Flower sees a call's events that much later, in the
+same order), and whenever it stops or shuts down, so no event is left behind; the dispatcher
+itself still flushes a full buffer at once, and a restart publishes what the old one held.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +63,16 @@ def _count(reason: RefusalReason, message: Any, exc: BaseException) -> None:
 
 
 class RefusingConsumer(Consumer):
-    """Counts the messages the consumer refuses, and refuses those its handler cannot read."""
+    """Counts the messages the consumer refuses, and refuses those its handler cannot read.
+
+    It also reconnects within a second and batches its task events (the module's docstring).
+    """
+
+    _events_due_at = 0.0  # monotonic time of the flush already scheduled (0: none)
+    # Set by Celery (absent from the stubs): the event loop (None without one) and the
+    # dispatcher the Events step makes at each start (None before it and after its shutdown).
+    hub: Any
+    event_dispatcher: Any
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
         """Celery's handler, guarded: a body it raises on is dropped as undecodable."""
@@ -97,3 +115,40 @@ class RefusingConsumer(Consumer):
         )
         _count(reason, message, exc)
         super().on_invalid_task(body, message, exc)
+
+    def on_send_event_buffered(self) -> Any:  # the stubs say a callable; Celery returns None
+        """A task event was buffered: publish the buffer at the interval's end (Celery: next tick)."""
+        interval_s = runtime().settings.broker.task_events_flush_ms / 1000
+        if self.hub is None or interval_s <= 0:
+            super().on_send_event_buffered()
+            return
+        now = time.monotonic()
+        if now < self._events_due_at:
+            return  # this interval's flush is already set
+        self._events_due_at = now + interval_s
+        self.hub.call_later(interval_s, self._flush_buffered_events)
+
+    def _flush_buffered_events(self) -> None:
+        self._events_due_at = 0.0
+        dispatcher = self.event_dispatcher
+        if dispatcher is None:
+            return
+        try:
+            dispatcher.flush()  # buffered again if the broker is down
+        except Exception as exc:  # noqa: BLE001 - Flower's view is best effort, never a failure path
+            log.warning("could not flush task events: %s", exc)
+
+    def on_close(self) -> None:
+        """The connection is lost: the restart's new loop has none of this one's timers."""
+        self._events_due_at = 0.0
+        super().on_close()
+
+    def stop(self) -> None:
+        """Publish the buffered task events while the dispatcher is still open, then stop."""
+        self._flush_buffered_events()
+        super().stop()
+
+    def shutdown(self) -> None:
+        """Publish the events of the tasks that finished during the warm shutdown, then shut down."""
+        self._flush_buffered_events()
+        super().shutdown()

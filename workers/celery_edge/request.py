@@ -2,6 +2,8 @@
 
 The answering itself is the worker's (:mod:`workers.worker.lost_calls`); this class only hooks
 Celery's request callbacks and rewrites the ``task-failed`` event it sends.
+:func:`held_invoke_requests` lists the requests of this class the worker holds, for the lease
+keeper in the main process.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.exceptions import Ignore, Reject, Retry
+from celery.worker import state
 from celery.worker.request import Request
 
 from workers.core.models import SyntheticReason, ToolResult
@@ -25,7 +28,7 @@ from workers.worker.lost_calls import (
     stored_answer,
 )
 
-__all__ = ["GuardedRequest"]
+__all__ = ["GuardedRequest", "held_invoke_requests"]
 
 
 # Ends of a task with no lost or failed tool behind them: nothing to answer. (A child that
@@ -94,3 +97,20 @@ class GuardedRequest(Request):
             return stored_answer(rt, rt.ledger.keys(job.session_key, job.run_id), job.call.id)
         except StoreError:
             return None  # Celery's own failure event still closes the task
+
+
+def held_invoke_requests() -> list[GuardedRequest]:
+    """The invoke requests this worker holds: received and not done yet (Celery's worker state).
+
+    ``reserved_requests`` also holds requests whose start the pool has not acknowledged yet, so
+    a child that dies right after claiming is still seen. No public API lists them:
+    ``task_received`` says when one arrives, but nothing of ours runs in the main process when
+    one succeeds (Celery derives a request class from this one whose ``on_success`` calls no
+    hook), and a finished call must leave the list before its pool child takes the next one.
+    """
+    for _ in range(3):
+        try:
+            return [req for req in list(state.reserved_requests) if isinstance(req, GuardedRequest)]
+        except RuntimeError:  # another thread changed the set while it was copied; try again
+            continue
+    return []
