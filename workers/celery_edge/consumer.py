@@ -18,8 +18,8 @@ And it publishes its task events in batches: Celery buffers the ``task`` group's
 sequential calls would publish two or three messages each, all on the worker's main process
 (the measured cost: docs/architecture.md). This consumer flushes ``broker.task_events_flush_ms``
 after the first buffered event instead (Flower sees a call's events that much later, in the
-same order), and whenever it stops or shuts down, so no event is left behind; the dispatcher
-itself still flushes a full buffer at once, and a restart publishes what the old one held.
+same order), and whenever it stops, shuts down or loses its connection, so no event is left
+behind; the dispatcher itself still flushes a full buffer at once.
 """
 
 from __future__ import annotations
@@ -139,8 +139,13 @@ class RefusingConsumer(Consumer):
             log.warning("could not flush task events: %s", exc)
 
     def on_close(self) -> None:
-        """The connection is lost: the restart's new loop has none of this one's timers."""
-        self._events_due_at = 0.0
+        """The connection is lost: hand the buffered events on, then restart (no timer of ours left).
+
+        The restarted ``Events`` step carries over only what its old dispatcher failed to
+        publish, not what it held for a flush: flushing now moves the held events there (the
+        broker is likely down) or publishes them.
+        """
+        self._flush_buffered_events()
         super().on_close()
 
     def stop(self) -> None:
