@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -351,11 +352,35 @@ class LocalCluster:
         return found
 
     def replicas_linked(self) -> bool:
-        """``masters`` primaries, and every other node a replica linked up to its primary."""
+        """``masters`` primaries, and every other node a replica linked up to its primary.
+
+        Linked from both ends: a replica reports its link up once it loaded the primary's
+        data, but the primary lists it ``online`` (and counts it in a WAIT, and in the
+        INFO a ledger decides its WAIT from) only after the replica's first ACK.
+        """
         roles = list(self.roles().values())
+        replicas = len(self.nodes) - self.masters
         return (
-            roles.count("master") == self.masters and roles.count("slave") == len(self.nodes) - self.masters
+            roles.count("master") == self.masters
+            and roles.count("slave") == replicas
+            and self.replicas_online() == replicas
         )
+
+    def replicas_online(self) -> int:
+        """How many replicas the primaries list as ``online``, from the primaries' side."""
+        online = 0
+        for node in self.nodes:
+            client = redis.Redis(port=node.port, socket_timeout=1)
+            try:
+                info = client.info("replication")
+            except redis.RedisError:
+                continue
+            finally:
+                client.close()
+            if info.get("role") == "master":
+                listed = [v for k, v in info.items() if re.fullmatch(r"slave\d+", str(k))]
+                online += sum(1 for v in listed if isinstance(v, dict) and v.get("state") == "online")
+        return online
 
     def flush(self) -> None:
         """Empty every node (each master holds its own share of the keys)."""
