@@ -192,6 +192,8 @@ class Phase:
     calls_per_s: float
     commands: dict[str, int] = field(default_factory=dict)
     cpu_ms_by_role: dict[str, float] = field(default_factory=dict)
+    #: Cores each process kept busy during the throughput phase (CPU seconds / wall seconds).
+    cores_by_role: dict[str, float] = field(default_factory=dict)
 
 
 def throughput(make_client: Callable[[int], AnyClient], threads: int, per_thread: int) -> float:
@@ -239,10 +241,14 @@ def measure(
     cpu_after, commands = cpu.sample(), CommandStats.delta(commands_before, stats.snapshot())
     client.close()
     calls = opts.latency_calls
+    tput_cpu_before, tput_started = cpu.sample(), time.perf_counter()
     if side.throughput is not None:
         tput = side.throughput(f"{label}-tput", opts)
     else:
         tput = throughput(lambda t: side.client(f"{label}-tput{t}"), opts.threads, opts.calls_per_thread)
+    # The phase's clock includes its clients' connecting: a few calls' worth, against thousands.
+    tput_wall_s = time.perf_counter() - tput_started
+    busy = {role: s / tput_wall_s for role, s in CpuMeter.spent(tput_cpu_before, cpu.sample()).items()}
     cpu_ms = {role: s / calls * 1000 for role, s in CpuMeter.spent(cpu_before, cpu_after).items()}
     return Phase(
         percentile(samples, 0.5) * 1000,
@@ -252,6 +258,7 @@ def measure(
         tput,
         dict(commands),
         cpu_ms,
+        busy,
     )
 
 
@@ -441,14 +448,12 @@ def _report(opts: Options, phases: dict[str, list[Phase]]) -> None:
             f"{m['cpu_ms_per_call'] / bare['cpu_ms_per_call']:>11.2f}{m['cpu_ms_per_call']:>13.2f}"
             f"{m['commands_per_call']:>11.2f}"
         )
-    print("CPU ms per call by process (medians):")
-    for name in names:
-        roles = phases[name][0].cpu_ms_by_role
-        detail = ", ".join(
-            f"{role} {statistics.median(p.cpu_ms_by_role.get(role, 0.0) for p in phases[name]):.2f}"
-            for role in roles
-        )
-        print(f"  {name:<8} {detail}")
+    _by_role("CPU ms per call by process (medians):", phases, "cpu_ms_by_role")
+    _by_role(
+        f"cores busy during the throughput phase ({opts.threads} clients) by process (medians):",
+        phases,
+        "cores_by_role",
+    )
     print("Redis commands per call by command (last round):")
     for name in names:
         counts = phases[name][-1].commands
@@ -456,6 +461,15 @@ def _report(opts: Options, phases: dict[str, list[Phase]]) -> None:
         calls = opts.latency_calls
         detail = ", ".join(f"{k} {n / calls:.2f}" for k, n in top if n / calls >= 0.05)
         print(f"  {name:<8} {detail}")
+
+
+def _by_role(title: str, phases: dict[str, list[Phase]], figure: str) -> None:
+    print(title)
+    for name, runs in phases.items():
+        roles = getattr(runs[0], figure)
+        medians = {role: statistics.median(getattr(p, figure).get(role, 0.0) for p in runs) for role in roles}
+        detail = ", ".join(f"{role} {value:.2f}" for role, value in medians.items())
+        print(f"  {name:<8} {detail} (total {sum(medians.values()):.2f})")
 
 
 if __name__ == "__main__":
