@@ -9,6 +9,7 @@ answered by the call's deadline and stored first-writer-wins.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,8 @@ def _answer(
 
     A result that came too late is kept for audit.
     """
-    if not rt.settings.tool_policy(parsed.agent_id).allows(parsed.call.name):
+    allows = rt.settings.tool_policy(parsed.agent_id).allows
+    if not allows(parsed.call.name):
         # Defence in depth: the gateway refuses these; a message that got here anyway runs nothing.
         record_refusal(
             rt.ledger,
@@ -105,7 +107,8 @@ def _answer(
             parsed.call, parsed.agent_id, elapsed_ms=now_ms() - parsed.submitted_ms, attempt=0
         )
     else:
-        result = bounded_result(_execute(rt, parsed, attempt), max_bytes=rt.settings.limits.max_result_bytes)
+        ran = _execute(rt, keys, parsed, attempt, allows)
+        result = bounded_result(ran, max_bytes=rt.settings.limits.max_result_bytes)
     finished_ms = now_ms()
     answer = answer_by_deadline(
         result,
@@ -121,9 +124,11 @@ def _answer(
     return answered
 
 
-def _execute(rt: Runtime, job: CallJob, attempt: int) -> ToolResult:
-    ctx = _context(rt, job, attempt)
-    allows = rt.settings.tool_policy(job.agent_id).allows  # a fail-branch obeys it too
+def _execute(
+    rt: Runtime, keys: RunKeys, job: CallJob, attempt: int, allows: Callable[[str], bool]
+) -> ToolResult:
+    """Run the tool; ``allows``: the agent's tool policy, which a fail-branch obeys too."""
+    ctx = _context(rt, keys, job, attempt)
     limit_mb = memory_limit_mb(rt, job.call.name)
     try:
         with memory_guard().limit(limit_mb) as memory:
@@ -160,8 +165,7 @@ def _past_memory_limit(
     )
 
 
-def _context(rt: Runtime, job: CallJob, attempt: int) -> ToolContext:
-    keys = rt.ledger.keys(job.session_key, job.run_id)
+def _context(rt: Runtime, keys: RunKeys, job: CallJob, attempt: int) -> ToolContext:
     call_id = job.call.id
     return ToolContext(
         session_key=job.session_key,
