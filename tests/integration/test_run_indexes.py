@@ -10,6 +10,7 @@ import redis
 
 from tests.harness import store_client
 from workers.store.keys import RunKeys, run_member
+from workers.store.lua import run_scripts
 from workers.store.run_indexes import RunIndexes
 
 T0 = int(time.time() * 1000)
@@ -29,7 +30,7 @@ def test_a_run_enters_and_leaves_with_ttls_and_the_ended_index_is_trimmed(client
     client.zadd(keys.index.ended, {"old/run": T0 - TTL_S * 1000 - 1})
     member = run_member("s", "r1")
     # When the run enters its indexes
-    indexes.enter(keys, T0, deadline_ms=T0 + 60_000)
+    run_scripts(client, [indexes.entering(keys, T0, deadline_ms=T0 + 60_000)])
     # Then it is in both running indexes, each with a TTL
     assert client.zscore(keys.index.by_deadline, member) == T0 + 60_000
     assert client.zscore(keys.index.by_progress, member) == T0
@@ -46,6 +47,6 @@ def test_a_run_enters_and_leaves_with_ttls_and_the_ended_index_is_trimmed(client
 
 def test_a_progress_score_is_never_lowered_by_entering_again(client: redis.Redis) -> None:
     indexes, keys = RunIndexes(client, TTL_S), RunKeys("t", "s", "r1")
-    indexes.enter(keys, T0 + 10, deadline_ms=T0 + 60_000)
-    indexes.enter(keys, T0, deadline_ms=T0 + 60_000)
+    run_scripts(client, [indexes.entering(keys, T0 + 10, deadline_ms=T0 + 60_000)])
+    run_scripts(client, [indexes.entering(keys, T0, deadline_ms=T0 + 60_000)])
     assert client.zscore(keys.index.by_progress, run_member("s", "r1")) == T0 + 10

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 
 from tests.harness import CLUSTER_LEG, is_cluster, store_client
@@ -386,3 +387,66 @@ def test_the_store_is_on_the_cluster_exactly_on_the_cluster_leg(store: SessionSt
         assert client.cluster_info()["cluster_state"] == "ok"
     watchdog = Watchdog(store, Settings(), writer="wd", alerts=AlertSink())
     assert (watchdog.scripts is None) is CLUSTER_LEG
+
+
+def _round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts what the store sends to Redis, one item per round trip (a pipeline is one)."""
+    sent: list[int] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        sent.append(1)
+        send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    return sent
+
+
+@pytest.mark.skipif(CLUSTER_LEG, reason="a cluster sends each node its share of the round trip")
+def test_a_run_begins_in_three_round_trips_and_ends_in_one(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.begin_run("warm", "r0", "main", T0, T0 + 30 * MIN)  # the scripts are loaded
+    store.end_run("warm", "r0", RunStatus.COMPLETED, T0)
+    sent = _round_trips(monkeypatch)
+    # When a run begins: its status read, its lane taken, then its record and indexes together
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
+    assert len(sent) == 3
+    # When it ends: record, lane and indexes, one round trip
+    sent.clear()
+    assert store.end_run("s", "r1", RunStatus.COMPLETED, T0 + 600)
+    assert len(sent) == 1
+    assert store.lane("s") is None
+    assert store.client.zscore(store.ledger.keys("s", "r1").index.ended, run_member("s", "r1")) == T0 + 600
+
+
+def test_a_run_begun_again_keeps_its_first_deadline_in_its_index(store: SessionStore) -> None:
+    # Given a run begun with one deadline
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
+    # When it is begun again with another (its indexes are entered with it first)
+    store.begin_run("s", "r1", "main", T0 + 5, T0 + 90 * MIN)
+    # Then its index holds the deadline the run kept
+    index = store.ledger.keys("s", "r1").index
+    assert store.client.zscore(index.by_deadline, run_member("s", "r1")) == T0 + 30 * MIN
+
+
+def test_scripts_a_restarted_redis_lost_are_loaded_and_run_again(store: SessionStore) -> None:
+    # Given a run begun, then Redis lost every script (a restart, a failover to a fresh replica)
+    store.begin_run("s", "r1", "main", T0, T0 + 30 * MIN)
+    for node_client in _node_clients(store):
+        node_client.script_flush()
+    # When the run ends: its three steps are sent together, each script unknown
+    assert store.end_run("s", "r1", RunStatus.COMPLETED, T0 + 600)
+    # Then each step ran once: ended, lane free, in the ended index
+    info = store.run("s", "r1")
+    assert info is not None
+    assert info.status == "completed"
+    assert store.lane("s") is None
+    assert store.client.zscore(store.ledger.keys("s", "r1").index.ended, run_member("s", "r1")) == T0 + 600
+
+
+def _node_clients(store: SessionStore) -> list[Any]:
+    client = store.client
+    if isinstance(client, RedisCluster):
+        return [node.redis_connection for node in client.get_primaries()]
+    return [client]

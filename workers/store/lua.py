@@ -7,19 +7,24 @@ detector-state helpers of ``lib_loop_state.lua``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 __all__ = [
     "LOOP_STATE_LIBRARY",
     "SUMMARY_LIBRARY",
+    "ScriptStep",
     "load_script",
     "run_script",
+    "run_scripts",
     "script_source",
     "script_text",
 ]
@@ -64,3 +69,37 @@ def run_script(client: redis.Redis, script: Script, keys: list[str], args: list[
     except NoScriptError:
         script.sha = client.script_load(script.script)
         return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class ScriptStep:
+    """One run of a registered script, for :func:`run_scripts`: its ``KEYS`` (one slot) and ``ARGV``."""
+
+    script: Script
+    keys: list[str]
+    args: list[Any]
+
+
+def run_scripts(client: redis.Redis, steps: Sequence[ScriptStep]) -> list[Any]:
+    """Run single-slot scripts in one round trip, in the order given; their replies, in that order.
+
+    A pipeline without a transaction: each script stays atomic, a primary runs them one after
+    the other, and on a cluster each goes straight to its keys' node (no ``COMMAND GETKEYS``
+    round trip). A script a Redis restart lost is loaded and run again alone, after the others;
+    any other error is raised once every step was sent.
+    """
+    pipe = client.pipeline(transaction=False)
+    cluster = isinstance(client, RedisCluster)
+    for step in steps:
+        route = {"target_nodes": client.get_node_from_key(step.keys[0])} if cluster else {}  # type: ignore[attr-defined]
+        evalsha = ("EVALSHA", step.script.sha, len(step.keys), *step.keys, *step.args)
+        pipe.execute_command(*evalsha, **route)  # type: ignore[no-untyped-call]
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for i, (step, reply) in enumerate(zip(steps, replies, strict=True)):
+        if isinstance(reply, NoScriptError):
+            step.script.sha = client.script_load(step.script.script)
+            replies[i] = run_script(client, step.script, step.keys, step.args)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.store.keys import REFRESH_INTERVAL_S, IndexTtl, RunKeys, run_member
-from workers.store.lua import load_script
+from workers.store.lua import ScriptStep, load_script, run_scripts
 
 __all__ = ["RunIndexes", "RunKeysTtl"]
 
@@ -44,27 +44,41 @@ class RunIndexes:
     def __init__(self, client: Any, ttl_s: int) -> None:
         self._ttl_s = ttl_s
         self._ttl = IndexTtl(ttl_s)
+        self._client = client
         self._script = load_script(client, "run_index.lua")
 
-    def enter(self, keys: RunKeys, now_ms: int, *, deadline_ms: int) -> None:
-        """The run is running: by deadline (``deadline_ms``) and by progress (``now_ms``, never lowered)."""
-        self._send(keys, [deadline_ms, now_ms, "0"], trim=False)
+    def entering(self, keys: RunKeys, now_ms: int, *, deadline_ms: int) -> ScriptStep:
+        """The run is running: by deadline (``deadline_ms``) and by progress (``now_ms``, never lowered).
+
+        A step for :func:`~workers.store.lua.run_scripts`, sent with the run's own; when it
+        fails, :meth:`failed`.
+        """
+        return self._step(keys, [deadline_ms, now_ms, "0"], trim=False)
+
+    def leaving(self, keys: RunKeys, now_ms: int, *, ended: bool) -> ScriptStep:
+        """The run leaves the running indexes; into the ended one (at ``now_ms``) when it ended."""
+        return self._step(keys, ["", now_ms, "1" if ended else "0"], trim=True)
 
     def leave(self, keys: RunKeys, now_ms: int, *, ended: bool) -> None:
-        """The run leaves the running indexes; into the ended one (at ``now_ms``) when it ended."""
-        self._send(keys, ["", now_ms, "1" if ended else "0"], trim=True)
+        """:meth:`leaving`, sent alone."""
+        try:
+            run_scripts(self._client, [self.leaving(keys, now_ms, ended=ended)])
+        except BaseException:
+            self.failed()
+            raise
 
-    def _send(self, keys: RunKeys, args: list[Any], *, trim: bool) -> None:
+    def failed(self) -> None:
+        """A round trip with a step of these indexes failed: the EXPIREs it carried may not have run."""
+        self._ttl.forget()
+
+    def _step(self, keys: RunKeys, args: list[Any], *, trim: bool) -> ScriptStep:
         index = keys.index
         # Entering writes the running indexes, leaving the ended one: each refreshes the TTL of
         # what it writes, and leaving trims the ended index, each once an interval per bucket.
         due = self._ttl.due(index.ended if trim else index.by_deadline)
         expire = [self._ttl.expire_s if due else "", args[1] - self._ttl_s * 1000 if due and trim else ""]
-        try:
-            self._script(
-                keys=[index.by_deadline, index.by_progress, index.ended],
-                args=[run_member(keys.session_key, keys.run_id), *args, *expire],
-            )
-        except BaseException:
-            self._ttl.forget()  # the EXPIREs it carried may not have run
-            raise
+        return ScriptStep(
+            self._script,
+            [index.by_deadline, index.by_progress, index.ended],
+            [run_member(keys.session_key, keys.run_id), *args, *expire],
+        )

@@ -42,7 +42,7 @@ from workers.store.keys import (
     sweep_lock_key,
 )
 from workers.store.ledger import Ledger, done_expire_s
-from workers.store.lua import load_script
+from workers.store.lua import ScriptStep, load_script, run_scripts
 from workers.store.records import CALL, LANE, RUN, CallField, Row, RunField
 from workers.store.run_indexes import RunIndexes
 from workers.store.session_rows import (
@@ -385,19 +385,32 @@ class SessionStore:
                 keys=[sess.lane, sess.fence],
                 args=[run_id, agent_id, now_ms, lease_until, self.ledger.ttl_s],
             )
-            started = Row.zip(
-                RUN,
-                _OPEN_FIELDS,
-                self._start(
-                    keys=[run_keys.run], args=[token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s]
-                ),
-                where=run_keys.run,
-            )
-            stored_deadline = started.integer(RunField.DEADLINE_MS)
-            self._indexes.enter(run_keys, now_ms, deadline_ms=stored_deadline or deadline_ms)
+            reply = self._start_indexed(run_keys, token, now_ms, deadline_ms, agent_id)
+            started = Row.zip(RUN, _OPEN_FIELDS, reply, where=run_keys.run)
         if previous:
             self._supersede(session_key, str(previous), int(prev_token), now_ms, answer_superseded)
-        return int(token), _state(started, stored_deadline or deadline_ms)
+        return int(token), _state(started, started.integer(RunField.DEADLINE_MS) or deadline_ms)
+
+    def _start_indexed(self, keys: RunKeys, token: int, now_ms: int, deadline_ms: int, agent_id: str) -> Any:
+        """``session_start.lua``'s reply; the run entered its indexes in the same round trip.
+
+        They are entered with ``deadline_ms``, and again with the deadline the run kept when it
+        began before with another (its indexes are hints: every decision re-reads the run).
+        """
+        start = ScriptStep(self._start, [keys.run], [token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s])
+        started, _ = self._run_steps(start, self._indexes.entering(keys, now_ms, deadline_ms=deadline_ms))
+        stored = int(started[0] or 0)
+        if stored and stored != deadline_ms:
+            self._run_steps(self._indexes.entering(keys, now_ms, deadline_ms=stored))
+        return started
+
+    def _run_steps(self, *steps: ScriptStep) -> list[Any]:
+        """Run scripts over the lane, the run and its indexes in one round trip (see ``run_scripts``)."""
+        try:
+            return run_scripts(self.client, steps)
+        except BaseException:
+            self._indexes.failed()
+            raise
 
     def touch_progress(self, session_key: str, run_id: str, now_ms: int) -> bool:
         """Record progress of a run in one round trip; False once it no longer runs (superseded or ended)."""
@@ -427,24 +440,23 @@ class SessionStore:
         """
         keys = RunKeys(self.prefix, session_key, run_id)
         expected = "" if token is None else str(token)
+        end = ScriptStep(
+            self._end, [keys.run, keys.done], [status.value, now_ms, reason, expected, self._done_ttl_s]
+        )
         with store_errors():
-            ended = bool(
-                self._end(
-                    keys=[keys.run, keys.done],
-                    args=[status.value, now_ms, reason, expected, self._done_ttl_s],
-                )
-            )
-        if release:
-            self.close_run(session_key, run_id, now_ms, token=token)
-        return ended
+            # Ending, freeing the lane and leaving the indexes: ordered steps, one round trip.
+            replies = self._run_steps(end, *(self._closing(keys, now_ms, token) if release else ()))
+        return bool(replies[0])
 
     def close_run(self, session_key: str, run_id: str, now_ms: int, *, token: int | None = None) -> None:
         """Free an ended run's lane (if it still holds it) and move it to the ended index."""
         with store_errors():
-            self._release(
-                keys=[self.session(session_key).lane], args=[run_id, "" if token is None else token]
-            )
-            self._unindex(session_key, run_id, now_ms, ended=True)
+            self._run_steps(*self._closing(RunKeys(self.prefix, session_key, run_id), now_ms, token))
+
+    def _closing(self, keys: RunKeys, now_ms: int, token: int | None) -> tuple[ScriptStep, ScriptStep]:
+        expected = "" if token is None else token
+        release = ScriptStep(self._release, [self.session(keys.session_key).lane], [keys.run_id, expected])
+        return release, self._indexes.leaving(keys, now_ms, ended=True)
 
     # -- writes by the watchdog and the operator ------------------------------------------------
 
