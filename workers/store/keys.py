@@ -24,9 +24,10 @@ them. ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``).
   ``claimed_n``) kept by the ledger scripts in the run's slot (``lib_run_summary.lua``), so a
   sweep reads one hash per due run and never its calls.
 * **Sessions.** A lane outlives the runs that hold it in turn, so session keys get their own
-  tag ``{S}``. On Redis Cluster beginning or ending a run is three single-slot steps (lane,
-  run record, its bucket's indexes), each atomic, ordered so that a crash in between leaves
-  only what expires or what the watchdog repairs. Index members are ``S/<run>``
+  tag ``{S}``. Beginning or ending a run is three single-slot steps (lane, run record, its
+  bucket's indexes), each atomic, ordered so that a crash in between leaves only what expires
+  or what the watchdog repairs; on one node the steps that need no reply of the one before go
+  in one round trip, which the primary runs in order (:func:`workers.store.lua.run_scripts`). Index members are ``S/<run>``
   (:func:`run_member`) and ``S/<run>/<call>`` (:meth:`RunKeys.due_member`): a run's member is
   its hash tag's content, so :func:`member_run_key` rebuilds keys from a member without
   unquoting.

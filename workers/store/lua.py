@@ -81,19 +81,20 @@ class ScriptStep:
 
 
 def run_scripts(client: redis.Redis, steps: Sequence[ScriptStep]) -> list[Any]:
-    """Run single-slot scripts in one round trip, in the order given; their replies, in that order.
+    """Run single-slot scripts in the order given, in one round trip on one node; their replies.
 
-    A pipeline without a transaction: each script stays atomic, a primary runs them one after
-    the other, and on a cluster each goes straight to its keys' node (no ``COMMAND GETKEYS``
-    round trip). A script a Redis restart lost is loaded and run again alone, after the others;
-    any other error is raised once every step was sent.
+    On one node, a pipeline without a transaction: each script stays atomic and the primary
+    runs them one after the other, so a crash part way leaves the first ones done, as when
+    each waited for the one before. A script a Redis restart lost is loaded and run again
+    alone, after the others; any other error is raised once every step was sent. On a
+    cluster the steps' slots are on different nodes, which would run them in no set order:
+    there each step still waits for the one before, and a failed step stops those after it.
     """
+    if isinstance(client, RedisCluster):
+        return [run_script(client, step.script, step.keys, step.args) for step in steps]
     pipe = client.pipeline(transaction=False)
-    cluster = isinstance(client, RedisCluster)
     for step in steps:
-        route = {"target_nodes": client.get_node_from_key(step.keys[0])} if cluster else {}  # type: ignore[attr-defined]
-        evalsha = ("EVALSHA", step.script.sha, len(step.keys), *step.keys, *step.args)
-        pipe.execute_command(*evalsha, **route)  # type: ignore[no-untyped-call]
+        pipe.execute_command("EVALSHA", step.script.sha, len(step.keys), *step.keys, *step.args)  # type: ignore[no-untyped-call]
     replies: list[Any] = pipe.execute(raise_on_error=False)
     for i, (step, reply) in enumerate(zip(steps, replies, strict=True)):
         if isinstance(reply, NoScriptError):
