@@ -396,7 +396,7 @@ def _round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     def counting(self: Any, command: Any, check_health: bool = True) -> None:
         sent.append(1)
-        send(self, command, check_health)
+        send(self, command, check_health)  # type: ignore[no-untyped-call]
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
     return sent

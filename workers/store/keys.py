@@ -27,10 +27,10 @@ them. ``P`` is ``Settings.redis.key_prefix`` (default ``unstuck``).
   tag ``{S}``. Beginning or ending a run is three single-slot steps (lane, run record, its
   bucket's indexes), each atomic, ordered so that a crash in between leaves only what expires
   or what the watchdog repairs; on one node the steps that need no reply of the one before go
-  in one round trip, which the primary runs in order (:func:`workers.store.lua.run_scripts`). Index members are ``S/<run>``
-  (:func:`run_member`) and ``S/<run>/<call>`` (:meth:`RunKeys.due_member`): a run's member is
-  its hash tag's content, so :func:`member_run_key` rebuilds keys from a member without
-  unquoting.
+  in one round trip, which the primary runs in order (:func:`workers.store.lua.run_scripts`).
+  Index members are ``S/<run>`` (:func:`run_member`) and ``S/<run>/<call>``
+  (:meth:`RunKeys.due_member`): a run's member is its hash tag's content, so
+  :func:`member_run_key` rebuilds keys from a member without unquoting.
 * **Breakers.** A tool's shared circuit breaker keeps its keys under ``{breaker:<tool>}``:
   its scripts touch one slot, and the breaker is global across sessions, which is its point.
 * **Scripts.** Every Lua script declares every key it touches in ``KEYS``, and every one but

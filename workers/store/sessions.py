@@ -19,8 +19,9 @@
 
 The fields of each record are declared in :mod:`workers.store.records`, and read by name.
 Multi-slot updates (lane, run record, indexes) are ordered single-slot atomic steps; see
-:mod:`workers.store.keys` for why. A run's end is one round trip on one node, its beginning three
-(the status read, the lane, then the record and its indexes together). Times come in as arguments; nothing here reads the clock.
+:mod:`workers.store.keys` for why. On one node a run's end is one round trip and its beginning
+three (the status read, the lane, then the record and its indexes together). Times come in as
+arguments; nothing here reads the clock.
 """
 
 from __future__ import annotations
