@@ -22,7 +22,7 @@ from workers import ToolCall, ToolGateway
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (ROOT / "workers", ROOT / "tasks")
 
-# The most modules one healthy call may touch on the agent's side. The 27 it touches: the
+# The most modules one healthy call may touch on the agent's side. The 28 it touches: the
 # gateway's six (client, call_path, dispatching, batch, and the generated _sync.registering
 # and _sync.waiter: issue 43 wrote registration and the wait once, for both drivers); the
 # core's models, waiting, reaping (the next look's time), call_limits and job_digest (three
@@ -35,8 +35,9 @@ PACKAGES = (ROOT / "workers", ROOT / "tasks")
 # service, because the traced call's run supersedes the warm-up's, whose open calls (none) it
 # answers: the same two reads the store made itself before issue 43 moved every writer of
 # answers there. And the store's run_indexes (issue 46): when a run's calls key expires,
-# which each registration passes.
-MAX_MODULES = 27
+# which each registration passes; and the store's lua, whose run_scripts sends the traced
+# run's record and its indexes in one round trip when the run begins (issue 46).
+MAX_MODULES = 28
 
 
 def _project_module(filename: str) -> str | None:
