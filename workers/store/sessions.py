@@ -387,21 +387,23 @@ class SessionStore:
                 keys=[sess.lane, sess.fence],
                 args=[run_id, agent_id, now_ms, lease_until, self.ledger.ttl_s],
             )
-            reply = self._start_indexed(run_keys, token, now_ms, deadline_ms, agent_id)
-            started = Row.zip(RUN, _OPEN_FIELDS, reply, where=run_keys.run)
+            started = self._start_indexed(run_keys, token, now_ms, deadline_ms, agent_id)
         if previous:
             self._supersede(session_key, str(previous), int(prev_token), now_ms, answer_superseded)
         return int(token), _state(started, started.integer(RunField.DEADLINE_MS) or deadline_ms)
 
-    def _start_indexed(self, keys: RunKeys, token: int, now_ms: int, deadline_ms: int, agent_id: str) -> Any:
+    def _start_indexed(
+        self, keys: RunKeys, token: int, now_ms: int, deadline_ms: int, agent_id: str
+    ) -> Row[RunField]:
         """``session_start.lua``'s reply; the run entered its indexes in the same round trip.
 
         They are entered with ``deadline_ms``, and again with the deadline the run kept when it
         began before with another (its indexes are hints: every decision re-reads the run).
         """
         start = ScriptStep(self._start, [keys.run], [token, now_ms, deadline_ms, agent_id, self.ledger.ttl_s])
-        started, _ = self._run_steps(start, self._indexes.entering(keys, now_ms, deadline_ms=deadline_ms))
-        stored = int(started[0] or 0)
+        reply, _ = self._run_steps(start, self._indexes.entering(keys, now_ms, deadline_ms=deadline_ms))
+        started = Row.zip(RUN, _OPEN_FIELDS, reply, where=keys.run)
+        stored = started.integer(RunField.DEADLINE_MS)
         if stored and stored != deadline_ms:
             self._run_steps(self._indexes.entering(keys, now_ms, deadline_ms=stored))
         return started
