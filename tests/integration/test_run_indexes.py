@@ -37,7 +37,7 @@ def test_a_run_enters_and_leaves_with_ttls_and_the_ended_index_is_trimmed(client
     assert client.ttl(keys.index.by_deadline) > TTL_S
     assert client.ttl(keys.index.by_progress) > TTL_S
     # When it ends (the same process: the running indexes' TTL was refreshed just now)
-    indexes.leave(keys, T0 + 5, ended=True)
+    run_scripts(client, [indexes.leaving(keys, T0 + 5, ended=True)])
     # Then it left the running indexes for the ended one, which was trimmed and has its TTL
     assert client.zscore(keys.index.by_deadline, member) is None
     assert client.zscore(keys.index.by_progress, member) is None

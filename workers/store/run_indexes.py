@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.store.keys import REFRESH_INTERVAL_S, IndexTtl, RunKeys, run_member
-from workers.store.lua import ScriptStep, load_script, run_scripts
+from workers.store.lua import ScriptStep, load_script
 
 __all__ = ["RunIndexes", "RunKeysTtl"]
 
@@ -39,12 +39,11 @@ class RunKeysTtl:
 
 
 class RunIndexes:
-    """Writes a run into and out of its bucket's run indexes (``run_index.lua``)."""
+    """The steps (``run_index.lua``) that write a run into and out of its bucket's run indexes."""
 
     def __init__(self, client: Any, ttl_s: int) -> None:
         self._ttl_s = ttl_s
         self._ttl = IndexTtl(ttl_s)
-        self._client = client
         self._script = load_script(client, "run_index.lua")
 
     def entering(self, keys: RunKeys, now_ms: int, *, deadline_ms: int) -> ScriptStep:
@@ -58,14 +57,6 @@ class RunIndexes:
     def leaving(self, keys: RunKeys, now_ms: int, *, ended: bool) -> ScriptStep:
         """The run leaves the running indexes; into the ended one (at ``now_ms``) when it ended."""
         return self._step(keys, ["", now_ms, "1" if ended else "0"], trim=True)
-
-    def leave(self, keys: RunKeys, now_ms: int, *, ended: bool) -> None:
-        """:meth:`leaving`, sent alone."""
-        try:
-            run_scripts(self._client, [self.leaving(keys, now_ms, ended=ended)])
-        except BaseException:
-            self.failed()
-            raise
 
     def failed(self) -> None:
         """A round trip with a step of these indexes failed: the EXPIREs it carried may not have run."""

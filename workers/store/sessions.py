@@ -533,7 +533,7 @@ class SessionStore:
             answer_superseded(keys)
 
     def _unindex(self, session_key: str, run_id: str, now_ms: int, *, ended: bool) -> None:
-        self._indexes.leave(self.run_keys(session_key, run_id), now_ms, ended=ended)
+        self._run_steps(self._indexes.leaving(self.run_keys(session_key, run_id), now_ms, ended=ended))
 
 
 class AgentBeats:
