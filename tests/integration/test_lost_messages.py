@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.harness import GatewayOn, Proc, WorkerOn, base_env, wait_until
+from tests.harness import GatewayOn, Proc, WorkerOn, base_env, registration_fields, task_outcome, wait_until
 from workers import ToolGateway
-from workers.core.models import CallState, ToolCall, ToolResult
+from workers.celery_edge.names import INVOKE_TASK
+from workers.core.models import CallJob, CallState, ToolCall, ToolResult
 from workers.settings import Settings
 from workers.store.keys import broker_queue_key
 from workers.store.records import CallField, CallRecord
@@ -168,3 +169,33 @@ def test_with_republishing_off_a_lost_message_waits_for_its_deadline(
     # Then nothing runs it: the call is answered at its deadline, as before the rule existed
     assert [r.reason for r in results] == ["deadline_exceeded"]
     assert _runs(runs_file) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_message_a_worker_takes_after_its_calls_deadline_runs_nothing(
+    gateway: ToolGateway, env: dict[str, str], worker_on: WorkerOn, runs_file: Path
+) -> None:
+    # Given a registered call past its deadline that nobody answered yet (its gateway died,
+    # the watchdog has not swept), and its message, without Celery's own expiry, queued
+    ledger = gateway._rt.ledger
+    keys = ledger.keys("expired", "r")
+    now = int(time.time() * 1000)
+    job = {
+        "session_key": "expired", "run_id": "r",
+        "call": {"id": "late", "name": "record_run", "arguments": {"tag": "late"}},
+        "submitted_ms": now - 9_000, "deadline_ms": now - 1_000, "soft_s": 5, "hard_s": 6,
+    }  # fmt: skip
+    fields = {**registration_fields(CallJob.model_validate(job)), "dispatched": "1"}
+    ledger.register(keys, "late", now_ms=now - 9_000, deadline_ms=now - 1_000, fields=fields)
+    gateway._app.send_task(
+        INVOKE_TASK, kwargs={"job": job}, task_id="late-0", queue=gateway.settings.broker.queue
+    )
+    # When a worker takes it
+    worker = worker_on(env)
+    wait_until(lambda: task_outcome(worker.log(), "late-0") is not None, timeout_s=20, what="the task's end")
+    # Then the tool never ran and the call was never claimed: its answer is the gateway's or the watchdog's
+    assert task_outcome(worker.log(), "late-0") == "ignored"
+    assert _runs(runs_file) == []
+    record = ledger.record(keys, "late")
+    assert record is not None
+    assert record.row.integer(CallField.ATTEMPT) == 0, record

@@ -11,6 +11,12 @@ to the per-message ``delivery_tag`` (a fresh uuid either way) and ``reply_to`` (
 invoke task reads: results live in the ledger). tests/integration/test_task_messages.py compares the
 two.
 
+It carries no Celery ``expires``: a Redis broker ignores a message's TTL, and the expiry check
+Celery makes of every message it takes (parsing the time, converting its zone) cost the
+worker's main process about 40 µs of a guarded call's CPU under load (docs/performance.md).
+A pool child refuses to run a call past its deadline before it claims it
+(:func:`workers.worker.calls.answer_call`), which covers this message and any other.
+
 The ``kwargsrepr`` header (what Flower shows as the task's arguments) is written here as Celery's
 ``saferepr`` writes it (:func:`kwargs_repr`): ``saferepr``'s token stream cost a gateway about
 110 µs of CPU per call, a tenth of its share of a call (docs/performance.md); a job it cannot
@@ -123,13 +129,12 @@ class TaskMessages:
         kwargs: dict[str, Any],
         soft_s: float,
         hard_s: float,
-        expires: datetime,
         shadow: str,
         now: datetime,
         headers: Mapping[str, str] | None = None,
         queue: str | None = None,
     ) -> QueuedMessage:
-        """The message of ``name(**kwargs)``, its time limits, expiry and Flower label.
+        """The message of ``name(**kwargs)``, its time limits and Flower label.
 
         ``headers`` are added to the message's own (as ``send_task(headers=...)`` adds them);
         ``queue`` replaces this builder's (a stateful MCP upstream's calls have their own).
@@ -142,7 +147,6 @@ class TaskMessages:
             args=(),
             kwargs=kwargs,
             kwargsrepr=kwargs_repr(kwargs, amqp.kwargsrepr_maxsize, self._app.conf.task_repr_maxlevels),
-            expires=expires,
             time_limit=hard_s,  # type: ignore[arg-type]  # floats work (as in send_task); stubs say int
             soft_time_limit=soft_s,  # type: ignore[arg-type]
             shadow=shadow,
@@ -158,8 +162,6 @@ class TaskMessages:
         properties = {
             **properties,
             "delivery_mode": _PERSISTENT,
-            # As send_task: the seconds left until ``expires`` (never negative), in ms.
-            "expiration": str(int(max(0.0, (expires - now).total_seconds()) * 1000)),
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0,
             "body_encoding": "base64",

@@ -48,7 +48,9 @@ def _no_event(fields: dict[str, Any]) -> None:
 class InvokeOptions:
     """What every message of a call carries besides its job: one place computes it."""
 
-    expires: datetime  # the broker drops a message nobody took by the call's deadline
+    # The call's deadline: send_task's messages carry it, so a broker with message TTLs drops
+    # one nobody took by then (the register script's pushed message does not: see messages.py).
+    expires: datetime
     label: str  # the name Flower shows (tool, session, run)
     queue: str
 
@@ -244,7 +246,6 @@ class Dispatcher:
             kwargs=self._message_kwargs(job, loop_warning),
             soft_s=job.soft_s,
             hard_s=job.hard_s,
-            expires=options.expires,
             shadow=options.label,
             now=datetime.now(tz=UTC),
             headers=tracing.message_headers(keys.session_key, keys.run_id, job.call.id),

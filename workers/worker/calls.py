@@ -51,7 +51,8 @@ def answer_call(
     ``trace_from``: the task's request, whose message headers hold the call's trace context.
 
     The answer is whoever's came first (this delivery, the gateway, the watchdog). None: nothing
-    for this delivery to report (another live delivery runs the call, or its record expired).
+    for this delivery to report (another live delivery runs the call, its record expired, or it
+    came past the call's deadline before anyone answered it).
     """
     rt = runtime()
     try:
@@ -61,6 +62,10 @@ def answer_call(
         record_refusal(rt.ledger, task_id, RefusalReason.UNREADABLE, str(exc.errors()[:3]))
         return Refused(f"refused: not a call ({exc.error_count()} problem(s))")
     keys = rt.ledger.keys(parsed.session_key, parsed.run_id)
+    if now_ms() > parsed.deadline_ms:
+        # Too late to run: its gateway or the watchdog answers the call by its deadline. This is
+        # the message's expiry, which Celery's main process no longer checks (celery_edge/messages.py).
+        return stored_answer(rt, keys, parsed.call.id)
     claim = rt.ledger.claim(
         keys,
         parsed.call.id,
