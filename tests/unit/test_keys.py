@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -101,6 +103,12 @@ def test_user_ids_cannot_add_key_grammar(session: str, run: str, call_id: str) -
         assert not set(part) & set("{}:/")
     assert keys.call(call_id).split(":") == [PREFIX, keys.tag, "call", quote_part(call_id)]
     assert keys.tag.count("/") == 1
+
+
+@given(value=st.one_of(any_id, st.text(st.sampled_from("aZ09-_.~@ +%"), max_size=12)))
+def test_a_part_is_quoted_as_quote_quotes_it(value: str) -> None:
+    # quote_part skips quote() for text it would leave as it is: the two must never differ.
+    assert quote_part(value) == quote(value, safe="-_.~@")
 
 
 @settings(max_examples=50)
