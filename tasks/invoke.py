@@ -7,12 +7,15 @@ from typing import Any
 from celery.exceptions import Ignore, Reject
 
 from workers.celery_edge.app import app
+from workers.celery_edge.messages import shown
 from workers.celery_edge.names import INVOKE_TASK
 from workers.core.outcome import TaskState, outcome_of
 from workers.errors import CallFailed
 from workers.worker.calls import Refused, answer_call
 
 __all__ = ["invoke"]
+
+_RESULT_REPR_LEVELS = 3  # the nesting Celery's saferepr shows of a task's return value (its default)
 
 
 # shared=False: registered on the tool worker's app only, never on the watchdog's.
@@ -25,10 +28,11 @@ __all__ = ["invoke"]
     throws=(CallFailed,),
     Request="workers.celery_edge.request:GuardedRequest",
 )
-def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None = None) -> dict[str, Any]:
+def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None = None) -> object:
     """Run one tool call; the task ends as the call did (see ``workers.core.outcome``).
 
-    Returns the outcome's info for a tool's success; raises its :class:`CallFailed` (no retry:
+    Returns the outcome's info for a tool's success (pre-rendered for Celery's log line and
+    Flower: ``messages.shown``); raises its :class:`CallFailed` (no retry:
     the message was acked on receipt and the ledger already holds the answer) otherwise. A
     refused message is rejected; with no answer to report, the task's state is left alone.
     """
@@ -39,5 +43,5 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
         raise Ignore()
     outcome = outcome_of(answer, loop_warning)
     if outcome.state is TaskState.SUCCESS:
-        return outcome.info()
+        return shown(outcome.info(), self.resultrepr_maxsize, _RESULT_REPR_LEVELS)
     raise outcome.failure()

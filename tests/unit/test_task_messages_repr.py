@@ -8,7 +8,7 @@ from celery.utils.saferepr import saferepr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.celery_edge.messages import kwargs_repr
+from workers.celery_edge.messages import Shown, kwargs_repr, shown
 
 MAXLEN, LEVELS = 1024, 3
 
@@ -40,3 +40,17 @@ def test_a_job_is_shown_to_its_fourth_level_and_others_are_left_to_saferepr() ->
     )
     assert kwargs_repr({"job": ("a", "tuple")}, MAXLEN, LEVELS) is None
     assert kwargs_repr({"job": "x" * MAXLEN}, MAXLEN, LEVELS) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), _json, max_size=5))
+def test_a_shown_value_is_shown_by_celery_as_the_value_itself(value: dict[str, Any]) -> None:
+    # What Celery's success line and task-succeeded event show of the invoke task's return value
+    assert saferepr(shown(value, MAXLEN, LEVELS), MAXLEN, maxlevels=LEVELS) == saferepr(
+        value, MAXLEN, maxlevels=LEVELS
+    )
+
+
+def test_the_invoke_tasks_summary_is_pre_rendered() -> None:
+    info = {"outcome": "ok", "reason": None, "elapsed_ms": 3, "attempt": 1}
+    assert isinstance(shown(info, MAXLEN, LEVELS), Shown)
