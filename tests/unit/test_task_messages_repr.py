@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import pickle
 from typing import Any
 
 from celery.utils.saferepr import saferepr
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kombu.utils import json as kombu_json
 
 from workers.celery_edge.messages import Shown, kwargs_repr, shown
 
@@ -51,6 +54,11 @@ def test_a_shown_value_is_shown_by_celery_as_the_value_itself(value: dict[str, A
     )
 
 
-def test_the_invoke_tasks_summary_is_pre_rendered() -> None:
+def test_the_invoke_tasks_summary_is_pre_rendered_and_stored_as_itself() -> None:
     info = {"outcome": "ok", "reason": None, "elapsed_ms": 3, "attempt": 1}
-    assert isinstance(shown(info, MAXLEN, LEVELS), Shown)
+    value = shown(info, MAXLEN, LEVELS)
+    assert isinstance(value, Shown)
+    # Where a result backend stores it (JSON, or the signed serializer around it) or a pipe
+    # carries it (pickle), it is the summary itself
+    assert json.loads(kombu_json.dumps(value)) == info
+    assert pickle.loads(pickle.dumps(value)) == info

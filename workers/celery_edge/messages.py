@@ -14,8 +14,8 @@ two.
 It carries no Celery ``expires``: a Redis broker ignores a message's TTL, and the expiry check
 Celery makes of every message it takes (parsing the time, converting its zone) cost the
 worker's main process about 40 µs of a guarded call's CPU under load (docs/performance.md).
-A pool child refuses to run a call past its deadline before it claims it
-(:func:`workers.worker.calls.answer_call`), which covers this message and any other.
+The claim refuses a registered call past the deadline its message carries
+(``ledger_claim.lua``: ``expired``), which covers this message and any other.
 
 The ``kwargsrepr`` header (what Flower shows as the task's arguments) is written here as Celery's
 ``saferepr`` writes it (:func:`kwargs_repr`): ``saferepr``'s token stream cost a gateway about
@@ -64,21 +64,30 @@ def kwargs_repr(kwargs: Mapping[str, Any], maxlen: int, maxlevels: int) -> str |
 
 
 class Shown:
-    """A task's return value that Celery's ``saferepr`` shows as ``text`` (its ``repr``).
+    """A task's return value that Celery's ``saferepr`` shows as ``text``, and encodes as ``value``.
 
     Celery renders a task's return value with ``saferepr`` for its success log line and the
     ``task-succeeded`` event Flower reads; its token stream cost a pool child about 16 µs of CPU
     a call (35 under load) for the invoke task's four-field summary. An object of another type
-    than the containers it walks is shown by its ``repr``, built here in one pass.
+    than the containers it walks is shown by its ``repr``, built here in one pass. Where the
+    value is stored (a message that did not ask to ignore its result), kombu's JSON encoder
+    takes ``__json__`` and pickle ``__reduce__``: both give the plain ``value``.
     """
 
-    __slots__ = ("text",)
+    __slots__ = ("text", "value")
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, value: dict[str, Any]) -> None:
         self.text = text
+        self.value = value
 
     def __repr__(self) -> str:
         return self.text
+
+    def __json__(self) -> dict[str, Any]:
+        return self.value
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        return dict, (self.value,)
 
 
 def shown(value: dict[str, Any], maxlen: int, maxlevels: int) -> Shown | dict[str, Any]:
@@ -87,7 +96,7 @@ def shown(value: dict[str, Any], maxlen: int, maxlevels: int) -> Shown | dict[st
     ``value`` itself where :func:`kwargs_repr` cannot copy that text exactly.
     """
     text = kwargs_repr(value, maxlen, maxlevels)
-    return value if text is None else Shown(text)
+    return value if text is None else Shown(text, value)
 
 
 def _flat_repr(value: Any, level: int, maxlevels: int, out: list[str]) -> bool:

@@ -63,6 +63,9 @@ class ClaimStatus(enum.StrEnum):
     UNREGISTERED = "unregistered"  # no gateway registered this call: run nothing, nothing to answer
     MISMATCH = "mismatch"  # not the job the gateway registered: run nothing, answer the call
     MISMATCH_HELD = "mismatch_held"  # not the registered job, and a live worker runs the call: ignore it
+    EXPIRED = (
+        "expired"  # the registered job, past its deadline: run nothing (its gateway or the watchdog answers)
+    )
 
 
 class ToolCall(BaseModel):

@@ -62,10 +62,6 @@ def answer_call(
         record_refusal(rt.ledger, task_id, RefusalReason.UNREADABLE, str(exc.errors()[:3]))
         return Refused(f"refused: not a call ({exc.error_count()} problem(s))")
     keys = rt.ledger.keys(parsed.session_key, parsed.run_id)
-    if now_ms() > parsed.deadline_ms:
-        # Too late to run: its gateway or the watchdog answers the call by its deadline. This is
-        # the message's expiry, which Celery's main process no longer checks (celery_edge/messages.py).
-        return stored_answer(rt, keys, parsed.call.id)
     claim = rt.ledger.claim(
         keys,
         parsed.call.id,
@@ -74,7 +70,12 @@ def answer_call(
         tool=parsed.call.name,
         job_digest=job_digest(parsed),
         submitted_ms=parsed.submitted_ms,
+        deadline_ms=parsed.deadline_ms,
     )
+    if claim.status is ClaimStatus.EXPIRED:
+        # Too late to run, and nobody answered it yet: its gateway or the watchdog will. This is
+        # the message's expiry, which Celery's main process no longer checks (celery_edge/messages.py).
+        return None
     answers = worker_answers(rt, worker_id())
     if refuse_claim(rt.ledger, keys, parsed, claim, task_id=task_id, answers=answers, now_ms=now_ms()):
         return Refused(f"refused: {claim.status.value}")

@@ -242,19 +242,23 @@ class AsyncLedgerClient:
         tool: str,
         job_digest: str,
         submitted_ms: int | None = None,
+        deadline_ms: int | None = None,
     ) -> Claim:
         """Claim a registered call for running; a finished call is never claimed again.
 
-        ``tool``, ``job_digest`` and ``submitted_ms`` are those of the message received: a
-        call that was never registered, or registered with another tool or digest, is refused
-        (never claimed). A nonce of its own makes the same claim sent again the same claim. A
+        ``tool``, ``job_digest``, ``submitted_ms`` and ``deadline_ms`` are those of the message
+        received: a call that was never registered, or registered with another tool or digest,
+        is refused (never claimed); the registered job past its deadline is ``expired`` (never
+        claimed, its gateway or the watchdog answers it; the digest binds the deadline to the
+        registration). A nonce of its own makes the same claim sent again the same claim. A
         claim within half a lease of submission writes no lease-index entry
         (:func:`~workers.core.waiting.past_first_look`): one command less per call; a later one
         puts the call in the lease index (a hint the sweep re-checks, even for a claim that
         found the call done or busy).
         """
         script_keys = [keys.call(call_id), keys.lease(call_id), keys.run]
-        args = [now_ms, worker_id, self.lease_ttl_ms, tool, job_digest, secrets.token_hex(8)]
+        deadline = "" if deadline_ms is None else deadline_ms
+        args = [now_ms, worker_id, self.lease_ttl_ms, tool, job_digest, secrets.token_hex(8), deadline]
         then: tuple[Cmd, ...] = ()
         if past_first_look(now_ms=now_ms, submitted_ms=submitted_ms, lease_ms=self.lease_ttl_ms):
             leases = keys.index.leases

@@ -1,13 +1,16 @@
 -- A worker claims a call before running its tool. KEYS: call, lease, run (unused: see below).
 -- ARGV: now_ms, worker_id, lease_ttl_ms, tool, job_digest (of the message received), nonce
 -- (one per claim: the same claim sent again, after its replica acknowledgement came back
--- short, finds the call already its own and is answered 'claimed' with the same attempt).
+-- short, finds the call already its own and is answered 'claimed' with the same attempt),
+-- deadline_ms of the message's job ('' for none; the digest binds it to the registration).
 -- Returns {status, attempt, registered tool, previous worker, previous started_ms}; the last
 -- two only when claimed again after an earlier attempt (a second execution of the call).
 -- 'done' (answered: never run again),
 -- 'unregistered' (no gateway registered this call: run nothing, nothing to answer),
 -- 'mismatch' (the message is not the job registered: run nothing, answer the call),
 -- 'mismatch_held' (likewise, but a live worker runs the registered job: leave it be),
+-- 'expired' (the registered job, past its deadline and not answered yet: run nothing, its
+-- gateway or the watchdog answers it; this is the message expiry Celery no longer checks),
 -- 'busy' (another live worker holds the lease), or 'claimed' (run it; the lease is ours).
 -- One read of the call: state 'done' is written with the result, in the same HSET
 -- (ledger_finish.lua), and no script changes the state of an answered call, so it stands for
@@ -31,6 +34,9 @@ local tool = call[3] or ''
 if tool ~= ARGV[4] or (call[4] or '') ~= ARGV[5] then
   local held = redis.call('EXISTS', KEYS[2]) == 1
   return {held and 'mismatch_held' or 'mismatch', attempt, tool}
+end
+if ARGV[7] ~= '' and tonumber(ARGV[1]) > tonumber(ARGV[7]) then
+  return {'expired', attempt, tool}
 end
 -- Take the lease only if nobody holds it: one command for "is it held?" and "hold it".
 if not redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3], 'NX') then
