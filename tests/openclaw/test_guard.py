@@ -544,8 +544,8 @@ class _Unanswering:
 def test_tool_abort(stack: Stack) -> None:
     """A non-exec tool past its budget is aborted through the gateway and the session told.
 
-    ``sessions.abort`` with the call's ``runId``, then ``sessions.send``: the model goes on, with
-    exactly one result for the call in OpenClaw's transcript.
+    ``sessions.abort`` with the call's ``runId``, then ``sessions.send``: the model goes on in the
+    same session, and no call in what it is sent lacks its one result.
     """
     server = _Unanswering()
     url = f"http://127.0.0.1:{server.port}/hangs"
@@ -580,17 +580,27 @@ def test_tool_abort(stack: Stack) -> None:
         model.stop()
         _stop(gateway)
         server.close()
-    results = _results(told[0]["messages"])
+    transcript = told[0]["messages"]
+    results = _results(transcript)
+    # OpenClaw either keeps the aborted turn's call in the session and repairs its missing
+    # result, or, seen once in CI (2026-12-06), sends the note with the turn's call left out:
+    # either way no call in what the model is sent lacks its one result, and the note goes
+    # on in the same session (its first message is there).
+    paired = all(len(texts) == 1 for texts in results.values())
+    same_session = "Run the plan." in json.dumps(transcript)
     seconds = _answer_seconds(model, 0)
     fetched = model.sent[0].calls[0][0] if model.sent else ""
     ended_s = aborted["ended_ms"] / 1000 - _wall(model.sent[0].at) if model.sent else None
     in_time = ended_s is not None and ended_s <= WEB_BUDGET_S + SWEEP_S + 2
     left = _leftovers_of(home)
-    ok = _one_each(results) and aborted["tool"] == "web_fetch" and in_time and not left
+    ok = paired and same_session and aborted["tool"] == "web_fetch" and in_time and not left
     _report("tool_abort", ok, seconds)
+    roles = [m.get("role") for m in transcript]
     print(f"tool_abort: aborted {ended_s}s after the call ({fetched}); results {results}; left {left}")
+    print(f"tool_abort: {len(told)} of {len(model.requests)} requests carried the note; the first: {roles}")
     assert aborted["tool"] == "web_fetch", aborted
     assert aborted["call_id"] == fetched, (aborted, fetched)
-    assert _one_each(results), results
+    assert paired, results
+    assert same_session, transcript
     assert in_time, ended_s
     assert left == []
