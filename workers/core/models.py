@@ -63,9 +63,7 @@ class ClaimStatus(enum.StrEnum):
     UNREGISTERED = "unregistered"  # no gateway registered this call: run nothing, nothing to answer
     MISMATCH = "mismatch"  # not the job the gateway registered: run nothing, answer the call
     MISMATCH_HELD = "mismatch_held"  # not the registered job, and a live worker runs the call: ignore it
-    EXPIRED = (
-        "expired"  # the registered job, past its deadline: run nothing (its gateway or the watchdog answers)
-    )
+    EXPIRED = "expired"  # the registered job past its deadline: run nothing, it is answered elsewhere
 
 
 class ToolCall(BaseModel):
