@@ -44,6 +44,7 @@ RENAMES: Mapping[str, str] = {
     "StopAsyncIteration": "StopIteration",
     "aclose": "close",
     "acluster_confirmed": "cluster_confirmed",
+    "apipeline": "pipeline",
     "on_async": "on",
     "asyncio": "time",
     "asyncio.sleep": "time.sleep",

@@ -42,6 +42,7 @@ from workers.store.ledger_ops import (
     synthetic_event_fields,
     touch_op,
 )
+from workers.store.pipelines import apipeline
 from workers.store.records import CALL, CallField, CallRecord, Row, pgid_field, pgid_of
 from workers.store.replica_acks import ReplicaAcks, Seal, no_seal
 from workers.store.run_indexes import RunKeysTtl
@@ -140,7 +141,7 @@ class AsyncLedgerClient:
 
     async def _send(self, op: Op, seal: Seal, client: redis.Redis) -> list[Any]:
         for attempt in (1, 2):
-            pipe = client.pipeline(transaction=False)
+            pipe = apipeline(client)
             op.pipeline(pipe, self._route(client, op.keys[0]))
             seal(pipe)
             try:
@@ -303,7 +304,7 @@ class AsyncLedgerClient:
     async def publish_event(self, kind: str, **fields: Any) -> None:
         """Append an event to the capped events stream (read by ``unstuck up``); best effort."""
         try:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = apipeline(self.client)
             for method, args, kwargs in events_commands(self.prefix, self.ttl_s, kind, fields):
                 getattr(pipe, method)(*args, **kwargs)
             await pipe.execute()
@@ -361,7 +362,7 @@ class AsyncLedgerClient:
             return
         until = now_ms + self.lease_ttl_ms
         with store_errors():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = apipeline(self.client)
             for keys, call_id in calls:
                 pipe.set(keys.lease(call_id), worker_id, px=self.lease_ttl_ms, xx=True)
             buckets: dict[int, dict[str, int]] = {}
@@ -378,7 +379,7 @@ class AsyncLedgerClient:
         if not calls:
             return []
         with store_errors():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = apipeline(self.client)
             for keys, call_id in calls:
                 pipe.hmget(keys.call(call_id), RUNNING_FIELDS)
             replies = await pipe.execute()
@@ -394,7 +395,7 @@ class AsyncLedgerClient:
             return {}
 
         async def read(seal: Seal) -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = apipeline(self.client)
             for call_id in call_ids:
                 pipe.hget(keys.call(call_id), CallField.RESULT)
             seal(pipe)  # confirmed: what is handed on is on the replicas
