@@ -83,7 +83,7 @@ def registration_fields(job: CallJob) -> dict[str, str]:
         "tool": job.call.name,
         "agent_id": job.agent_id,
         "job": job.model_dump_json(),
-        "job_digest": job_digest(job),
+        "job_digest": job_digest(job.model_dump(mode="json")),
     }
 
 

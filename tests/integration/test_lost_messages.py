@@ -180,12 +180,13 @@ def test_a_message_a_worker_takes_after_its_calls_deadline_runs_nothing(
     ledger = gateway._rt.ledger
     keys = ledger.keys("expired", "r")
     now = int(time.time() * 1000)
-    job = {
+    registered = CallJob.model_validate({
         "session_key": "expired", "run_id": "r",
         "call": {"id": "late", "name": "record_run", "arguments": {"tag": "late"}},
         "submitted_ms": now - 9_000, "deadline_ms": now - 1_000, "soft_s": 5, "hard_s": 6,
-    }  # fmt: skip
-    fields = {**registration_fields(CallJob.model_validate(job)), "dispatched": "1"}
+    })  # fmt: skip
+    job = registered.model_dump(mode="json")  # the message carries the registered form
+    fields = {**registration_fields(registered), "dispatched": "1"}
     ledger.register(keys, "late", now_ms=now - 9_000, deadline_ms=now - 1_000, fields=fields)
     gateway._app.send_task(
         INVOKE_TASK, kwargs={"job": job}, task_id="late-0", queue=gateway.settings.broker.queue

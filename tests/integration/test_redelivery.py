@@ -34,11 +34,12 @@ def test_redelivery_of_a_call_held_by_a_dead_child_is_answered_crashed(
     keys = ledger.keys("redelivered", "r")
     now = int(time.time() * 1000)
     call = {"id": "c1", "name": "echo", "arguments": {"text": "x"}}
-    job = {
+    registered = CallJob.model_validate({
         "session_key": "redelivered", "run_id": "r", "call": call,
         "submitted_ms": now, "deadline_ms": now + 30_000, "soft_s": 2, "hard_s": 3,
-    }  # fmt: skip
-    fields = {**registration_fields(CallJob.model_validate(job)), "dispatched": "1"}
+    })  # fmt: skip
+    job = registered.model_dump(mode="json")  # the message carries the registered form
+    fields = {**registration_fields(registered), "dispatched": "1"}
     ledger.register(keys, "c1", now_ms=now, deadline_ms=now + 30_000, fields=fields)
     holder = f"{socket.gethostname()}:{_dead_pid()}"
     claim = ledger.claim(

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
-
-from workers.core.models import CallJob
 
 __all__ = ["canonical_json", "job_digest"]
 
@@ -25,6 +24,13 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
 
 
-def job_digest(job: CallJob) -> str:
-    """The hex SHA-256 of the job's canonical JSON form."""
-    return hashlib.sha256(canonical_json(job.model_dump(mode="json")).encode()).hexdigest()
+def job_digest(json_form: Mapping[str, Any]) -> str:
+    """The hex SHA-256 of a job's JSON form, serialised canonically.
+
+    The gateway gives ``CallJob.model_dump(mode="json")``, the form its message carries; the
+    worker gives the message's ``job`` as it received it, before validation: the same value
+    after the broker's JSON round trip, with no second serialisation in the pool child. A
+    message that validates to the same job but differs from the registered form (a field
+    added, one left to its default) is refused: only the registered bytes run.
+    """
+    return hashlib.sha256(canonical_json(json_form).encode()).hexdigest()

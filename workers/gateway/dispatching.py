@@ -219,8 +219,10 @@ class Dispatcher:
         """
         job = self.job(keys, agent_id, call, now_ms, run_deadline_ms)
         options = InvokeOptions.of(job, self._queue(job.call.name))
-        push = self._queued_message(keys, job, loop_warning, options)
-        return Submission(keys, job, self._registration_fields(keys, job), push, options, loop_warning)
+        json_form = job.model_dump(mode="json")  # once: the message carries it, the digest binds it
+        push = self._queued_message(keys, job, json_form, loop_warning, options)
+        fields = self._registration_fields(keys, job, json_form)
+        return Submission(keys, job, fields, push, options, loop_warning)
 
     def sent(self, submission: Submission, registration: Registration) -> None:
         """After the register script: publish a new call whose message it did not push, and announce it.
@@ -235,7 +237,12 @@ class Dispatcher:
             self._announce_sent(submission.options, submission.task_id)
 
     def _queued_message(
-        self, keys: RunKeys, job: CallJob, loop_warning: dict[str, Any] | None, options: InvokeOptions
+        self,
+        keys: RunKeys,
+        job: CallJob,
+        json_form: dict[str, Any],
+        loop_warning: dict[str, Any] | None,
+        options: InvokeOptions,
     ) -> tuple[str, str] | None:
         """The first dispatch's message for the register script to push, or None (``send_task``)."""
         if self.messages is None:
@@ -243,7 +250,7 @@ class Dispatcher:
         message = self.messages.build(
             INVOKE_TASK,
             task_id=task_id(keys, job.call.id, 0),
-            kwargs=self._message_kwargs(job, loop_warning),
+            kwargs=self._message_kwargs(json_form, loop_warning),
             soft_s=job.soft_s,
             hard_s=job.hard_s,
             shadow=options.label,
@@ -253,7 +260,7 @@ class Dispatcher:
         )
         return broker_queue_key(message.queue), message.payload
 
-    def _registration_fields(self, keys: RunKeys, job: CallJob) -> dict[str, str]:
+    def _registration_fields(self, keys: RunKeys, job: CallJob, json_form: dict[str, Any]) -> dict[str, str]:
         """The call record's fields for a call about to be published (first attempt)."""
         spec = get_tool(job.call.name)
         return {
@@ -262,7 +269,7 @@ class Dispatcher:
             CallField.IDEMPOTENT: "1" if spec.idempotent else "0",
             CallField.JOB: job.model_dump_json(),
             # What the worker's claim holds the message to: only this exact job may run.
-            CallField.JOB_DIGEST: job_digest(job),
+            CallField.JOB_DIGEST: job_digest(json_form),
             # Marked before the publish to save a round trip: if this process dies in
             # between, the call is answered at its deadline instead of at once.
             CallField.DISPATCHED: "1",
@@ -271,9 +278,9 @@ class Dispatcher:
         }
 
     @staticmethod
-    def _message_kwargs(job: CallJob, loop_warning: dict[str, Any] | None) -> dict[str, Any]:
-        """The invoke task's keyword arguments: the job, and a loop warning Flower shows."""
-        kwargs: dict[str, Any] = {"job": job.model_dump(mode="json")}
+    def _message_kwargs(json_form: dict[str, Any], loop_warning: dict[str, Any] | None) -> dict[str, Any]:
+        """The invoke task's keyword arguments: the job's JSON form, and a loop warning Flower shows."""
+        kwargs: dict[str, Any] = {"job": json_form}
         if loop_warning:
             kwargs["loop_warning"] = loop_warning
         return kwargs
@@ -325,7 +332,7 @@ class Dispatcher:
         try:
             self._app.send_task(
                 INVOKE_TASK,
-                kwargs=self._message_kwargs(job, loop_warning),
+                kwargs=self._message_kwargs(job.model_dump(mode="json"), loop_warning),
                 task_id=message_id,
                 soft_time_limit=job.soft_s,  # type: ignore[arg-type]  # floats work; stubs say int
                 time_limit=job.hard_s,  # type: ignore[arg-type]

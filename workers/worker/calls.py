@@ -68,7 +68,7 @@ def answer_call(
         worker_id=worker_id(),
         now_ms=now_ms(),
         tool=parsed.call.name,
-        job_digest=job_digest(parsed),
+        job_digest=job_digest(job),  # the bytes received, as the gateway registered them
         submitted_ms=parsed.submitted_ms,
         deadline_ms=parsed.deadline_ms,
     )
