@@ -33,9 +33,13 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@cache
 def worker_id() -> str:
-    """This process's identity in leases and ``writer`` fields."""
+    """This process's identity in leases and ``writer`` fields (kept: a pool child asks for it often)."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+os.register_at_fork(after_in_child=worker_id.cache_clear)  # a forked child is another process
 
 
 @dataclass(frozen=True)
