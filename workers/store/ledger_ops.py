@@ -11,7 +11,10 @@ arguments, nothing here reads the clock.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import os
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -30,6 +33,7 @@ __all__ = [
     "Op",
     "Registration",
     "events_commands",
+    "nonce",
     "open_calls_of",
     "open_op",
     "resend_op",
@@ -67,6 +71,34 @@ def _loaded(name: str) -> _Script:
 
 
 SCRIPT_TABLE: Final = {name: _loaded(name) for name in _SCRIPTS}  # read once, at import
+
+
+class _Nonces:
+    """Nonces unique across processes and time: a random prefix per process, then a counter.
+
+    A registration or a claim carries one so that the same write sent again (redis-py's retry
+    after a lost reply) is recognised as the same. ``secrets.token_hex`` per write read the
+    kernel's random source each time: a visible share of a pool child's claim under load.
+    """
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self._prefix = secrets.token_hex(6)
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"  # next() on a count is atomic under the GIL
+
+
+_NONCES = _Nonces()
+os.register_at_fork(after_in_child=_NONCES.renew)  # a forked child must not repeat its parent's
+
+
+def nonce() -> str:
+    """A nonce for one registration or claim (see :class:`_Nonces`)."""
+    return _NONCES.next()
 
 
 Cmd = tuple[str, tuple[Any, ...], dict[str, Any]]  # a pipeline method, its arguments, its keywords

@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import secrets
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar, cast
 
@@ -36,6 +35,7 @@ from workers.store.ledger_ops import (
     Op,
     Registration,
     events_commands,
+    nonce,
     open_calls_of,
     open_op,
     resend_op,
@@ -215,9 +215,9 @@ class AsyncLedgerClient:
         if push is not None:
             script_keys.append(push[0])
             message = push[1]
-        nonce = [CallField.REG.value, secrets.token_hex(8)]
+        last = [CallField.REG.value, nonce()]
         until_ms = self._keys_ttl.until_ms(deadline_ms)
-        args = [call_id, now_ms, deadline_ms, self.ttl_s, KEYS_REFRESH_S, until_ms, message, *flat, *nonce]
+        args = [call_id, now_ms, deadline_ms, self.ttl_s, KEYS_REFRESH_S, until_ms, message, *flat, *last]
         score = next_look_ms(deadline_ms, now_ms, self.lease_ttl_ms)
         due = keys.index.due
         then = (("zadd", (due, {keys.due_member(call_id): score}), {"nx": True}), *self._index_expire(due))
@@ -259,7 +259,7 @@ class AsyncLedgerClient:
         """
         script_keys = [keys.call(call_id), keys.lease(call_id), keys.run]
         deadline = "" if deadline_ms is None else deadline_ms
-        args = [now_ms, worker_id, self.lease_ttl_ms, tool, job_digest, secrets.token_hex(8), deadline]
+        args = [now_ms, worker_id, self.lease_ttl_ms, tool, job_digest, nonce(), deadline]
         then: tuple[Cmd, ...] = ()
         if past_first_look(now_ms=now_ms, submitted_ms=submitted_ms, lease_ms=self.lease_ttl_ms):
             leases = keys.index.leases
