@@ -5,8 +5,8 @@ child, and redis-py 8's ``Pipeline.execute`` spends most of that round trip's CP
 socket (its observability hooks, HIMPORT bookkeeping, a retry wrapper, an encoder call per
 argument). On 2026-12-07 a claim-sized pipeline (an ``EVALSHA`` of 10 arguments and a ``ZREM``)
 cost 72-76 µs of CPU through it and 40-44 µs here, each with its pool's ``get_connection`` and
-``release`` (docs/performance.md, "Lean pipelines"). Under load the child's CPU per call is
-what bounds throughput against bare Celery (issue 46).
+``release`` (docs/performance.md, "Lean round trips"). Under load the child's CPU per call
+is much of what bounds throughput against bare Celery.
 
 The lean pipeline keeps what the store relies on, through redis-py's public API:
 

@@ -217,7 +217,8 @@ CALL: Final = HashRecord[CallField](
         CallField.DISPATCHED: FieldSpec(FieldType.FLAG, "the broker accepted its message", 0),
         CallField.JOB: FieldSpec(FieldType.JSON, "the CallJob, to dispatch it again", ""),
         CallField.JOB_DIGEST: _str(
-            "job_digest of the CallJob registered to run; a message whose digest differs runs nothing"
+            "job_digest of the JSON form of the CallJob registered to run (the form its message"
+            " carries); a message whose digest differs runs nothing"
         ),
         CallField.TASK_ID: _str("the Celery task id of its latest message"),
         CallField.REQUEUES: _int(
