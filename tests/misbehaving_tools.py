@@ -106,6 +106,13 @@ def crash(ctx: ToolContext, how: str = "sigkill") -> str:
 
 
 @tool(soft_timeout_s=5.0)
+def sigchld_handling() -> str:
+    """How this pool child handles SIGCHLD (its tools' own children): 'default' or the handler's repr."""
+    handler = signal.getsignal(signal.SIGCHLD)
+    return "default" if handler == signal.SIG_DFL else repr(handler)
+
+
+@tool(soft_timeout_s=5.0)
 def boom(ctx: ToolContext, message: str = "broken") -> str:
     """Raises."""
     _began(ctx, "boom")

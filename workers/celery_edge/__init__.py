@@ -39,6 +39,10 @@ module relies on, and the test that pins its behaviour (under ``tests/``):
 ``bootsteps.py``: ``PoolGuard`` and ``LeaseKeeping``, in the tool worker's main process
     - public API only: ``bootsteps.Step`` built with the worker and its ``pool_cls``, signals:
       ``integration/test_worker_start.py``; the keeper reads each held request's ``kwargs``.
+``child_exits.py``: ``ChildExits``, which runs the pool's upkeep on SIGCHLD (Celery's sentinel can
+  fire before a dead child can be reaped, leaving it to a 5 s timer)
+    - public API only: a worker bootstep, the hub's ``add_reader``, ``pool.maintain_pool`` and
+      the ``worker_process_init`` signal: ``integration/test_child_exits.py``.
 ``messages.py``: the invoke message as the Redis transport stores it, built without ``send_task``
     - ``app.amqp.as_task_v2``, ``app.thread_oid`` and kombu's Redis envelope (base64 body,
       ``delivery_info``, ``delivery_tag``): ``integration/test_task_messages.py`` compares it with

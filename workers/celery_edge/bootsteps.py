@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery, bootsteps, signals
 
 from workers import tracing
+from workers.celery_edge.child_exits import install_child_exits
 from workers.celery_edge.request import held_invoke_requests
 from workers.core.mcp_upstreams import served_upstream
 from workers.core.redact import install_log_redaction
@@ -103,9 +104,10 @@ def _redact_logs(logger: logging.Logger | None = None, **_: Any) -> None:
 
 
 def install_worker_steps(celery: Celery) -> None:
-    """Add the guard and the lease keeper to ``celery``'s worker blueprint; redact worker logs."""
+    """Add the guard, the lease keeper and the child-exit watch to the worker blueprint; redact logs."""
     celery.steps["worker"].add(PoolGuard)
     celery.steps["worker"].add(LeaseKeeping)
+    install_child_exits(celery.steps["worker"])
     signals.after_setup_logger.connect(_redact_logs, weak=False)
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)
     signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
