@@ -45,9 +45,10 @@ def demo_overrides(token: str) -> dict[str, Any]:
     return {
         "tool_modules": ("workers.local.demo_tools",),
         "lease": {"ttl_s": LEASE_TTL_S, "renew_interval_s": 0.5},
-        # Past Celery's 5 s pool upkeep: a dead pool child is usually noticed at once, but once in
-        # a CI run (2026-12-06) only by that upkeep, and R2's call, queued behind R1's two dead
-        # children, then passed a 3 s allowance before a child was free and never ran.
+        # R2's call queues behind R1's two dying children. A dead child is reaped on SIGCHLD
+        # (celery_edge/child_exits.py); before that, a CI run (2026-12-06) had one found by
+        # Celery's 5 s upkeep, and the call passed a 3 s allowance and never ran. The margin
+        # stays for a loaded machine, where forking the replacements takes its time too.
         "limits": {"queue_allowance_s": 8.0, "hard_grace_s": 1.0},
         "watchdog": {"interval_s": 2.0},
         "broker": {"queue": f"unstuck.demo.{token}", "control_queue": f"unstuck.demo.{token}.control"},
