@@ -21,7 +21,6 @@ gives each pool child back the default SIGCHLD handling its tools expect.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 from typing import Any
@@ -29,8 +28,6 @@ from typing import Any
 from celery import bootsteps, signals
 
 __all__ = ["ChildExits", "install_child_exits"]
-
-log = logging.getLogger(__name__)
 
 
 class ChildExits(bootsteps.StartStopStep):
