@@ -4,7 +4,7 @@ Why a lean one: each call's claim and answer are one pipelined round trip in the
 child, and redis-py 8's ``Pipeline.execute`` spends most of that round trip's CPU around the
 socket (its observability hooks, HIMPORT bookkeeping, a retry wrapper, an encoder call per
 argument). On 2026-12-07 a claim-sized pipeline (an ``EVALSHA`` of 10 arguments and a ``ZREM``)
-cost 72-76 µs of CPU through it and 40-44 µs here, each with its pool's ``get_connection`` and
+cost 71-76 µs of CPU through it and 40-44 µs here, each with its pool's ``get_connection`` and
 ``release`` (docs/performance.md, "Lean round trips"). Under load the child's CPU per call
 is much of what bounds throughput against bare Celery.
 
@@ -66,9 +66,6 @@ class LeanPipeline(CoreCommands):
         """Queue one command (what redis-py's command methods call)."""
         self._commands.append((args, options))
         return self
-
-    def __len__(self) -> int:
-        return len(self._commands)
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         """Send every queued command in one write; their replies, in order (see the module)."""
