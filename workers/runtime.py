@@ -112,7 +112,13 @@ def open_ledger(settings: Settings) -> Ledger:
         replica_acks=_replica_acks(settings),
     )
     ledger.kept = _kept_answers(settings)
+    ledger.max_block_s = _longest_block_s(settings.redis.socket_timeout_s)
     return ledger
+
+
+def _longest_block_s(socket_timeout_s: float) -> float:
+    """The longest ``BLPOP`` a client with this socket timeout sends: its reply must come first."""
+    return min(1.0, socket_timeout_s / 2)
 
 
 def open_async_ledger(settings: Settings) -> AsyncLedger:
@@ -126,8 +132,7 @@ def open_async_ledger(settings: Settings) -> AsyncLedger:
     quick = aconnect(redis.url, **timeouts, max_connections=_ASYNC_CONNECTIONS, sentinel=sentinel)
     registering = aconnect(redis.url, **timeouts, max_connections=_REGISTERING_CONNECTIONS, sentinel=sentinel)
     blocking = aconnect(redis.url, **timeouts, max_connections=1, sentinel=sentinel)
-    # The listener's BLPOP must return before its socket times out.
-    listen_s = min(1.0, redis.socket_timeout_s / 2)
+    listen_s = _longest_block_s(redis.socket_timeout_s)
     listener = DoneListener(
         blocking, quick, prefix=redis.key_prefix, listen_s=listen_s, ttl_s=settings.ledger.ttl_s
     )

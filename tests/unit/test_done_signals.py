@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from workers.core.models import ToolCall, ToolResult
 from workers.core.results import success_result
+from workers.store.done_signals import Mailbox
 from workers.store.ledger import HANDED_BACK, SEPARATOR, Signal, encode, results_of
 
 # Call ids are any string of up to 256 characters, the markers included.
@@ -68,3 +69,22 @@ def test_results_of_skips_the_unanswered_and_refuses_a_stranger() -> None:
     assert results_of({"a": mine.to_json(), "b": None}) == {"a": mine}
     assert results_of({"b": mine.to_json()}) is None
     assert results_of({"a": "not json"}) is None
+
+
+def test_a_mailbox_hands_each_kept_signal_over_once() -> None:
+    mailbox = Mailbox()
+    for_a, bare_b = Signal.parse(encode("a", _result("a", "for a").to_json())), Signal.parse("b")
+    other_run = Signal.parse(encode("a", _result("a", "other run").to_json()))
+    mailbox.put("run1:done", for_a)
+    mailbox.put("run1:done", bare_b)
+    mailbox.put("run2:done", other_run)
+    assert mailbox.take("run1:done", ["a", "b", "c"]) == {"a": for_a, "b": bare_b}
+    assert mailbox.take("run1:done", ["a", "b"]) == {}
+    assert mailbox.take("run2:done", ["a"]) == {"a": other_run}
+
+
+def test_a_full_mailbox_lets_its_oldest_signals_go() -> None:
+    mailbox = Mailbox(limit=3)
+    for call_id in "abcde":
+        mailbox.put("run:done", Signal.parse(call_id))
+    assert list(mailbox.take("run:done", "abcde")) == ["c", "d", "e"]

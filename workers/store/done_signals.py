@@ -16,18 +16,35 @@ clients in order) gets it at once instead of at its next check; a marked signal 
 handed back again, so a stale one cannot circulate. A sync waiter blocks on its own
 connection (:meth:`workers.store.ledger.Ledger.wait_for_results`); asyncio waiters share one
 per event loop (:class:`workers.store.done_listener.DoneListener`).
+
+A handed-back signal goes to whichever waiter blocks first, which is not its own when that one
+is between two waits (checking, or not scheduled on a busy machine). So a sync waiter also keeps
+every signal it popped for another call in its process's :class:`Mailbox`, where the other
+waiters of that process look before they block: without it, the call's own waiter learned the
+answer only at its next check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.core.models import ToolResult
 from workers.store.keys import REFRESH_INTERVAL_S
 
-__all__ = ["HANDED_BACK", "KEYS_REFRESH_S", "SEPARATOR", "Signal", "done_expire_s", "encode", "results_of"]
+__all__ = [
+    "HANDED_BACK",
+    "KEYS_REFRESH_S",
+    "SEPARATOR",
+    "Mailbox",
+    "Signal",
+    "done_expire_s",
+    "encode",
+    "results_of",
+]
 
 #: Seconds between two refreshes of a run's calls/done TTLs (as the index keys' interval).
 KEYS_REFRESH_S = REFRESH_INTERVAL_S
@@ -97,3 +114,40 @@ def results_of(stored: Mapping[str, str | None]) -> dict[str, ToolResult] | None
 def stored_results(call_ids: Sequence[str], raw: Sequence[Any]) -> dict[str, ToolResult]:
     """The results read for ``call_ids`` (``HGET`` replies in the same order; empty: none yet)."""
     return {cid: ToolResult.from_json(r) for cid, r in zip(call_ids, raw, strict=True) if r}
+
+
+#: Signals a process's mailbox keeps at most: beyond, the oldest go (their waiters' checks find
+#: the answers), so stale signals of finished waits and large results cannot pile up.
+MAILBOX_SIGNALS: Final = 256
+
+
+class Mailbox:
+    """Signals this process's sync waiters popped for one another, until their own waiter looks.
+
+    Keyed by the run's ``done`` list and the call id. Thread-safe: the waiters of one ledger are
+    threads.
+    """
+
+    def __init__(self, limit: int = MAILBOX_SIGNALS) -> None:
+        self._limit = limit
+        self._signals: OrderedDict[tuple[str, str], Signal] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, done_key: str, signal: Signal) -> None:
+        """Keep ``signal`` (popped from ``done_key``) for its call's waiter."""
+        with self._lock:
+            self._signals[(done_key, signal.call_id)] = signal
+            while len(self._signals) > self._limit:
+                self._signals.popitem(last=False)
+
+    def take(self, done_key: str, call_ids: Iterable[str]) -> dict[str, Signal]:
+        """The kept signals of ``call_ids``, no longer kept."""
+        with self._lock:
+            if not self._signals:
+                return {}
+            found = {}
+            for call_id in call_ids:
+                signal = self._signals.pop((done_key, call_id), None)
+                if signal is not None:
+                    found[call_id] = signal
+            return found

@@ -17,7 +17,7 @@ loop (``workers.runtime.open_async_ledger``), and ``await aclose()`` it before t
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis.asyncio as aredis
 
@@ -30,6 +30,7 @@ from workers.store.done_signals import (
     HANDED_BACK,
     KEYS_REFRESH_S,
     SEPARATOR,
+    Mailbox,
     Signal,
     done_expire_s,
     encode,
@@ -75,21 +76,39 @@ __all__ = [
 class Ledger(LedgerClient):
     """The ledger on a sync client. All methods raise ``StoreError`` when Redis fails."""
 
+    #: The longest ``BLPOP`` this ledger sends (None: as long as asked), set by ``open_ledger``
+    #: to half the socket timeout. A ``BLPOP`` the socket gives up on first fails the wait as
+    #: a store error, and a signal Redis pops just then goes to a closed connection and is lost:
+    #: its waiter learns the answer only at its next check.
+    max_block_s: float | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Signals this process's waiters popped for one another (see :mod:`~workers.store.done_signals`).
+        self.mailbox = Mailbox()
+
     def wait_for_results(
         self, keys: RunKeys, timeout_s: float, *, mine: Collection[str] = (), read: Sequence[str] = ()
     ) -> dict[str, ToolResult] | None:
-        """Block up to ``timeout_s`` for the run's next done signal, then read the results among ``read``.
+        """Block up to ``timeout_s`` (``max_block_s`` at most) for the next done signal; read ``read``.
 
-        None when no signal came within ``timeout_s``. A signal for a call not in ``mine`` is handed
+        None when no signal came in that time. A signal for a call not in ``mine`` is handed
         back once (see :mod:`workers.store.done_signals`). One ``BLPOP`` on the run's done list; the
         signal of the winning finish carries its result, so for one call nothing is read behind
         it: its own signal is its answer, and after any other the record is read in the round
         trip that may hand that signal back. For several calls the reads are pipelined behind
         the ``BLPOP`` on its connection, so Redis runs them the moment the signal is popped.
+        A signal another waiter of this process popped for ``read`` answers first, from the
+        mailbox, without blocking.
         """
+        mailed = self.mailbox.take(keys.done, read)
+        if mailed:
+            return self._mailed(keys, read, mailed)
         behind = read if len(read) > 1 else ()
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
+            if self.max_block_s is not None:
+                timeout_s = min(timeout_s, self.max_block_s)
             pipe.blpop([keys.done], timeout=max(0.01, timeout_s))
             for call_id in behind:
                 pipe.hget(keys.call(call_id), CallField.RESULT)
@@ -97,6 +116,10 @@ class Ledger(LedgerClient):
             if popped is None:
                 return None
             signal = Signal.parse(str(popped[1]))
+            if mine and signal.call_id not in mine:
+                self.mailbox.put(keys.done, signal)  # for its own waiter, should it not block first
+            else:
+                self.mailbox.take(keys.done, [signal.call_id])  # kept by another waiter: not needed
             answers = stored_results(behind, raw)
             if signal.call_id in read and (inline := signal.answer()) is not None:
                 answers[signal.call_id] = inline
@@ -104,6 +127,27 @@ class Ledger(LedgerClient):
             answers.update(self._after_signal(keys, signal, mine, follow))
         # What the signal carried may not be on a replica yet: re-read it, confirmed.
         return self.results(keys, read) if read and self.replica_acks.fencing else self.handed(keys, answers)
+
+    def _mailed(
+        self, keys: RunKeys, read: Sequence[str], mailed: Mapping[str, Signal]
+    ) -> dict[str, ToolResult]:
+        """The answers another waiter of this process popped for ``read``, in one round trip.
+
+        The copy it handed back is taken off the run's list (the other waiters would only pop
+        it for nothing); a signal that carries no result has its record read.
+        """
+        answers = {call_id: answer for call_id, signal in mailed.items() if (answer := signal.answer())}
+        unread = [call_id for call_id in mailed if call_id not in answers]
+        with store_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for signal in mailed.values():
+                if not signal.handed_back:  # the waiter that kept it handed it back, marked
+                    pipe.lrem(keys.done, 1, signal.marked())
+            for call_id in unread:
+                pipe.hget(keys.call(call_id), CallField.RESULT)
+            replies = pipe.execute()
+        answers.update(stored_results(unread, replies[len(replies) - len(unread) :]))
+        return self.results(keys, read) if self.replica_acks.fencing else self.handed(keys, answers)
 
     def _after_signal(
         self, keys: RunKeys, signal: Signal, mine: Collection[str], follow: Sequence[str]
