@@ -84,6 +84,13 @@ def _decoded(span: ProtoSpan, service: str) -> ReceivedSpan:
     )
 
 
+class _Server(ThreadingHTTPServer):
+    # Every export is a connection of its own (HTTP/1.0): with the default backlog of 5, a
+    # burst of pool children flushing at once had SYNs dropped and their exports retried
+    # seconds later, past a test's wait.
+    request_queue_size = 128
+
+
 @contextmanager
 def otlp_receiver() -> Iterator[Receiver]:
     """A receiver of ``POST /v1/traces`` (protobuf) on a free loopback port, for the block's duration."""
@@ -108,7 +115,7 @@ def otlp_receiver() -> Iterator[Receiver]:
         def log_message(self, format: str, *args: Any) -> None:
             return None
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = _Server(("127.0.0.1", 0), Handler)
     holder.append(Receiver(f"http://127.0.0.1:{server.server_address[1]}"))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

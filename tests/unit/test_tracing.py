@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -327,3 +328,29 @@ def test_a_requeued_attempt_is_ended_and_linked_under_an_applications_provider()
     assert second["attributes"]["unstuck.attempt"] == 2
     assert second["links"] == [lost["id"]]
     assert second["attributes"]["unstuck.late"] is True
+
+
+def test_a_flush_to_a_collector_that_never_answers_holds_its_caller_only_its_wait() -> None:
+    # Given a collector that takes connections and never answers (nothing accepts them)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        # When a process with a span to send flushes, waiting 0.5 s
+        seen = _run(
+            """
+            import json, time
+            from workers import tracing
+            from workers.tracing.setup import tracer
+            tracing.active()
+            tracer().start_span("unstuck.run probe").end()
+            started = time.monotonic()
+            tracing.flush(wait_s=0.5)
+            print("RESULT", json.dumps({"waited_s": time.monotonic() - started}))
+            """,
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+            OTEL_EXPORTER_OTLP_TIMEOUT="8",
+        )
+    # Then it went on after its wait, not after the exporter's 8 s timeout
+    assert 0.4 <= seen["waited_s"] < 2.0, seen

@@ -136,9 +136,13 @@ def _stop_upstreams(**_: Any) -> None:
 
 def _flush_spans(**_: Any) -> None:
     # A pool child leaves through os._exit (recycled, or the pool shut down): the SDK's atexit
-    # shutdown never runs there, and what its batch still held would go with the child.
+    # shutdown never runs there, and what its batch still held would go with the child. It
+    # waits longer than after a call, but never more than a slow collector is worth.
     if tracing.active():
-        tracing.flush()
+        tracing.flush(wait_s=_EXIT_FLUSH_WAIT_S)
+
+
+_EXIT_FLUSH_WAIT_S = 5.0
 
 
 def _remove_memory_cgroups(**_: Any) -> None:

@@ -220,10 +220,68 @@ def start_with_id(name: str, span_id: int, **options: Any) -> Span:
         _CHOSEN_SPAN_ID.reset(token)
 
 
-def flush() -> None:
-    """Send what the provider holds now (up to 1 s), waiting for it."""
-    from opentelemetry import trace
+#: How long a pool child waits for its spans to be sent after each call (worker.flush_spans_each_call).
+FLUSH_WAIT_S = 1.0
 
-    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-    if force_flush is not None:
-        force_flush(1000)
+
+def flush(wait_s: float = FLUSH_WAIT_S) -> None:
+    """Send what the provider holds now, on this process's flush thread; wait for it ``wait_s`` at most.
+
+    The SDK's ``force_flush`` exports in its caller's thread and waits for the exporter's own
+    timeout (10 s by default, its retries included), whatever timeout it is given. A slow or
+    unreachable collector held a pool child that long after every call, and a soft time limit
+    cut the export short and dropped its spans. On a thread of its own the export goes on after
+    the wait ends: the spans are sent once the collector takes them, as the batch would have.
+    """
+    _FLUSHER.flush(wait_s)
+
+
+class _Flusher:
+    """One thread per process that runs ``force_flush`` for the callers of :func:`flush`.
+
+    Each request is served by a flush that starts after it, so the spans ended before the
+    request are in it; requests that come during one flush share the next.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._requested = 0
+        self._done = 0
+        self._thread: threading.Thread | None = None
+
+    def flush(self, wait_s: float) -> None:
+        with self._cond:
+            self._requested += 1
+            wanted = self._requested
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="unstuck-span-flush", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._done >= wanted, timeout=wait_s)
+
+    def _run(self) -> None:
+        from opentelemetry import trace
+
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._requested > self._done)
+                serving = self._requested
+            force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+            try:
+                if force_flush is not None:
+                    force_flush()
+            except Exception:  # a failed export must not end the thread
+                log.warning("spans not sent", exc_info=True)
+            with self._cond:
+                self._done = serving
+                self._cond.notify_all()
+
+    def forget_in_child(self) -> None:
+        """A forked child has no flush thread of its parent's, nor its lock's state."""
+        self._cond = threading.Condition()
+        self._requested = self._done = 0
+        self._thread = None
+
+
+_FLUSHER = _Flusher()
+os.register_at_fork(after_in_child=_FLUSHER.forget_in_child)
