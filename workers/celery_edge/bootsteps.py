@@ -31,6 +31,8 @@ __all__ = ["LeaseKeeping", "PoolGuard", "check_pool", "install_worker_steps"]
 
 log = logging.getLogger(__name__)
 
+_EXIT_FLUSH_WAIT_S = 5.0  # how long an exiting pool child waits for its last spans to be sent
+
 
 def _pool_name(pool_cls: Any) -> str:
     """'prefork', 'threads', 'solo', ... from a class, 'module:Class' string or alias."""
@@ -140,9 +142,6 @@ def _flush_spans(**_: Any) -> None:
     # waits longer than after a call, but never more than a slow collector is worth.
     if tracing.active():
         tracing.flush(wait_s=_EXIT_FLUSH_WAIT_S)
-
-
-_EXIT_FLUSH_WAIT_S = 5.0
 
 
 def _remove_memory_cgroups(**_: Any) -> None:

@@ -136,8 +136,9 @@ class Ledger(LedgerClient):
         The copy it handed back is taken off the run's list (the other waiters would only pop
         it for nothing); a signal that carries no result has its record read.
         """
-        carried = {call_id: signal.answer() for call_id, signal in mailed.items()}
-        answers = {call_id: answer for call_id, answer in carried.items() if answer is not None}
+        answers = {
+            call_id: answer for call_id, signal in mailed.items() if (answer := signal.answer()) is not None
+        }
         unread = [call_id for call_id in mailed if call_id not in answers]
         with store_errors():
             pipe = self.client.pipeline(transaction=False)
