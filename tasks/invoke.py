@@ -12,6 +12,7 @@ from workers.celery_edge.names import INVOKE_TASK
 from workers.core.outcome import TaskState, outcome_of
 from workers.errors import CallFailed
 from workers.worker.calls import Refused, answer_call
+from workers.worker.child_slots import holding
 
 __all__ = ["invoke"]
 
@@ -36,7 +37,8 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
     the message was acked on receipt and the ledger already holds the answer) otherwise. A
     refused message is rejected; with no answer to report, the task's state is left alone.
     """
-    answer = answer_call(job, task_id=self.request.id, trace_from=self.request)
+    with holding(job):  # the worker's main process watches the call while the task runs
+        answer = answer_call(job, task_id=self.request.id, trace_from=self.request)
     if isinstance(answer, Refused):
         raise Reject(answer.message, requeue=False)
     if answer is None:

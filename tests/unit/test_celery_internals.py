@@ -8,14 +8,11 @@ says which, when a Celery or kombu release renames or drops one of them.
 from __future__ import annotations
 
 import inspect
-import weakref
 
 import kombu.transport
 from celery.events.dispatcher import EventDispatcher
-from celery.worker import state
 from celery.worker.consumer import Consumer
 from celery.worker.consumer.events import Events
-from celery.worker.request import Request
 from kombu.transport import redis as kombu_redis
 
 
@@ -35,19 +32,6 @@ def test_consumer_hooks_of_refusing_consumer() -> None:
     assert "on_send_buffered=c.on_send_event_buffered" in inspect.getsource(Events.start)
     assert "on_send_buffered" in _params(EventDispatcher.__init__)
     assert callable(EventDispatcher.flush)
-
-
-def test_request_hooks_of_guarded_request() -> None:
-    assert _params(Request.on_timeout) == ["self", "soft", "timeout"]
-    assert _params(Request.on_failure) == ["self", "exc_info", "send_failed_event", "return_ok"]
-    assert _params(Request.send_event) == ["self", "type", "fields"]
-    assert isinstance(Request.eventer, property)
-    assert "worker_pid" in vars(Request)  # set when the pool accepts the task
-
-
-def test_worker_state_of_held_invoke_requests() -> None:
-    # Module-level; the requests received and not yet done (a WeakSet in Celery 5.7).
-    assert isinstance(state.reserved_requests, weakref.WeakSet | set)
 
 
 def test_sentinel_internals_of_the_primary_following_transport() -> None:

@@ -2,9 +2,9 @@
 
 Elsewhere ``workers`` uses only Celery's public API (the app, ``send_task``, ``control.revoke``,
 ``events.default_dispatcher().send``) and catches billiard's ``SoftTimeLimitExceeded`` around a
-tool (:mod:`workers.worker.calls`). Four modules here lean on an internal, one per Celery or
-kombu class extended or imitated: ``consumer.py``, ``request.py``, ``messages.py`` and
-``sentinel_transport.py`` (why no public API does each: docs/architecture.md);
+tool (:mod:`workers.worker.calls`). Three modules here lean on an internal, one per Celery or
+kombu class extended or imitated: ``consumer.py``, ``messages.py`` and ``sentinel_transport.py``
+(why no public API does each: docs/architecture.md);
 ``unit/test_celery_internals.py`` fails first when a release renames or drops one. What each
 module relies on, and the test that pins its behaviour (under ``tests/``):
 
@@ -28,17 +28,19 @@ module relies on, and the test that pins its behaviour (under ``tests/``):
       dispatcher), ``unit/test_consumer_events.py``. Kept for its measured gain
       (docs/architecture.md): 21 Redis commands per call instead of 25, 0.7 CPU ms per call in
       the worker's main process instead of 1.2.
-``request.py``: ``GuardedRequest``, the invoke task's request class
-    - ``celery.worker.request.Request.on_timeout``, ``on_failure`` (billiard's
-      ``TimeLimitExceeded``, ``WorkerLostError``, ``ExceptionWithTraceback.exc``),
-      ``send_event`` and its ``eventer``, ``worker_pid``: ``integration/test_backbone.py``
-      (hard limit, crashed child), ``e2e/test_flower.py`` (the failed task's event); the
-      module-level ``celery.worker.state.reserved_requests`` (``held_invoke_requests``, what the
-      lease keeper watches): ``integration/test_backbone.py`` (crashed child, silent heartbeat
-      answered from the main process), ``integration/test_cancellation.py``.
+``request.py``: ``GuardedRequest``, the invoke task's request class (``Task.Request``)
+    - public API only: the hooks Celery documents for a request class, ``on_timeout`` and
+      ``on_failure`` (with its ``send_failed_event``), and the request's ``send_event``,
+      ``kwargs``, ``worker_pid``, ``time_start``: ``integration/test_backbone.py`` (hard limit,
+      crashed child), ``e2e/test_flower.py`` (each task closed in the state of its call's
+      answer), ``unit/test_guarded_request.py`` (the hooks' shapes, billiard's order on a hard
+      limit).
 ``bootsteps.py``: ``PoolGuard`` and ``LeaseKeeping``, in the tool worker's main process
     - public API only: ``bootsteps.Step`` built with the worker and its ``pool_cls``, signals:
-      ``integration/test_worker_start.py``; the keeper reads each held request's ``kwargs``.
+      ``integration/test_worker_start.py``; the keeper watches the jobs the pool children write
+      into their slots (:mod:`workers.worker.child_slots`, each at billiard's process ``index``,
+      Celery's ``%I``): ``integration/test_backbone.py`` (silent heartbeat),
+      ``integration/test_cancellation.py``.
 ``child_exits.py``: ``ChildExits``, which runs the pool's upkeep on SIGCHLD (Celery's sentinel can
   fire before a dead child can be reaped, leaving it to a 5 s timer)
     - public API only: a worker bootstep, the hub's ``add_reader``, ``pool.maintain_pool`` and

@@ -2,29 +2,33 @@
 
 Both steps run in the worker's main process, which survives a hung or killed pool child;
 what a lease-keeping tick does is the worker's (:class:`workers.worker.lease_keeper.LeaseKeeper`).
-They use only Celery's public bootsteps and signals; the requests the keeper watches come from
-:func:`workers.celery_edge.request.held_invoke_requests`.
+They use only Celery's public bootsteps and signals; the calls the keeper watches are those the
+pool children write into their slots (:mod:`workers.worker.child_slots`), each child at its pool
+index (billiard's process ``index``, Celery's ``%I``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import socket
 import sys
 import threading
 from typing import Any
 
+from billiard.process import current_process
 from celery import Celery, bootsteps, signals
 
 from workers import tracing
 from workers.celery_edge.child_exits import install_child_exits
-from workers.celery_edge.request import held_invoke_requests
 from workers.core.mcp_upstreams import served_upstream
 from workers.core.redact import install_log_redaction
 from workers.errors import ConfigError, StoreError, WorkerConfigError
 from workers.runtime import runtime
 from workers.tools.upstreams import start_sessions, stop_sessions
+from workers.worker.child_slots import HeldJobs, install_child_slots, set_child_index
 from workers.worker.lease_keeper import LeaseKeeper, renew_interval_s
+from workers.worker.lost_calls import pid_alive
 from workers.worker.memory_guard import install_memory_guard, memory_guard
 
 __all__ = ["LeaseKeeping", "PoolGuard", "check_pool", "install_worker_steps"]
@@ -75,13 +79,24 @@ class PoolGuard(bootsteps.Step):
 
 
 class LeaseKeeping(bootsteps.StartStopStep):
-    """Runs the lease keeper's ticks on a thread over the invoke tasks this worker holds."""
+    """Runs the lease keeper's ticks on a thread over the calls this worker's pool children run.
 
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
+    It makes the children's slots when the worker is built, so every child the pool forks,
+    now or later, shares them: one per pool process the worker may run (``--autoscale``'s
+    maximum when that is higher).
+    """
+
+    def __init__(self, worker: Any, autoscale: Any = None, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._keeper = LeaseKeeper()
+        slots = install_child_slots(
+            _pool_size(worker.concurrency, autoscale),
+            max_argument_bytes=runtime().settings.limits.max_argument_bytes,
+        )
+        host = socket.gethostname()
+        self._held = HeldJobs(slots, alive=lambda pid: pid_alive(f"{host}:{pid}"))
 
     def start(self, worker: Any) -> None:
         """Start the renewal thread."""
@@ -96,9 +111,22 @@ class LeaseKeeping(bootsteps.StartStopStep):
         interval = renew_interval_s()
         while not self._stop.wait(interval):
             try:
-                self._keeper.tick([req.kwargs for req in held_invoke_requests()])
+                self._keeper.tick(self._held.running())
             except StoreError as exc:
                 log.warning("lease renewal failed: %s", exc)
+
+
+def _pool_size(concurrency: Any, autoscale: Any) -> int:
+    """The most pool processes a worker runs: ``-c``, or ``--autoscale``'s maximum ("max,min")."""
+    if isinstance(autoscale, str):
+        autoscale = [int(part) for part in autoscale.split(",") if part.strip()]
+    most = max(autoscale) if autoscale else 0
+    return max(int(concurrency or 1), int(most))
+
+
+def _take_child_slot(**_: Any) -> None:
+    # The pool numbers its processes 0 .. size - 1 (a replacement takes the index it frees).
+    set_child_index(getattr(current_process(), "index", None))
 
 
 def _redact_logs(logger: logging.Logger | None = None, **_: Any) -> None:
@@ -113,6 +141,7 @@ def install_worker_steps(celery: Celery) -> None:
     signals.after_setup_logger.connect(_redact_logs, weak=False)
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)
     signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
+    signals.worker_process_init.connect(_take_child_slot, weak=False)
     signals.worker_process_init.connect(_start_tracing, weak=False)
     signals.worker_process_init.connect(functools.partial(_start_upstreams, celery), weak=False)
     signals.worker_process_shutdown.connect(_flush_spans, weak=False)

@@ -1,18 +1,18 @@
 """The invoke task's Celery request: its hard-limit and lost-child paths still answer the call.
 
-The answering itself is the worker's (:mod:`workers.worker.lost_calls`); this class only hooks
-Celery's request callbacks and rewrites the ``task-failed`` event it sends.
-:func:`held_invoke_requests` lists the requests of this class the worker holds, for the lease
-keeper in the main process.
+The answering itself is the worker's (:mod:`workers.worker.lost_calls`). This class uses the
+hooks Celery documents for a task's ``Request`` class (``on_timeout`` and ``on_failure``, with
+its ``send_failed_event``): each failure is answered, and the task's closing event is the one
+of the call's stored answer instead of Celery's ``task-failed``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from billiard.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from billiard.exceptions import SoftTimeLimitExceeded, Terminated, TimeLimitExceeded
 from celery.exceptions import Ignore, Reject, Retry
-from celery.worker import state
 from celery.worker.request import Request
 
 from workers.core.models import SyntheticReason, ToolResult
@@ -28,12 +28,16 @@ from workers.worker.lost_calls import (
     stored_answer,
 )
 
-__all__ = ["GuardedRequest", "held_invoke_requests"]
+__all__ = ["GuardedRequest"]
 
+log = logging.getLogger(__name__)
 
 # Ends of a task with no lost or failed tool behind them: nothing to answer. (A child that
 # exits, or a task terminated from Flower, is answered ``crashed`` like any lost child.)
 _NOT_A_LOSS = (Ignore, Reject, Retry)
+# Ends for which Celery sends no task-failed of its own (a retry, an ignored task, a task
+# terminated from Flower: task-revoked), so none of ours replaces it.
+_NO_FAILED_EVENT = (Ignore, Retry, Terminated)
 
 
 class GuardedRequest(Request):
@@ -44,12 +48,21 @@ class GuardedRequest(Request):
     """
 
     _failure: CallFailed | None = None
+    _timed_out = False  # on_failure already handled this task's hard limit
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        """Hard limit: the child is being killed; answer ``timeout_hard`` before Celery's own handling."""
-        if not soft:
-            answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
-        super().on_timeout(soft, timeout)
+        """Hard limit: the child is being killed; answer ``timeout_hard``.
+
+        billiard reports the job failed (``TimeLimitExceeded``, to :meth:`on_failure`, which
+        runs Celery's failure handling and closes the task) before it calls this; Celery's own
+        hard-limit handling would do it all again and send a second, raw ``task-failed``.
+        """
+        if soft or not self._timed_out:
+            if not soft:
+                answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
+            super().on_timeout(soft, timeout)
+            return
+        log.error("Hard time limit (%ss) exceeded for %s[%s]", timeout, self.name, self.id)
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         """A child that died (OOM, SIGKILL, segfault) surfaces as WorkerLostError here."""
@@ -59,6 +72,7 @@ class GuardedRequest(Request):
             self._failure = exc  # the task body reported the call's outcome
         elif isinstance(exc, TimeLimitExceeded):
             answer_from_main_process(self.kwargs, SyntheticReason.TIMEOUT_HARD)
+            self._timed_out = True
         elif isinstance(exc, SoftTimeLimitExceeded):
             # The interrupt hit unstuck's code around the tool (the tool's own is answered by the
             # task): the child lives on, so this is a time limit, not a lost child.
@@ -67,26 +81,32 @@ class GuardedRequest(Request):
             # A lost child, or the task body itself failed (e.g. the store vanished mid-call).
             detail = f"{type(exc).__name__}: {exc}"
             answer_lost_child(self.kwargs, pid_of(str(self.worker_pid or "")), detail=detail)
-        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        ours = send_failed_event and self._replaces_failed_event(exc)
+        event = self._closing_event() if ours else None
+        # Celery's own task-failed only when the call has no answer to show instead.
+        celerys = send_failed_event and event is None
+        super().on_failure(exc_info, send_failed_event=celerys, return_ok=return_ok)
+        self._close(event)
 
-    def send_event(self, type: str, **fields: Any) -> None:
-        """Celery's ``task-failed`` becomes the event of the call's stored answer (reason, no traceback).
+    def _replaces_failed_event(self, exc: object) -> bool:
+        """Whether Celery would close this task with a task-failed, and events are on."""
+        requeued = isinstance(exc, Reject) and bool(getattr(exc, "requeue", False))
+        if exc is None or requeued or isinstance(exc, _NO_FAILED_EVENT):
+            return False
+        eventer = getattr(self, "eventer", None)  # None or disabled: Celery sends no event
+        return eventer is not None and bool(eventer.enabled)
 
-        Both the pool's failure report and the hard-limit handler send one; each is replaced.
-        Every event carries the task's name (tool, session and run).
-        """
-        eventer = self.eventer  # None or disabled: Celery sends nothing
-        if type == "task-failed" and eventer is not None and eventer.enabled:
-            type, fields = self._closing_event(type, fields)
-        # The client's task-sent (named after the task, not the call) may reach Flower after
-        # task-received and rename the task; each later event names it after the call again.
-        super().send_event(type, **{"name": self.name, **fields})
+    def _close(self, event: tuple[str, dict[str, Any]] | None) -> None:
+        if event is not None:
+            type, fields = event
+            self.send_event(type, **{"name": self.name, **fields})  # named after the call
 
-    def _closing_event(self, type: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _closing_event(self) -> tuple[str, dict[str, Any]] | None:
+        """The event of the call's answer: its failure, or the answer stored (None: none stored)."""
         if self._failure is not None:
             return failure_event(self._failure)
         answer = self._stored_answer()
-        return (type, fields) if answer is None else closing_event(outcome_of(answer))
+        return None if answer is None else closing_event(outcome_of(answer))
 
     def _stored_answer(self) -> ToolResult | None:
         job = job_of(self.kwargs)
@@ -97,20 +117,3 @@ class GuardedRequest(Request):
             return stored_answer(rt, rt.ledger.keys(job.session_key, job.run_id), job.call.id)
         except StoreError:
             return None  # Celery's own failure event still closes the task
-
-
-def held_invoke_requests() -> list[GuardedRequest]:
-    """The invoke requests this worker holds: received and not done yet (Celery's worker state).
-
-    ``reserved_requests`` also holds requests whose start the pool has not acknowledged yet, so
-    a child that dies right after claiming is still seen. No public API lists them:
-    ``task_received`` says when one arrives, but nothing of ours runs in the main process when
-    one succeeds (Celery derives a request class from this one whose ``on_success`` calls no
-    hook), and a finished call must leave the list before its pool child takes the next one.
-    """
-    for _ in range(3):
-        try:
-            return [req for req in list(state.reserved_requests) if isinstance(req, GuardedRequest)]
-        except RuntimeError:  # another thread changed the set while it was copied; try again
-            continue
-    return []

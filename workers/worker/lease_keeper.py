@@ -5,8 +5,8 @@ claim in its run's summary, once: a claim does not count itself, see
 :class:`workers.store.claims.ClaimCounter`), answers the calls whose child died, stops tools
 whose heartbeat went stale, and enforces cancels. The main process
 survives a hung or killed pool child, so these answers still come. The Celery bootstep that
-runs the ticks on a thread is :class:`workers.celery_edge.bootsteps.LeaseKeeping`; it finds
-the running calls with :func:`workers.celery_edge.request.held_invoke_requests`.
+runs the ticks on a thread is :class:`workers.celery_edge.bootsteps.LeaseKeeping`; the pool
+children tell it which calls they run (:mod:`workers.worker.child_slots`).
 """
 
 from __future__ import annotations
