@@ -114,3 +114,10 @@ def test_holding_outside_a_workers_pool_writes_nothing(monkeypatch: pytest.Monke
     monkeypatch.setattr(child_slots, "_index", None)
     with holding(_job()):
         pass  # nothing to write to: a call run outside a worker's pool
+
+
+def test_a_slot_whose_bytes_are_not_a_job_is_skipped() -> None:
+    slots = ChildSlots(1, max_argument_bytes=1024)
+    slots.occupy(0, _job())
+    slots._map[struct.calcsize("<QqI")] = ord("#")  # the JSON's first byte, overwritten
+    assert slots.held() == []

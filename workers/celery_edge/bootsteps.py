@@ -114,6 +114,8 @@ class LeaseKeeping(bootsteps.StartStopStep):
                 self._keeper.tick(self._held.running())
             except StoreError as exc:
                 log.warning("lease renewal failed: %s", exc)
+            except Exception:  # the keeper must outlive one bad tick: a dead thread renews nothing
+                log.exception("lease keeper tick failed")
 
 
 def _pool_size(concurrency: Any, autoscale: Any) -> int:

@@ -90,13 +90,21 @@ class ChildSlots:
             start = offset + _HEADER.size
             data = self._map[start : start + min(length, self._capacity)]
             if struct.unpack_from("<Q", self._map, offset)[0] == generation:
-                return HeldJob(index, generation, pid, {"job": json.loads(data)})
+                return _held(index, generation, pid, data)
         return None
 
     def _offset(self, index: int) -> int:
         if not 0 <= index < self._count:
             raise IndexError(f"pool slot {index} of {self._count}")
         return index * self._size
+
+
+def _held(index: int, generation: int, pid: int, data: bytes) -> HeldJob | None:
+    try:
+        job = json.loads(data)
+    except ValueError:
+        return None  # not a job a child wrote whole: nothing the keeper could answer
+    return HeldJob(index, generation, pid, {"job": job})
 
 
 def _job_bytes(job: dict[str, Any], capacity: int) -> bytes:
