@@ -57,9 +57,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": False,
         "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
         # A worker takes a message only when a pool slot is free (Redis broker; Celery ignores it
-        # on RabbitMQ). A message it held while every slot was busy died with a SIGKILLed main
-        # process: kombu restores it only after the visibility timeout, so the call waited for
-        # its deadline (a hog's: 150 s) though other workers were idle (chaos seed 412917878).
+        # on RabbitMQ). A message held while every slot is busy waits behind the running calls,
+        # however long, though other workers are idle, and dies with a SIGKILLed main process:
+        # then only the gateway's republish after a lease TTL, or the deadline, saves the call
+        # (chaos seed 412917878 waited for a hog's 150 s). Prefetch would add about 7 % to no-op
+        # throughput (docs/performance.md); it is not worth that stall.
         "worker_disable_prefetch": True,
         "worker_send_task_events": True,
         # The gateway sends task-sent itself, batched (workers.celery_edge.task_events): Celery's cost a
