@@ -152,6 +152,7 @@ def submit(
             soft_time_limit=soft_s,  # type: ignore[arg-type]
             time_limit=soft_s + 5,  # type: ignore[arg-type]
             queue=queue,
+            ignore_result=True,  # as the gateway's dispatcher: no result-backend subscription left open
         )
     store.ledger.mark_dispatched(keys, call.id, task_id)
 

@@ -61,7 +61,11 @@ def _publish(gateway: ToolGateway, job: CallJob | dict[str, Any]) -> str:
     body = job.model_dump(mode="json") if isinstance(job, CallJob) else job
     task_id = f"forged-{uuid.uuid4().hex[:8]}"
     gateway._app.send_task(
-        INVOKE_TASK, kwargs={"job": body}, task_id=task_id, queue=gateway.settings.broker.queue
+        INVOKE_TASK,
+        kwargs={"job": body},
+        task_id=task_id,
+        queue=gateway.settings.broker.queue,
+        ignore_result=True,  # as the gateway's dispatcher: no result-backend subscription left open
     )
     return task_id
 
@@ -97,7 +101,7 @@ def test_malformed_body_and_unregistered_task_are_refused_and_the_worker_keeps_s
     # Given garbage bodies and a task name the worker does not know
     queue = gateway.settings.broker.queue
     task_id = _publish(gateway, {"session_key": "x", "evil": True})
-    gateway._app.send_task("os.system", args=["touch /tmp/pwned"], queue=queue)
+    gateway._app.send_task("os.system", args=["touch /tmp/pwned"], queue=queue, ignore_result=True)
     headers, properties, _ = invoke_body(gateway._app, {}, "empty-body")
     publish_raw(gateway._app, queue, headers, properties, b"", signed=False)  # stopped the worker once
     # When a genuine call follows

@@ -189,7 +189,11 @@ def test_a_message_a_worker_takes_after_its_calls_deadline_runs_nothing(
     fields = {**registration_fields(registered), "dispatched": "1"}
     ledger.register(keys, "late", now_ms=now - 9_000, deadline_ms=now - 1_000, fields=fields)
     gateway._app.send_task(
-        INVOKE_TASK, kwargs={"job": job}, task_id="late-0", queue=gateway.settings.broker.queue
+        INVOKE_TASK,
+        kwargs={"job": job},
+        task_id="late-0",
+        queue=gateway.settings.broker.queue,
+        ignore_result=True,  # as the gateway's dispatcher: no result-backend subscription left open
     )
     # When a worker takes it
     worker = worker_on(env)

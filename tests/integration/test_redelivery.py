@@ -48,7 +48,9 @@ def test_redelivery_of_a_call_held_by_a_dead_child_is_answered_crashed(
     assert claim.status == "claimed"
     ledger.client.set(keys.lease("c1"), holder, px=60_000)
     # When the pool delivers the call again
-    gateway._app.send_task(INVOKE_TASK, kwargs={"job": job}, queue=gateway.settings.broker.queue)
+    gateway._app.send_task(
+        INVOKE_TASK, kwargs={"job": job}, queue=gateway.settings.broker.queue, ignore_result=True
+    )
     # Then it is answered crashed, long before the lease would run out
     wait_until(
         lambda: bool(ledger.results(keys, ["c1"])), timeout_s=10, what="answer to the redelivered call"

@@ -43,7 +43,10 @@ def _forge(gateway: ToolGateway, session: str, call: dict[str, object], agent_id
         fields=registration_fields(job),
     )
     gateway._app.send_task(
-        INVOKE_TASK, kwargs={"job": job.model_dump(mode="json")}, queue=gateway.settings.broker.queue
+        INVOKE_TASK,
+        kwargs={"job": job.model_dump(mode="json")},
+        queue=gateway.settings.broker.queue,
+        ignore_result=True,  # as the gateway's dispatcher: no result-backend subscription left open
     )
 
 
