@@ -9,6 +9,7 @@ from celery.exceptions import Ignore, Reject
 from workers.celery_edge.app import app
 from workers.celery_edge.messages import shown
 from workers.celery_edge.names import INVOKE_TASK
+from workers.core.job_digest import canonical_json
 from workers.core.outcome import TaskState, outcome_of
 from workers.errors import CallFailed
 from workers.worker.calls import Refused, answer_call
@@ -37,8 +38,9 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
     the message was acked on receipt and the ledger already holds the answer) otherwise. A
     refused message is rejected; with no answer to report, the task's state is left alone.
     """
-    with holding(job):  # the worker's main process watches the call while the task runs
-        answer = answer_call(job, task_id=self.request.id, trace_from=self.request)
+    canonical = canonical_json(job).encode()  # serialised once, for the claim's digest and the slot
+    with holding(job, canonical):  # the worker's main process watches the call while the task runs
+        answer = answer_call(job, task_id=self.request.id, trace_from=self.request, canonical=canonical)
     if isinstance(answer, Refused):
         raise Reject(answer.message, requeue=False)
     if answer is None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from workers.core.job_digest import canonical_json
 from workers.worker import child_slots
 from workers.worker.child_slots import ChildSlots, HeldJobs, holding
 
@@ -71,6 +72,27 @@ def test_arguments_past_the_slots_room_are_left_out_and_the_rest_kept() -> None:
     slots = ChildSlots(1, max_argument_bytes=16)
     job = _job("c-big", {"text": "x" * 200_000})
     slots.occupy(0, job)
+    (held,) = slots.held()
+    assert held.kwargs["job"] == {**job, "call": {**job["call"], "arguments": {}}}
+
+
+def test_a_job_serialised_already_is_written_as_it_is() -> None:
+    # Given the job as the digest serialised it (sorted keys, another spelling than the slot's own)
+    slots = ChildSlots(1, max_argument_bytes=1024)
+    job = _job("c-canonical")
+    encoded = canonical_json(job).encode()
+    # When the child writes its slot with those bytes
+    slots.occupy(0, job, encoded)
+    # Then the slot holds exactly them, and the main process reads the same job
+    header = struct.calcsize("<QqI")
+    assert bytes(slots._map[header : header + len(encoded)]) == encoded
+    assert slots.held()[0].kwargs == {"job": job}
+
+
+def test_a_serialised_job_past_the_slots_room_is_trimmed_like_any_other() -> None:
+    slots = ChildSlots(1, max_argument_bytes=16)
+    job = _job("c-big", {"text": "x" * 200_000})
+    slots.occupy(0, job, canonical_json(job).encode())
     (held,) = slots.held()
     assert held.kwargs["job"] == {**job, "call": {**job["call"], "arguments": {}}}
 

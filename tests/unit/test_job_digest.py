@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kombu.utils.json import dumps, loads
 
-from workers.core.job_digest import canonical_json, job_digest
+from workers.core.job_digest import canonical_json, digest_of, job_digest
 from workers.core.models import CallJob, ToolCall
 
 ARGUMENTS = st.recursive(
@@ -81,3 +81,11 @@ def test_a_form_that_validates_to_the_same_job_but_is_not_the_registered_one_dif
     assert CallJob.model_validate(shorter) == job
     # Then only the registered form carries the registered digest
     assert job_digest(shorter) != job_digest(registered)
+
+
+@settings(max_examples=100, deadline=None)
+@given(arguments=st.dictionaries(st.text(max_size=8), ARGUMENTS, max_size=5))
+def test_the_digest_of_a_canonical_serialisation_is_the_jobs_digest(arguments: dict[str, Any]) -> None:
+    # The pool child serialises a job once, for its slot and its claim: the digest must not move
+    form = _job(arguments).model_dump(mode="json")
+    assert digest_of(canonical_json(form).encode()) == job_digest(form)

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["canonical_json", "job_digest"]
+__all__ = ["canonical_json", "digest_of", "job_digest"]
 
 
 # What binds a task message to its registration: a digest of the whole job, computed alike on
@@ -33,4 +33,9 @@ def job_digest(json_form: Mapping[str, Any]) -> str:
     message that validates to the same job but differs from the registered form (a field
     added, one left to its default) is refused: only the registered bytes run.
     """
-    return hashlib.sha256(canonical_json(json_form).encode()).hexdigest()
+    return digest_of(canonical_json(json_form).encode())
+
+
+def digest_of(canonical: bytes) -> str:
+    """The hex SHA-256 of a job already serialised by :func:`canonical_json` (and encoded)."""
+    return hashlib.sha256(canonical).hexdigest()

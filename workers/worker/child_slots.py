@@ -51,10 +51,15 @@ class ChildSlots:
         self._size = _HEADER.size + self._capacity
         self._map = mmap.mmap(-1, count * self._size)  # anonymous and shared: forked children see it
 
-    def occupy(self, index: int, job: dict[str, Any]) -> None:
-        """Write ``job`` into slot ``index`` as the job of this process (a pool child)."""
-        data = _job_bytes(job, self._capacity)
-        self._write(index, os.getpid(), data)
+    def occupy(self, index: int, job: dict[str, Any], encoded: bytes | None = None) -> None:
+        """Write ``job`` into slot ``index`` as the job of this process (a pool child).
+
+        ``encoded``: ``job`` as JSON already (the digest's serialisation), written as it is
+        when it fits.
+        """
+        if encoded is None or len(encoded) > self._capacity:
+            encoded = _job_bytes(job, self._capacity)
+        self._write(index, os.getpid(), encoded)
 
     def vacate(self, index: int) -> None:
         """Empty slot ``index``: its child runs nothing."""
@@ -164,13 +169,16 @@ def set_child_index(index: int | None) -> None:
 
 
 @contextlib.contextmanager
-def holding(job: dict[str, Any]) -> Iterator[None]:
-    """This pool child runs ``job`` inside the block: its slot holds the job until the block ends."""
+def holding(job: dict[str, Any], encoded: bytes | None = None) -> Iterator[None]:
+    """This pool child runs ``job`` inside the block: its slot holds the job until the block ends.
+
+    ``encoded``: ``job`` as JSON, when the caller has serialised it already.
+    """
     slots, index = _slots, _index
     if slots is None or index is None:
         yield  # no worker table: a call run outside a worker's pool (tests, a local run)
         return
-    slots.occupy(index, job)  # an index past the table raises: its calls would go unwatched
+    slots.occupy(index, job, encoded)  # an index past the table raises: its calls would go unwatched
     try:
         yield
     finally:
