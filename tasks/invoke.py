@@ -40,7 +40,7 @@ def invoke(self: Any, job: dict[str, Any], loop_warning: dict[str, Any] | None =
     """
     canonical = canonical_json(job).encode()  # serialised once, for the claim's digest and the slot
     with holding(job, canonical):  # the worker's main process watches the call while the task runs
-        answer = answer_call(job, task_id=self.request.id, trace_from=self.request, canonical=canonical)
+        answer = answer_call(job, canonical=canonical, task_id=self.request.id, trace_from=self.request)
     if isinstance(answer, Refused):
         raise Reject(answer.message, requeue=False)
     if answer is None:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from workers import tracing
 from workers.answering.service import Answered, Answers
-from workers.core.job_digest import digest_of, job_digest
+from workers.core.job_digest import digest_of
 from workers.core.memory_limits import OomCause
 from workers.core.models import CallJob, ClaimStatus, ToolResult
 from workers.core.refusal import RefusalReason
@@ -44,13 +44,13 @@ class Refused:
 
 
 def answer_call(
-    job: dict[str, Any], *, task_id: str, trace_from: object = None, canonical: bytes | None = None
+    job: dict[str, Any], *, canonical: bytes, task_id: str, trace_from: object = None
 ) -> ToolResult | Refused | None:
     """Handle one delivery of ``job``: the call's stored answer, a refusal, or None.
 
     ``trace_from``: the task's request, whose message headers hold the call's trace context.
-    ``canonical``: ``job`` already serialised by ``canonical_json`` (the pool child's slot holds
-    the same bytes), so the digest needs no second serialisation.
+    ``canonical``: ``job`` as received, serialised by ``canonical_json`` (the pool child's slot
+    holds the same bytes): what the claim's digest is taken of.
 
     The answer is whoever's came first (this delivery, the gateway, the watchdog). None: nothing
     for this delivery to report (another live delivery runs the call, its record expired, or it
@@ -70,8 +70,7 @@ def answer_call(
         worker_id=worker_id(),
         now_ms=now_ms(),
         tool=parsed.call.name,
-        # the bytes received, as the gateway registered them
-        job_digest=job_digest(job) if canonical is None else digest_of(canonical),
+        job_digest=digest_of(canonical),  # the bytes received, as the gateway registered them
         submitted_ms=parsed.submitted_ms,
         deadline_ms=parsed.deadline_ms,
     )
