@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import redis
@@ -32,6 +32,7 @@ from workers.store.connection import connect
 
 if TYPE_CHECKING:
     import pytest
+    from celery import Celery
 
     from workers.gateway.client import ToolGateway
 
@@ -85,6 +86,16 @@ def registration_fields(job: CallJob) -> dict[str, str]:
         "job": job.model_dump_json(),
         "job_digest": job_digest(job.model_dump(mode="json")),
     }
+
+
+def send_by_hand(app: Celery, name: str, **options: Any) -> None:
+    """``app.send_task`` for a test that publishes a message itself, asking for no result.
+
+    The gateway's dispatcher never asks for one. A result asked for subscribes the app's Redis
+    result backend on a connection nobody closes; its socket is collected in whatever test
+    runs then, and the ResourceWarning fails that test (``filterwarnings = error``).
+    """
+    app.send_task(name, ignore_result=True, **options)
 
 
 _OUTCOME_MARKS = (" succeeded in ", " raised expected", " reject requeue=", " ignored")

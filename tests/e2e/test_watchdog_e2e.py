@@ -22,6 +22,7 @@ from tests.harness import (
     Proc,
     base_env,
     registration_fields,
+    send_by_hand,
     start_beat,
     start_watchdog,
     start_worker,
@@ -145,14 +146,14 @@ def submit(
     assert store.ledger.register(keys, call.id, now_ms=now, deadline_ms=job.deadline_ms, fields=fields)
     task_id = f"{keys.due_member(call.id)}#0"
     if send:
-        app.send_task(
+        send_by_hand(
+            app,
             INVOKE_TASK,
             kwargs={"job": job.model_dump(mode="json")},
             task_id=task_id,
-            soft_time_limit=soft_s,  # type: ignore[arg-type]
-            time_limit=soft_s + 5,  # type: ignore[arg-type]
+            soft_time_limit=soft_s,
+            time_limit=soft_s + 5,
             queue=queue,
-            ignore_result=True,  # as the gateway's dispatcher: no result-backend subscription left open
         )
     store.ledger.mark_dispatched(keys, call.id, task_id)
 

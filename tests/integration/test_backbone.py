@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.harness import Proc, base_env, processes_with_cmdline, wait_until
+from tests.harness import Proc, base_env, processes_with_cmdline, send_by_hand, wait_until
 from workers import ToolCall, ToolGateway, ToolResult
 from workers.celery_edge.names import INVOKE_TASK
 from workers.settings import Settings
@@ -195,9 +195,7 @@ def test_redelivered_message_for_a_finished_call_never_runs_again(worker: Proc, 
     assert record is not None
     assert record.fields["attempt"] == "1"
     # When the broker delivers the same message again
-    gateway._app.send_task(
-        INVOKE_TASK, kwargs={"job": __import__("json").loads(record.fields["job"])}, ignore_result=True
-    )
+    send_by_hand(gateway._app, INVOKE_TASK, kwargs={"job": __import__("json").loads(record.fields["job"])})
     # Then the worker sees it finished: no second attempt, no late result, same answer
     wait_until(
         lambda: INVOKE_TASK in worker.log() and "succeeded" in worker.log().split("once")[-1],

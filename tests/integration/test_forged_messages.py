@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Proc, base_env, registration_fields, start_watchdog, task_outcome, wait_until
+from tests.harness import (
+    Proc,
+    base_env,
+    registration_fields,
+    send_by_hand,
+    start_watchdog,
+    task_outcome,
+    wait_until,
+)
 from tests.signing import invoke_body, publish_raw
 from workers import ToolCall, ToolGateway
 from workers.celery_edge.names import INVOKE_TASK, SWEEP_TASK
@@ -60,12 +68,8 @@ def _publish(gateway: ToolGateway, job: CallJob | dict[str, Any]) -> str:
     """Put a message straight onto the tool queue, past every gateway check; returns its task id."""
     body = job.model_dump(mode="json") if isinstance(job, CallJob) else job
     task_id = f"forged-{uuid.uuid4().hex[:8]}"
-    gateway._app.send_task(
-        INVOKE_TASK,
-        kwargs={"job": body},
-        task_id=task_id,
-        queue=gateway.settings.broker.queue,
-        ignore_result=True,  # as the gateway's dispatcher: no result-backend subscription left open
+    send_by_hand(
+        gateway._app, INVOKE_TASK, kwargs={"job": body}, task_id=task_id, queue=gateway.settings.broker.queue
     )
     return task_id
 
@@ -101,7 +105,7 @@ def test_malformed_body_and_unregistered_task_are_refused_and_the_worker_keeps_s
     # Given garbage bodies and a task name the worker does not know
     queue = gateway.settings.broker.queue
     task_id = _publish(gateway, {"session_key": "x", "evil": True})
-    gateway._app.send_task("os.system", args=["touch /tmp/pwned"], queue=queue, ignore_result=True)
+    send_by_hand(gateway._app, "os.system", args=["touch /tmp/pwned"], queue=queue)
     headers, properties, _ = invoke_body(gateway._app, {}, "empty-body")
     publish_raw(gateway._app, queue, headers, properties, b"", signed=False)  # stopped the worker once
     # When a genuine call follows

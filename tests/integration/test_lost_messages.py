@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.harness import GatewayOn, Proc, WorkerOn, base_env, registration_fields, task_outcome, wait_until
+from tests.harness import (
+    GatewayOn,
+    Proc,
+    WorkerOn,
+    base_env,
+    registration_fields,
+    send_by_hand,
+    task_outcome,
+    wait_until,
+)
 from workers import ToolGateway
 from workers.celery_edge.names import INVOKE_TASK
 from workers.core.models import CallJob, CallState, ToolCall, ToolResult
@@ -188,12 +197,8 @@ def test_a_message_a_worker_takes_after_its_calls_deadline_runs_nothing(
     job = registered.model_dump(mode="json")  # the message carries the registered form
     fields = {**registration_fields(registered), "dispatched": "1"}
     ledger.register(keys, "late", now_ms=now - 9_000, deadline_ms=now - 1_000, fields=fields)
-    gateway._app.send_task(
-        INVOKE_TASK,
-        kwargs={"job": job},
-        task_id="late-0",
-        queue=gateway.settings.broker.queue,
-        ignore_result=True,  # as the gateway's dispatcher: no result-backend subscription left open
+    send_by_hand(
+        gateway._app, INVOKE_TASK, kwargs={"job": job}, task_id="late-0", queue=gateway.settings.broker.queue
     )
     # When a worker takes it
     worker = worker_on(env)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.harness import Proc, registration_fields, wait_until
+from tests.harness import Proc, registration_fields, send_by_hand, wait_until
 from workers import ToolGateway
 from workers.celery_edge.names import INVOKE_TASK
 from workers.core.models import CallJob
@@ -48,9 +48,7 @@ def test_redelivery_of_a_call_held_by_a_dead_child_is_answered_crashed(
     assert claim.status == "claimed"
     ledger.client.set(keys.lease("c1"), holder, px=60_000)
     # When the pool delivers the call again
-    gateway._app.send_task(
-        INVOKE_TASK, kwargs={"job": job}, queue=gateway.settings.broker.queue, ignore_result=True
-    )
+    send_by_hand(gateway._app, INVOKE_TASK, kwargs={"job": job}, queue=gateway.settings.broker.queue)
     # Then it is answered crashed, long before the lease would run out
     wait_until(
         lambda: bool(ledger.results(keys, ["c1"])), timeout_s=10, what="answer to the redelivered call"

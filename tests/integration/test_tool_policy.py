@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import GatewayOn, Proc, WorkerOn, base_env, registration_fields, wait_until
+from tests.harness import GatewayOn, Proc, WorkerOn, base_env, registration_fields, send_by_hand, wait_until
 from workers import ToolCall, ToolGateway
 from workers.celery_edge.names import INVOKE_TASK
 from workers.core.models import CallJob
@@ -42,11 +42,11 @@ def _forge(gateway: ToolGateway, session: str, call: dict[str, object], agent_id
         deadline_ms=now + 10_000,
         fields=registration_fields(job),
     )
-    gateway._app.send_task(
+    send_by_hand(
+        gateway._app,
         INVOKE_TASK,
         kwargs={"job": job.model_dump(mode="json")},
         queue=gateway.settings.broker.queue,
-        ignore_result=True,  # as the gateway's dispatcher: no result-backend subscription left open
     )
 
 
