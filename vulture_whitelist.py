@@ -19,6 +19,7 @@ _.on_close  # celery Consumer hook on a lost connection (workers/celery_edge/con
 _.buffer_group  # celery EventDispatcher batching (workers/celery_edge/task_events.py)
 _.worker_consumer  # celery app attribute naming the consumer class (workers/celery_edge/app.py)
 _.requires  # celery bootstep's dependencies, read by the blueprint (workers/celery_edge/child_exits.py)
+_.include_if  # celery bootstep predicate, called by the blueprint (workers/celery_edge/give_back.py)
 _.beat_schedule  # celery beat's schedule, read by beat (workers/celery_edge/app_config.py)
 _.__getattr__  # PEP 562 lazy module attributes (workers/__init__.py, workers/celery_edge/app.py)
 _.__dir__  # PEP 562, what dir() lists of a lazy module (workers/__init__.py)

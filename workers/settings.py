@@ -692,8 +692,13 @@ class WorkerSettings(BaseModel):
     )
     prefetch_multiplier: PositiveInt = Field(
         1,
-        description="Celery's prefetch multiplier (RabbitMQ; on a Redis broker a worker takes a "
-        "message only when a pool slot is free)",
+        description="Celery's prefetch multiplier: the messages a worker takes ahead, per pool process",
+    )
+    give_back_after_ms: NonNegativeInt = Field(
+        250,
+        description="a message a worker took ahead of a free pool process and has not started in this "
+        "long is published again for any worker (the copy claimed first runs); 0: on a Redis broker a "
+        "worker takes a message only for a free pool process, and gives nothing back",
     )
     max_memory_per_child_kb: PositiveInt | None = Field(
         None, description="recycle a pool child above this resident size, KiB; none: never"

@@ -32,6 +32,15 @@ def test_a_redis_broker_drops_a_brpop_overdue_by_one_command_timeout() -> None:
     assert options["health_check_interval"] == 3.5
 
 
+def test_a_worker_takes_messages_ahead_only_while_it_gives_back_what_waits() -> None:
+    # Prefetch is safe only with the give-back (workers/worker/held_messages.py): 0 turns both off.
+    on = Settings(redis={"url": REDIS})
+    off = Settings(redis={"url": REDIS}, worker={"give_back_after_ms": 0})
+    assert on.worker.give_back_after_ms > 0
+    assert celery_config(on)["worker_disable_prefetch"] is False
+    assert celery_config(off)["worker_disable_prefetch"] is True
+
+
 @pytest.mark.parametrize(
     "url", ["amqp://guest:guest@127.0.0.1:5672//", "amqps://u:p@mq.example:5671/v", "pyamqp://h//"]
 )

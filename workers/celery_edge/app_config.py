@@ -56,13 +56,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         },
         "task_acks_late": False,
         "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
-        # A worker takes a message only when a pool slot is free (Redis broker; Celery ignores it
-        # on RabbitMQ). A message held while every slot is busy waits behind the running calls,
-        # however long, though other workers are idle, and dies with a SIGKILLed main process:
-        # then only the gateway's republish after a lease TTL, or the deadline, saves the call
-        # (chaos seed 412917878 waited for a hog's 150 s). Prefetch would add about 7 % to no-op
-        # throughput (docs/performance.md); it is not worth that stall.
-        "worker_disable_prefetch": True,
+        # A worker takes messages ahead of its free pool processes (prefetch_multiplier per
+        # process), so a child's next call is in hand when it frees: about 9 % more no-op calls
+        # a second (docs/performance.md). A message held behind long-running calls would wait
+        # for them while other workers idle, so what has not started within
+        # worker.give_back_after_ms is published again (workers.worker.held_messages); 0 turns
+        # both off, and the worker takes a message only for a free pool process (Redis broker;
+        # Celery ignores this on RabbitMQ, whose prefetch is always on).
+        "worker_disable_prefetch": settings.worker.give_back_after_ms == 0,
         "worker_send_task_events": True,
         # The gateway sends task-sent itself, batched (workers.celery_edge.task_events): Celery's cost a
         # publish per call.
@@ -85,8 +86,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # every taken message in `unacked` / `unacked_index`, two MULTI round trips and
             # eight commands per call in the worker's main process, to redeliver it after the
             # visibility timeout (>= 1 h), later than any call's deadline. The ledger answers
-            # every registered call by its deadline whatever became of its message, and with
-            # worker_disable_prefetch a worker holds no taken-but-unstarted message to lose.
+            # every registered call by its deadline whatever became of its message: a message
+            # that dies with its worker's main process before its call was claimed is published
+            # again by the waiting gateway a lease TTL later (gateway.republish_unclaimed).
             # RabbitMQ keeps its acks (the options below replace these).
             "ack_emulation": False,
         },

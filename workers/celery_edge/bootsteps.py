@@ -21,6 +21,7 @@ from celery import Celery, bootsteps, signals
 
 from workers import tracing
 from workers.celery_edge.child_exits import install_child_exits
+from workers.celery_edge.give_back import GiveBack
 from workers.core.mcp_upstreams import served_upstream
 from workers.core.redact import install_log_redaction
 from workers.errors import ConfigError, StoreError, WorkerConfigError
@@ -136,9 +137,10 @@ def _redact_logs(logger: logging.Logger | None = None, **_: Any) -> None:
 
 
 def install_worker_steps(celery: Celery) -> None:
-    """Add the guard, the lease keeper and the child-exit watch to the worker blueprint; redact logs."""
+    """Add the worker's steps (pool guard, lease keeper, give-back, child exits); redact logs."""
     celery.steps["worker"].add(PoolGuard)
     celery.steps["worker"].add(LeaseKeeping)
+    celery.steps["worker"].add(GiveBack)
     install_child_exits(celery.steps["worker"])
     signals.after_setup_logger.connect(_redact_logs, weak=False)
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)

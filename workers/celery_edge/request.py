@@ -3,7 +3,9 @@
 The answering itself is the worker's (:mod:`workers.worker.lost_calls`). This class uses the
 hooks Celery documents for a task's ``Request`` class (``on_timeout`` and ``on_failure``, with
 its ``send_failed_event``): each failure is answered, and the task's closing event is the one
-of the call's stored answer instead of Celery's ``task-failed``.
+of the call's stored answer instead of Celery's ``task-failed``. ``on_accepted`` (the request's
+documented start) tells the worker its message is no longer held
+(:mod:`workers.celery_edge.give_back`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from workers.core.models import SyntheticReason, ToolResult
 from workers.core.outcome import closing_event, failure_event, outcome_of
 from workers.errors import CallFailed, StoreError
 from workers.runtime import runtime
+from workers.worker.held_messages import held_messages
 from workers.worker.lost_calls import (
     answer_escaped_soft_limit,
     answer_from_main_process,
@@ -50,6 +53,11 @@ class GuardedRequest(Request):
     _failure: CallFailed | None = None
     _timed_out = False  # on_failure already handled this task's hard limit
 
+    def on_accepted(self, pid: str, time_accepted: float) -> None:
+        """A pool child started this task: the worker no longer holds its message."""
+        _no_longer_held(self)
+        super().on_accepted(pid, time_accepted)
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         """Hard limit: the child is being killed; answer ``timeout_hard``.
 
@@ -66,6 +74,7 @@ class GuardedRequest(Request):
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         """A child that died (OOM, SIGKILL, segfault) surfaces as WorkerLostError here."""
+        _no_longer_held(self)  # e.g. its child died before it accepted the task
         exc = getattr(exc_info, "exception", None)
         exc = getattr(exc, "exc", exc)  # billiard wraps pool errors in ExceptionWithTraceback
         if isinstance(exc, CallFailed):
@@ -117,3 +126,9 @@ class GuardedRequest(Request):
             return stored_answer(rt, rt.ledger.keys(job.session_key, job.run_id), job.call.id)
         except StoreError:
             return None  # Celery's own failure event still closes the task
+
+
+def _no_longer_held(request: GuardedRequest) -> None:
+    held = held_messages()  # None when the worker gives nothing back (give_back_after_ms 0)
+    if held is not None:
+        held.started(request)
