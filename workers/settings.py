@@ -696,9 +696,9 @@ class WorkerSettings(BaseModel):
     )
     give_back_after_ms: NonNegativeInt = Field(
         250,
-        description="a message a worker took ahead of a free pool process and has not started in this "
-        "long is published again for any worker (the copy claimed first runs); 0: on a Redis broker a "
-        "worker takes a message only for a free pool process, and gives nothing back",
+        description="publish again, for any worker, a message this worker took ahead and no pool process "
+        "started in this long (the copy claimed first runs); 0: none, and on a Redis broker take a "
+        "message only for a free pool process",
     )
     max_memory_per_child_kb: PositiveInt | None = Field(
         None, description="recycle a pool child above this resident size, KiB; none: never"

@@ -398,6 +398,7 @@ def test_kubernetes_configmap_holds_a_valid_config_file(tmp_path: Path) -> None:
 def test_the_example_config_file_loads() -> None:
     translated = translate_reference_config(read_config_file(str(DEPLOY / "unstuck.toml")))
     assert load_settings(**translated).worker.prefetch_multiplier == 1
+    assert load_settings(**translated).worker.give_back_after_ms == 250
 
 
 def _setting_exists(name: str) -> bool:

@@ -225,7 +225,7 @@ CALL: Final = HashRecord[CallField](
             "times a gateway handed it back to the queue (lost worker, idempotent tool)"
         ),
         CallField.REPUBLISHES: _int(
-            "times a gateway published its unclaimed message again (ledger_republish.lua)"
+            "times its unclaimed message was published again, by a gateway or a worker (ledger_republish.lua)"
         ),
         CallField.QUEUED_MS: _ms(
             "when it last went into a queue (requeue, republish); missing: at submission"
