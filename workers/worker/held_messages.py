@@ -85,7 +85,10 @@ def install_held_messages() -> HeldMessages:
 
 
 def held_messages() -> HeldMessages | None:
-    """The record installed in this process, if any (none in a pool child or a gateway)."""
+    """The record installed in this process: a worker's main process's, or None.
+
+    A pool child inherits an unused copy; a gateway has none.
+    """
     return _installed
 
 
