@@ -122,6 +122,9 @@ def test_the_request_hooks_celery_documents_keep_their_shapes() -> None:
     assert params(Request.on_timeout) == ["self", "soft", "timeout"]
     assert params(Request.on_failure) == ["self", "exc_info", "send_failed_event", "return_ok"]
     assert params(Request.send_event) == ["self", "type", "fields"]
+    assert params(Request.on_accepted) == ["self", "pid", "time_accepted"]  # a held message started
+    # what a held message is given back from (workers/celery_edge/give_back.py)
+    assert {"message", "task", "kwargs"} <= set(dir(Request))
     assert "worker_pid" in vars(Request)  # set when the pool accepts the task
 
 

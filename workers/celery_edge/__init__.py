@@ -14,9 +14,10 @@ module relies on, and the test that pins its behaviour (under ``tests/``):
       never imported from here. Pinned by every worker the integration tests start (they run
       ``-A workers.celery_edge.app``) and ``unit/test_control_queue.py``.
 ``app_config.py``: our settings as Celery setting names (a leaf: the gateway's sending app)
-    - ``worker_disable_prefetch`` (a slot-free worker takes no message):
-      ``integration/test_lost_messages.py``; kombu's Redis transport option ``ack_emulation``
-      (off: no ``unacked`` bookkeeping; public, no subclass): ``integration/test_broker_acks.py``.
+    - ``worker_disable_prefetch``, on only when ``worker.give_back_after_ms`` is 0 (a worker
+      without a free slot takes no message): ``unit/test_celery_config_brokers.py``; kombu's
+      Redis transport option ``ack_emulation`` (off: no ``unacked`` bookkeeping; public, no
+      subclass): ``integration/test_broker_acks.py``.
 ``consumer.py``: ``RefusingConsumer``, which counts refused messages, survives hostile bodies,
   reconnects within a second and batches its task events
     - ``celery.worker.consumer.Consumer.create_task_handler``, ``on_decode_error``,
@@ -29,18 +30,24 @@ module relies on, and the test that pins its behaviour (under ``tests/``):
       (docs/architecture.md): 21 Redis commands per call instead of 25, 0.7 CPU ms per call in
       the worker's main process instead of 1.2.
 ``request.py``: ``GuardedRequest``, the invoke task's request class (``Task.Request``)
-    - public API only: the hooks Celery documents for a request class, ``on_timeout`` and
-      ``on_failure`` (with its ``send_failed_event``), and the request's ``send_event``,
-      ``kwargs``, ``worker_pid``, ``time_start``: ``integration/test_backbone.py`` (hard limit,
-      crashed child), ``e2e/test_flower.py`` (each task closed in the state of its call's
-      answer), ``unit/test_guarded_request.py`` (the hooks' shapes, billiard's order on a hard
-      limit).
+    - public API only: the hooks Celery documents for a request class, ``on_timeout``,
+      ``on_failure`` (with its ``send_failed_event``) and ``on_accepted``, and the request's
+      ``send_event``, ``kwargs``, ``worker_pid``, ``time_start``: ``integration/test_backbone.py``
+      (hard limit, crashed child), ``e2e/test_flower.py`` (each task closed in the state of its
+      call's answer), ``unit/test_guarded_request.py`` (the hooks' shapes, billiard's order on a
+      hard limit), ``integration/test_held_messages.py`` (``on_accepted``).
 ``bootsteps.py``: ``PoolGuard`` and ``LeaseKeeping``, in the tool worker's main process
     - public API only: ``bootsteps.Step`` built with the worker and its ``pool_cls``, signals:
       ``integration/test_worker_start.py``; the keeper watches the jobs the pool children write
       into their slots (:mod:`workers.worker.child_slots`, each at billiard's process ``index``,
       Celery's ``%I``): ``integration/test_backbone.py`` (silent heartbeat),
       ``integration/test_cancellation.py``.
+``give_back.py``: ``GiveBack``, which publishes again the messages the worker took ahead and no
+  pool child started within ``worker.give_back_after_ms`` (:mod:`workers.worker.held_messages`)
+    - public API only: a worker bootstep, the ``task_received`` signal, the request's
+      ``message`` (its ``body``, ``headers``, ``properties``, ``delivery_info``) and a kombu
+      producer's ``publish``: ``integration/test_held_messages.py``,
+      ``e2e/test_backbone_e2e.py``.
 ``child_exits.py``: ``ChildExits``, which runs the pool's upkeep on SIGCHLD (Celery's sentinel can
   fire before a dead child can be reaped, leaving it to a 5 s timer)
     - public API only: a worker bootstep, the hub's ``add_reader``, ``pool.maintain_pool`` and
