@@ -57,7 +57,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": False,
         "worker_prefetch_multiplier": settings.worker.prefetch_multiplier,
         # A worker takes messages ahead of its free pool processes (prefetch_multiplier per
-        # process), so a child's next call is in hand when it frees: about 9 % more no-op calls
+        # process), so a child's next call is in hand when it frees: about 5 % more no-op calls
         # a second (docs/performance.md). A message held behind long-running calls would wait
         # for them while other workers idle, so what has not started within
         # worker.give_back_after_ms is published again (workers.worker.held_messages); 0 turns
