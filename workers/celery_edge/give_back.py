@@ -18,7 +18,7 @@ from celery import Celery, bootsteps, signals
 
 from workers.celery_edge.names import INVOKE_TASK
 from workers.runtime import runtime
-from workers.worker.held_messages import HeldMessages, give_back, install_held_messages
+from workers.worker.held_messages import Held, HeldMessages, give_back, install_held_messages
 
 __all__ = ["GiveBack", "publish_again"]
 
@@ -90,7 +90,7 @@ class GiveBack(bootsteps.StartStopStep):
             if self._held is not None:
                 self._give_back(self._held.due(_monotonic_ms(), self._after_ms))
 
-    def _give_back(self, due: list[Any]) -> None:
+    def _give_back(self, due: list[Held]) -> None:
         if not due:
             return
         try:

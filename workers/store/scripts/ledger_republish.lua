@@ -2,8 +2,8 @@
 -- ARGV: expected_republishes, now_ms. Succeeds (1) only if the call is still unanswered,
 -- pending, unleased and published expected_republishes times again so far: of gateways that
 -- saw the same lost message at once (or a worker giving back a message it held), one publishes
--- it again. Nothing else changes: the call
--- stays pending, and whichever copy a worker claims first runs it (ledger_claim.lua).
+-- it again. Nothing else changes: the call stays pending, and whichever copy a worker claims
+-- first runs it (ledger_claim.lua).
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
 end
