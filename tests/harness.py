@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     import pytest
     from celery import Celery
 
+    from workers.core.models import ToolCall, ToolResult
     from workers.gateway.client import ToolGateway
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,6 +123,20 @@ def task_outcome(log: str, task_id: str) -> str | None:
 def recorded_runs(runs_file: Path) -> list[str]:
     """The tags ``record_run`` wrote to ``runs_file``, one per execution (none if it never ran)."""
     return runs_file.read_text().splitlines() if runs_file.exists() else []
+
+
+def call_in_thread(
+    gateway: ToolGateway, session: str, call: ToolCall
+) -> tuple[threading.Thread, list[ToolResult]]:
+    """Submit ``call`` (run "r") on a thread of its own; the thread, and the list its results fill."""
+    results: list[ToolResult] = []
+
+    def run() -> None:
+        results.extend(gateway.call_tools(session_key=session, run_id="r", calls=[call]))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, results
 
 
 def settings_of(env: dict[str, str]) -> Settings:

@@ -9,32 +9,26 @@ worker's give-back can move the call.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.harness import GatewayOn, WorkerOn, base_env, recorded_runs, task_outcome, wait_until
+from tests.harness import (
+    GatewayOn,
+    WorkerOn,
+    base_env,
+    call_in_thread,
+    recorded_runs,
+    task_outcome,
+    wait_until,
+)
 from workers import ToolGateway
-from workers.core.models import CallState, ToolCall, ToolResult
+from workers.core.models import CallState, ToolCall
 from workers.store.keys import broker_queue_key
 from workers.store.records import CallField, CallRecord
 
 HOG_S = 12.0  # longer than the give-back, a worker's start (slower under a parallel run) and the quick call
-
-
-def _call_in_thread(
-    gateway: ToolGateway, session: str, call: ToolCall
-) -> tuple[threading.Thread, list[ToolResult]]:
-    results: list[ToolResult] = []
-
-    def run() -> None:
-        results.extend(gateway.call_tools(session_key=session, run_id="r", calls=[call]))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, results
 
 
 def _record(gateway: ToolGateway, session: str, call_id: str) -> CallRecord | None:
@@ -60,7 +54,7 @@ def test_a_message_held_behind_a_long_call_is_given_back_and_another_worker_runs
     env = base_env(redis_url, RECORD_RUN_FILE=str(runs_file), UNSTUCK_GATEWAY__REPUBLISH_UNCLAIMED="false")
     gateway = gateway_on(env)
     busy = worker_on(env, concurrency=1)
-    hog_thread, hog = _call_in_thread(
+    hog_thread, hog = call_in_thread(
         gateway, "busy", ToolCall(id="h", name="slow", arguments={"seconds": HOG_S})
     )
     wait_until(
@@ -69,7 +63,7 @@ def test_a_message_held_behind_a_long_call_is_given_back_and_another_worker_runs
         what="the long call running",
     )
     # When a quick call comes: the busy worker takes its message ahead, then gives it back
-    thread, results = _call_in_thread(
+    thread, results = call_in_thread(
         gateway, "quick", ToolCall(id="q", name="record_run", arguments={"tag": "q"})
     )
     wait_until(

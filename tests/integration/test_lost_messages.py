@@ -10,7 +10,6 @@ while pending, so however many copies there are, its tool runs once.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from tests.harness import (
     Proc,
     WorkerOn,
     base_env,
+    call_in_thread,
     registration_fields,
     send_by_hand,
     task_outcome,
@@ -30,7 +30,7 @@ from tests.harness import (
 )
 from workers import ToolGateway
 from workers.celery_edge.names import INVOKE_TASK
-from workers.core.models import CallJob, CallState, ToolCall, ToolResult
+from workers.core.models import CallJob, CallState, ToolCall
 from workers.settings import Settings
 from workers.store.keys import broker_queue_key
 from workers.store.records import CallField, CallRecord
@@ -50,19 +50,6 @@ def broker(settings: Settings) -> Iterator[redis.Redis]:
     client.close()
 
 
-def _call_in_thread(
-    gateway: ToolGateway, session: str, call: ToolCall
-) -> tuple[threading.Thread, list[ToolResult]]:
-    results: list[ToolResult] = []
-
-    def run() -> None:
-        results.extend(gateway.call_tools(session_key=session, run_id="r", calls=[call]))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, results
-
-
 def _state(record: CallRecord | None) -> CallState | None:
     return None if record is None else record.state
 
@@ -80,7 +67,7 @@ def test_a_message_lost_before_its_claim_is_published_again_and_runs(
     # Given a call whose message a worker took and lost (taken off the queue, never claimed)
     queue = broker_queue_key(settings.broker.queue)
     started = time.monotonic()
-    thread, results = _call_in_thread(
+    thread, results = call_in_thread(
         gateway, "lost", ToolCall(id="c1", name="record_run", arguments={"tag": "once"})
     )
     wait_until(lambda: broker.llen(queue) == 1, timeout_s=10, what="the call's message in the queue")
@@ -108,7 +95,7 @@ def test_a_call_queued_behind_a_busy_worker_runs_once_however_many_copies(
 ) -> None:  # fmt: skip
     # Given one worker slot, busy for longer than two leases
     worker: Proc = worker_on(env, concurrency=1)
-    hog_thread, hog = _call_in_thread(
+    hog_thread, hog = call_in_thread(
         gateway, "busy", ToolCall(id="h", name="slow", arguments={"seconds": 2.5 * LEASE_S})
     )
     # (running, not only off the queue: an empty queue is also what the hog's thread sees
@@ -120,7 +107,7 @@ def test_a_call_queued_behind_a_busy_worker_runs_once_however_many_copies(
         what="the hog running",
     )
     # When a call waits in the queue behind it (a real backlog, not a lost message)
-    thread, results = _call_in_thread(
+    thread, results = call_in_thread(
         gateway, "queued", ToolCall(id="c1", name="record_run", arguments={"tag": "queued"})
     )
     thread.join(timeout=60)
@@ -169,7 +156,7 @@ def test_with_republishing_off_a_lost_message_waits_for_its_deadline(
     gateway = gateway_on(env)
     queue = broker_queue_key(settings.broker.queue)
     call = ToolCall(id="c1", name="record_run", arguments={"tag": "never"})
-    thread, results = _call_in_thread(gateway, "off", call)
+    thread, results = call_in_thread(gateway, "off", call)
     wait_until(lambda: broker.llen(queue) == 1, timeout_s=10, what="the call's message in the queue")
     assert broker.delete(queue) == 1
     # When a worker comes up afterwards
