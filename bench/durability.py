@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import redis
 
 from bench.bare_app import BARE_QUEUE, URL_ENV
-from bench.overhead import Bare, Guarded, Sizes, add_size_arguments, sizes_of, throughput
+from bench.overhead import Bare, Guarded, Sizes, add_size_arguments, shipped_env, sizes_of, throughput
 from bench.overhead_probes import CommandStats, freeze, percentile, thaw, timed_calls, warm_up
 from tests.harness import REPO, Proc, base_env, kill_pids, settings_of, start_worker, wait_until
 from workers.local.embedded_redis import EmbeddedRedis
@@ -65,7 +65,7 @@ class _Run:
         for acks in (0, 1):
             env = base_env(
                 primary.url,
-                UNSTUCK_LEASE__TTL_S="4",
+                **shipped_env(),
                 UNSTUCK_REDIS__MIN_REPLICA_ACKS=str(acks),
                 UNSTUCK_REDIS__KEY_PREFIX=f"bench-acks{acks}",
                 UNSTUCK_BROKER__QUEUE=f"bench.acks{acks}",

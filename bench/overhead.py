@@ -64,7 +64,7 @@ from bench.overhead_probes import (
 from tests.harness import REPO, Proc, base_env, kill_pids, settings_of, start_worker
 from workers import ToolCall, ToolGateway
 from workers.local.embedded_redis import EmbeddedRedis
-from workers.settings import LeaseSettings, Settings
+from workers.settings import LeaseSettings, Settings, WorkerSettings
 
 Client = Callable[[int], None]
 
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     with EmbeddedRedis() as server:
         assert server.process is not None
         bare_url = server.url.removesuffix("/0") + "/1"  # its own database, on the same server
-        env = base_env(server.url, **_lease_env(opts.lease_ttl_s), **{URL_ENV: bare_url})
+        env = base_env(server.url, **shipped_env(opts.lease_ttl_s), **{URL_ENV: bare_url})
         settings = settings_of(env)
         unstuck_worker = start_worker(env, concurrency=opts.concurrency, name="bench-unstuck")
         bare_worker = Proc(
@@ -318,17 +318,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _lease_env(ttl_s: float | None) -> dict[str, str]:
-    """The lease settings of the run: unstuck's shipped defaults unless a TTL is given.
+def shipped_env(lease_ttl_s: float | None = None) -> dict[str, str]:
+    """The settings the test harness changes, back at unstuck's shipped defaults (a lease TTL if given).
 
-    The test harness's environment shortens them, and the SIGKILL figure is about the defaults.
+    The harness shortens the lease (the SIGKILL figure is about the shipped one) and turns on
+    the worker's line per task (which costs a tenth of its throughput).
     """
     shipped = LeaseSettings()
-    if ttl_s is None:
+    if lease_ttl_s is None:
         ttl_s, renew_s = shipped.ttl_s, shipped.renew_interval_s
     else:
-        renew_s = min(shipped.renew_interval_s, ttl_s / 2)
-    return {"UNSTUCK_LEASE__TTL_S": str(ttl_s), "UNSTUCK_LEASE__RENEW_INTERVAL_S": str(renew_s)}
+        ttl_s, renew_s = lease_ttl_s, min(shipped.renew_interval_s, lease_ttl_s / 2)
+    return {
+        "UNSTUCK_LEASE__TTL_S": str(ttl_s),
+        "UNSTUCK_LEASE__RENEW_INTERVAL_S": str(renew_s),
+        "UNSTUCK_WORKER__LOG_EACH_TASK": str(WorkerSettings().log_each_task).lower(),
+    }
 
 
 def _run(opts: Options, settings: Settings, server: EmbeddedRedis, bare: Side, sides: list[Side]) -> None:

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.overhead import Guarded, _lease_env
+from bench.overhead import Guarded, shipped_env
 from tests.harness import REPO, base_env, kill_pids, settings_of, start_worker
 from workers.local.embedded_redis import EmbeddedRedis
 from workers.settings import Settings
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.keep or Path(tempfile.mkdtemp(prefix="unstuck-profile-"))
     out.mkdir(parents=True, exist_ok=True)
     with EmbeddedRedis() as server:
-        env = base_env(server.url, **_lease_env(None))
+        env = base_env(server.url, **shipped_env())
         settings = settings_of(env)
         worker = start_worker(env, concurrency=2, name="profile")
         try:

@@ -9,7 +9,7 @@ each round's B ÷ A and their median.
 Why not ``bench.overhead_pairs``: on a shared 2-core host the speed drifts by up to half from one
 minute to the next, more than a setting usually changes; a round here lasts seconds, so A and B
 of one round see the same machine. Each side's environment is the shipped settings (the lease
-too) plus its assignments.
+too, and the worker's line per task) plus its assignments.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import sys
 from collections.abc import Callable
 
-from bench.overhead import Guarded, _lease_env, throughput
+from bench.overhead import Guarded, shipped_env, throughput
 from bench.overhead_probes import freeze, thaw
 from tests.harness import Proc, base_env, kill_pids, settings_of, start_worker
 from workers.local.embedded_redis import EmbeddedRedis
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     with EmbeddedRedis() as server:
         envs = {
-            side: base_env(server.url, **_lease_env(None), UNSTUCK_BROKER__QUEUE=f"ab-{side}", **extra)
+            side: base_env(server.url, **{**shipped_env(), "UNSTUCK_BROKER__QUEUE": f"ab-{side}", **extra})
             for side, extra in (("a", args.a), ("b", args.b))
         }
         workers = {side: start_worker(env, concurrency=2, name=f"ab-{side}") for side, env in envs.items()}

@@ -65,6 +65,9 @@ def base_env(redis_url: str, **extra: str) -> dict[str, str]:
             "UNSTUCK_LEASE__RENEW_INTERVAL_S": "0.5",
             "UNSTUCK_LIMITS__QUEUE_ALLOWANCE_S": "3",
             "UNSTUCK_LIMITS__HARD_GRACE_S": "1",
+            # Tests read how a task ended from Celery's line for it (task_outcome), which the
+            # shipped settings leave out of the log.
+            "UNSTUCK_WORKER__LOG_EACH_TASK": "true",
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
         }

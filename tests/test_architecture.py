@@ -66,8 +66,9 @@ MAX_MODULE_LINES = 600
 LONGER_MODULES = {
     # Every setting's Field carries the description docs/configuration.md is rendered from.
     # 870 before mcp.upstreams_file (its entries checked at load), 880 before openclaw.alert_*
-    # and tombstone_scan_interval_s, 884 before worker.give_back_after_ms
-    "workers/settings.py": 888,
+    # and tombstone_scan_interval_s, 884 before worker.give_back_after_ms, 888 before
+    # worker.log_each_task
+    "workers/settings.py": 894,
     # Every Redis record declared once (key, type, TTL, writers, readers, fields) and read by name.
     "workers/store/records.py": 840,
     # Every span's life in one place: opened by its caller, ended by whoever answers the call

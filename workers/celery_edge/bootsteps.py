@@ -136,6 +136,21 @@ def _redact_logs(logger: logging.Logger | None = None, **_: Any) -> None:
     install_log_redaction(logger)
 
 
+# The loggers of Celery's per-task INFO lines: "Received task" (the main process) and "succeeded
+# in", "raised expected", "ignored" (the pool child). Each reads its level once, when the worker
+# starts (the strategy) or builds a task's tracer (the child), and skips the line, its record
+# and its text entirely above INFO.
+_TASK_LINE_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+def _task_lines(**_: Any) -> None:
+    if not runtime().settings.worker.log_each_task:
+        for name in _TASK_LINE_LOGGERS:
+            logger = logging.getLogger(name)
+            if logger.getEffectiveLevel() < logging.WARNING:
+                logger.setLevel(logging.WARNING)
+
+
 def install_worker_steps(celery: Celery) -> None:
     """Add the worker's steps (pool guard, lease keeper, give-back, child exits); redact logs."""
     celery.steps["worker"].add(PoolGuard)
@@ -143,6 +158,7 @@ def install_worker_steps(celery: Celery) -> None:
     celery.steps["worker"].add(GiveBack)
     install_child_exits(celery.steps["worker"])
     signals.after_setup_logger.connect(_redact_logs, weak=False)
+    signals.after_setup_logger.connect(_task_lines, weak=False)
     signals.after_setup_task_logger.connect(_redact_logs, weak=False)
     signals.worker_shutdown.connect(_remove_memory_cgroups, weak=False)
     signals.worker_process_init.connect(_take_child_slot, weak=False)
