@@ -30,6 +30,7 @@ needs kombu; there the gateway keeps ``send_task`` on a thread.
 from __future__ import annotations
 
 import base64
+import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Celery
+from celery.utils.nodenames import anon_nodename
 from kombu.serialization import dumps
 from kombu.utils.json import dumps as json_dumps
 
@@ -156,6 +158,14 @@ class TaskMessages:
         self._app = app
         self._amqp = app.amqp
         self._queue = queue
+        self._origin = (0, "")  # (pid, Celery's name for this process): it changes with a fork
+
+    def _origin_of_this_process(self) -> str:
+        # The origin header as send_task writes it, without a gethostname per call.
+        pid, origin = self._origin
+        if pid != os.getpid():
+            self._origin = pid, origin = os.getpid(), anon_nodename()
+        return origin
 
     def build(
         self,
@@ -182,6 +192,7 @@ class TaskMessages:
             name,
             args=(),
             kwargs=kwargs,
+            argsrepr="()",  # saferepr(()), which Celery would work out for every call
             kwargsrepr=kwargs_repr(kwargs, amqp.kwargsrepr_maxsize, self._app.conf.task_repr_maxlevels),
             time_limit=hard_s,  # type: ignore[arg-type]  # floats work (as in send_task); stubs say int
             soft_time_limit=soft_s,  # type: ignore[arg-type]
@@ -190,6 +201,7 @@ class TaskMessages:
             create_sent_event=False,  # the gateway batches task-sent itself (Dispatcher._announce_sent)
             reply_to=self._app.thread_oid,
             now=now,
+            origin=self._origin_of_this_process(),
         )
         message_headers, properties, body, _ = message
         if headers:
