@@ -60,6 +60,7 @@ class ClaimStatus(enum.StrEnum):
     CLAIMED = "claimed"  # the claim is ours: run the tool
     DONE = "done"  # already answered: never run it again
     BUSY = "busy"  # another live worker holds the lease
+    LOST = "lost"  # an earlier claim's lease lapsed, unanswered: run nothing, it is requeued or answered
     UNREGISTERED = "unregistered"  # no gateway registered this call: run nothing, nothing to answer
     MISMATCH = "mismatch"  # not the job the gateway registered: run nothing, answer the call
     MISMATCH_HELD = "mismatch_held"  # not the registered job, and a live worker runs the call: ignore it

@@ -35,6 +35,9 @@ from workers.worker.refusal import record_refusal, refuse_claim
 
 __all__ = ["Refused", "answer_call"]
 
+# A claim refused because the call is another delivery's: a live one (busy) or a lost one.
+_HELD_ELSEWHERE = frozenset({ClaimStatus.BUSY, ClaimStatus.LOST})
+
 
 @dataclass(frozen=True)
 class Refused:
@@ -53,8 +56,8 @@ def answer_call(
     holds the same bytes): what the claim's digest is taken of.
 
     The answer is whoever's came first (this delivery, the gateway, the watchdog). None: nothing
-    for this delivery to report (another live delivery runs the call, its record expired, or it
-    came past the call's deadline before anyone answered it).
+    for this delivery to report (another live delivery runs the call, or ran it and was lost, its
+    record expired, or it came past the call's deadline before anyone answered it).
     """
     rt = runtime()
     try:
@@ -81,8 +84,10 @@ def answer_call(
     answers = worker_answers(rt, worker_id())
     if refuse_claim(rt.ledger, keys, parsed, claim, task_id=task_id, answers=answers, now_ms=now_ms()):
         return Refused(f"refused: {claim.status.value}")
-    if claim.status is ClaimStatus.BUSY and not answer_if_holder_died({"job": job}):
-        return None  # a second delivery while the holder still runs: the holder's task reports
+    if claim.status in _HELD_ELSEWHERE and not answer_if_holder_died({"job": job}):
+        # A second delivery while the holder runs (its task reports), or after it was lost
+        # (its gateway or the watchdog requeues or answers the call).
+        return None
     note_duplicate(rt.ledger, keys, parsed.call.id, claim, worker=worker_id())
     if claim.status is not ClaimStatus.CLAIMED:
         return stored_answer(rt, keys, parsed.call.id)

@@ -11,13 +11,17 @@
 -- 'mismatch_held' (likewise, but a live worker runs the registered job: leave it be),
 -- 'expired' (the registered job, past its deadline and not answered yet: run nothing, its
 -- gateway or the watchdog answers it; this is the message expiry Celery no longer checks),
--- 'busy' (another live worker holds the lease), or 'claimed' (run it; the lease is ours).
+-- 'busy' (another live worker holds the lease), 'lost' (an earlier claim's lease lapsed and
+-- nobody answered the call yet: run nothing; its gateway or the watchdog requeues it if its
+-- tool is idempotent, or answers it worker_lost, core/reaping.py), or 'claimed' (run it; the
+-- lease is ours). A copy of the message (a give-back, a gateway's republish) must never run a
+-- call whose worker was lost: that is a second execution of a tool not marked idempotent.
 -- One read of the call: state 'done' is written with the result, in the same HSET
 -- (ledger_finish.lua), and no script changes the state of an answered call, so it stands for
 -- "has a result" without fetching the result. No EXPIRE: the registration gave the record
 -- ledger.ttl_s past its deadline. No run summary either: the claim is counted in claimed_n
 -- by the worker's lease keeper if the call is still running at its next tick
--- (ledger_count_claim.lua), and a takeover leaves the call's 'counted' flag as it was.
+-- (ledger_count_claim.lua); a requeue (ledger_requeue.lua) takes a counted claim back.
 local call = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'tool', 'job_digest', 'worker',
                         'started_ms', 'claim')
 local state, attempt = call[1], tonumber(call[2] or '0') or 0
@@ -37,6 +41,9 @@ if tool ~= ARGV[4] or (call[4] or '') ~= ARGV[5] then
 end
 if ARGV[7] ~= '' and tonumber(ARGV[1]) > tonumber(ARGV[7]) then
   return {'expired', attempt, tool}
+end
+if state == 'running' then
+  return {redis.call('EXISTS', KEYS[2]) == 1 and 'busy' or 'lost', attempt, tool}
 end
 -- Take the lease only if nobody holds it: one command for "is it held?" and "hold it".
 if not redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3], 'NX') then
