@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness import GatewayOn, WorkerOn, base_env, wait_until
-from workers import ToolGateway
+from tests.harness import GatewayOn, Proc, WorkerOn, base_env, wait_until
 from workers.core.models import ToolCall
 from workers.settings import WorkerSettings
 
@@ -32,12 +31,21 @@ def _count(log: str, mark: str) -> int:
     return sum(mark in line for line in log.splitlines())
 
 
-def _call_one_by_one(gateway: ToolGateway) -> None:
-    # One pool process runs them in turn: "last" is answered only after the tasks before it
-    # have ended, their lines (if any) logged by the same child, in order.
+def _worker_after_the_calls(
+    redis_url: str, log_each_task: str, worker_on: WorkerOn, gateway_on: GatewayOn
+) -> Proc:
+    """A worker of one pool process with the setting, after a success, a failure and one more call.
+
+    The one process runs them in turn: "last" is answered only after the tasks before it have
+    ended, their lines (if any) logged by the same child, in order.
+    """
+    env = base_env(redis_url, UNSTUCK_WORKER__LOG_EACH_TASK=log_each_task)
+    worker = worker_on(env, concurrency=1)
+    gateway = gateway_on(env)
     for call in _CALLS:
         [result] = gateway.call_tools(session_key="s", run_id="r", calls=[call])
         assert result.is_error == (call.id == "fails"), result
+    return worker
 
 
 def test_the_shipped_default_is_off() -> None:
@@ -49,10 +57,8 @@ def test_a_worker_logs_no_line_per_task_by_default(
     redis_url: str, worker_on: WorkerOn, gateway_on: GatewayOn
 ) -> None:
     # Given a worker with the shipped setting (the harness turns the lines on)
-    env = base_env(redis_url, UNSTUCK_WORKER__LOG_EACH_TASK="false")
-    worker = worker_on(env, concurrency=1)
     # When it runs a call that succeeds, one that fails, and one more after them
-    _call_one_by_one(gateway_on(env))
+    worker = _worker_after_the_calls(redis_url, "false", worker_on, gateway_on)
     # Then its log has no line for any of their tasks, but still its start
     log = worker.log()
     assert " ready." in log
@@ -64,10 +70,8 @@ def test_a_worker_logs_each_task_when_asked(
     redis_url: str, worker_on: WorkerOn, gateway_on: GatewayOn
 ) -> None:
     # Given a worker asked for the lines
-    env = base_env(redis_url, UNSTUCK_WORKER__LOG_EACH_TASK="true")
-    worker = worker_on(env, concurrency=1)
     # When it runs the same calls
-    _call_one_by_one(gateway_on(env))
+    worker = _worker_after_the_calls(redis_url, "true", worker_on, gateway_on)
     # Then each task was logged as received, and as it ended
     expected = {" received": 3, " succeeded in ": 2, " raised expected": 1}
     wait_until(
