@@ -33,6 +33,7 @@ class ReceivedSpan:
     links: list[tuple[str, str]]  # (trace id, span id)
     start_ns: int
     end_ns: int
+    client_port: int  # the exporter's end of the connection the span came over
 
 
 def _value(value: AnyValue) -> Any:
@@ -48,14 +49,14 @@ class Receiver:
     spans: list[ReceivedSpan] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, request: ExportTraceServiceRequest) -> None:
+    def add(self, request: ExportTraceServiceRequest, client_port: int) -> None:
         received: list[ReceivedSpan] = []
         for resource_spans in request.resource_spans:
             service = next(
                 (_value(a.value) for a in resource_spans.resource.attributes if a.key == "service.name"), ""
             )
             for scope_spans in resource_spans.scope_spans:
-                received.extend(_decoded(span, str(service)) for span in scope_spans.spans)
+                received.extend(_decoded(span, str(service), client_port) for span in scope_spans.spans)
         with self.lock:
             self.spans.extend(received)
 
@@ -68,7 +69,7 @@ class Receiver:
             return [span for span in self.spans if span.attributes.get("gen_ai.tool.call.id") == call_id]
 
 
-def _decoded(span: ProtoSpan, service: str) -> ReceivedSpan:
+def _decoded(span: ProtoSpan, service: str, client_port: int) -> ReceivedSpan:
     return ReceivedSpan(
         name=span.name,
         service=service,
@@ -81,6 +82,7 @@ def _decoded(span: ProtoSpan, service: str) -> ReceivedSpan:
         links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
         start_ns=span.start_time_unix_nano,
         end_ns=span.end_time_unix_nano,
+        client_port=client_port,
     )
 
 
@@ -92,11 +94,16 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def otlp_receiver() -> Iterator[Receiver]:
-    """A receiver of ``POST /v1/traces`` (protobuf) on a free loopback port, for the block's duration."""
+def otlp_receiver(*, keep_alive: bool = False) -> Iterator[Receiver]:
+    """A receiver of ``POST /v1/traces`` (protobuf) on a free loopback port, for the block's duration.
+
+    ``keep_alive``: answer in HTTP/1.1 and keep each connection open, as a real collector does.
+    """
     holder: list[Receiver] = []
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             if self.path != "/v1/traces":
@@ -104,7 +111,7 @@ def otlp_receiver() -> Iterator[Receiver]:
                 return
             request = ExportTraceServiceRequest()
             request.ParseFromString(body)
-            holder[0].add(request)
+            holder[0].add(request, self.client_address[1])
             reply = ExportTraceServiceResponse().SerializeToString()
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")

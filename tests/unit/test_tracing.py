@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.harness import REPO
+from tests.otlp_receiver import otlp_receiver
 
 
 def _run(code: str, **env: str) -> dict[str, Any]:
@@ -354,3 +355,61 @@ def test_a_flush_to_a_collector_that_never_answers_holds_its_caller_only_its_wai
         )
     # Then it went on after its wait, not after the exporter's 8 s timeout
     assert 0.4 <= seen["waited_s"] < 2.0, seen
+
+
+def test_a_forking_process_leaves_its_children_no_import_to_make_on_an_export() -> None:
+    # Given a collector, and a process that prepared tracing before forking a pool
+    with otlp_receiver() as receiver:
+        # When it sends its first span
+        seen = _run(
+            """
+            import json, sys
+            from workers import tracing
+            from workers.tracing.setup import STATE, tracer
+            tracing.preload()
+            before = set(sys.modules)
+            tracer().start_span("probe").end()
+            tracing.flush(wait_s=10)
+            print("RESULT", json.dumps({
+                "configured": STATE.configured, "imported": sorted(set(sys.modules) - before),
+            }))
+            """,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        )
+        # Then the export imported nothing: a child forked while an export thread imports a
+        # module inherits that module's import lock held, and hangs on its own first export
+        assert seen == {"configured": True, "imported": []}
+        assert [span.name for span in receiver.spans] == ["probe"]
+
+
+def test_a_forked_child_sends_its_spans_on_a_connection_of_its_own() -> None:
+    # Given a collector that keeps connections open, and a process that sent a span before forking
+    with otlp_receiver(keep_alive=True) as receiver:
+        # When its forked child sends a span, and then the parent another
+        _run(
+            """
+            import os
+            from workers import tracing
+            from workers.tracing.setup import tracer
+
+            def send(name):
+                tracer().start_span(name).end()
+                tracing.flush(wait_s=10)
+
+            tracing.preload()
+            send("parent before")
+            child = os.fork()
+            if child == 0:
+                send("child")
+                os._exit(0)
+            os.waitpid(child, 0)
+            send("parent after")
+            print("RESULT {}")
+            """,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        )
+        ports = {span.name: span.client_port for span in receiver.spans}
+    # Then every span arrived, the child's on its own connection: on the parent's pooled one,
+    # their requests would interleave and each could read the other's reply
+    assert sorted(ports) == ["child", "parent after", "parent before"]
+    assert ports["child"] not in (ports["parent before"], ports["parent after"]), ports

@@ -71,7 +71,8 @@ class PoolGuard(bootsteps.Step):
             # forked while another thread holds the import lock would deadlock on import.
             # The memory guard too: every pool child inherits its cgroups.
             install_memory_guard(runtime().settings.limits.memory_cgroups)
-            # What tracing imports too: a child's first span must not spend a call's time limit.
+            # Tracing's imports and provider too: a child's first span must not spend a call's
+            # time limit, nor inherit a lock another thread held (workers.tracing.setup.preload).
             tracing.preload()
         except (WorkerConfigError, ConfigError) as exc:
             print(f"error: {exc}", file=sys.stderr)

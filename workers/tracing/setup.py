@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -59,8 +60,9 @@ STATE = _State()
 _CHOSEN_SPAN_ID: ContextVar[int | None] = ContextVar("unstuck_chosen_span_id", default=None)
 
 
-#: What configuring from ``OTEL_*`` imports (the exporter's HTTP transport imports requests
-#: when it is built).
+#: What configuring from ``OTEL_*`` and the first export import (the exporter's HTTP
+#: transport imports requests when it is built; requests imports netrc and shlex on its
+#: first request).
 _SDK_MODULES = (
     "opentelemetry.trace",
     "opentelemetry.propagate",
@@ -70,16 +72,23 @@ _SDK_MODULES = (
     "opentelemetry.sdk.trace.id_generator",
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     "requests",
+    "netrc",
+    "shlex",
+    "workers.tracing.exporter_per_process",
 )
 
 
 def preload() -> None:
-    """Import what configuring needs, configuring nothing: for a process about to fork a pool.
+    """Import and configure what tracing needs, in a process about to fork a pool.
 
-    A pool child sets its provider up on its first span, and a first span inside a call
-    would spend the imports (over a second on a loaded machine) in that call's time limit.
-    Imported here, before the fork, they are inherited; no provider and no export thread
-    are made (a thread does not survive a fork). Nothing when ``OTEL_*`` asks for no traces.
+    Before the fork, on the one thread the process has yet: a child forked while another
+    thread of its parent imports a module (the main process's first export imports netrc)
+    inherits that module's import lock held, and hangs on its own first export importing
+    it; forked while another thread configures, it inherits the configuring lock held. A
+    pool child's first span would also spend the imports (over a second on a loaded
+    machine) in its call's time limit. Every child inherits the provider: the SDK starts its
+    batch thread again in the child, and the exporter is made again there
+    (:mod:`workers.tracing.exporter_per_process`). Nothing when ``OTEL_*`` asks for no traces.
     """
     state = STATE
     if state.env is None:
@@ -91,8 +100,9 @@ def preload() -> None:
     for name in _SDK_MODULES:
         try:
             importlib.import_module(name)
-        except ImportError:  # reported once configuring needs it (see _sdk_provider)
+        except ImportError:  # reported by configure (see _sdk_provider)
             continue
+    configure()
 
 
 def configure() -> None:
@@ -128,25 +138,29 @@ def _sdk_provider() -> Any:
     # with it. 200 ms instead of the SDK's 5 s keeps that window short; a flush after every
     # call (worker.flush_spans_each_call, on by default) closes it at about 2 ms of worker CPU a call.
     delay_ms = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else _EXPORT_DELAY_MS
+    from workers.tracing.exporter_per_process import ExporterPerProcess
+
     provider = TracerProvider(resource=Resource.create(attributes))
-    for exporter in _exporters():
+    for make in _exporters():
+        exporter = ExporterPerProcess(make)
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms))
     return provider
 
 
-def _exporters() -> list[Any]:
+def _exporters() -> list[Callable[[], Any]]:
+    """How to make each exporter ``OTEL_TRACES_EXPORTER`` names (again in each forked child)."""
     names = [n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
-    exporters: list[Any] = []
+    makers: list[Callable[[], Any]] = []
     for name in filter(None, names):
         if name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-            exporters.append(ConsoleSpanExporter())
+            makers.append(ConsoleSpanExporter)
         elif name == "otlp":
-            exporters.append(_otlp_exporter())
+            makers.append(_otlp_exporter)
         else:
             log.warning("OTEL_TRACES_EXPORTER=%s: unstuck knows otlp and console; ignored", name)
-    return [e for e in exporters if e is not None]
+    return makers
 
 
 def _otlp_exporter() -> Any:
