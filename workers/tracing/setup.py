@@ -81,8 +81,8 @@ _SDK_MODULES = (
 def preload() -> None:
     """Import and configure what tracing needs, in a process about to fork a pool.
 
-    Before the fork, on the one thread the process has yet: a child forked while another
-    thread of its parent imports a module (the main process's first export imports netrc)
+    On the main thread, before the pool forks: a child forked while another thread of its
+    parent imports a module (the main process's first export imports netrc)
     inherits that module's import lock held, and hangs on its own first export importing
     it; forked while another thread configures, it inherits the configuring lock held. A
     pool child's first span would also spend the imports (over a second on a loaded
