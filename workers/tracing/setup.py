@@ -74,7 +74,6 @@ _SDK_MODULES = (
     "requests",
     "netrc",
     "shlex",
-    "workers.tracing.exporter_per_process",
 )
 
 
@@ -82,11 +81,11 @@ def preload() -> None:
     """Import and configure what tracing needs, in a process about to fork a pool.
 
     On the main thread, before the pool forks: a child forked while another thread of its
-    parent imports a module (the main process's first export imports netrc)
-    inherits that module's import lock held, and hangs on its own first export importing
-    it; forked while another thread configures, it inherits the configuring lock held. A
-    pool child's first span would also spend the imports (over a second on a loaded
-    machine) in its call's time limit. Every child inherits the provider: the SDK starts its
+    parent imports a module (the main process's first export imports netrc) inherits that
+    module's import lock held, and hangs on its own first export importing it; forked while
+    another thread configures, it inherits the configuring lock held. A pool child's first
+    span would also spend the imports (over a second on a loaded machine) in its call's
+    time limit. Every child inherits the provider: the SDK starts its
     batch thread again in the child, and the exporter is made again there
     (:mod:`workers.tracing.exporter_per_process`). Nothing when ``OTEL_*`` asks for no traces.
     """
@@ -142,8 +141,8 @@ def _sdk_provider() -> Any:
 
     provider = TracerProvider(resource=Resource.create(attributes))
     for make in _exporters():
-        exporter = ExporterPerProcess(make)
-        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms))
+        processor = BatchSpanProcessor(ExporterPerProcess(make), schedule_delay_millis=delay_ms)
+        provider.add_span_processor(processor)
     return provider
 
 
